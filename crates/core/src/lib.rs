@@ -1,0 +1,39 @@
+//! Core types shared by every tensorwire crate: [`DType`], [`Shape`], [`TensorInfo`],
+//! the typed [`Error`], parser [`Limits`], the [`Bytes`] handle that keeps the owner of
+//! borrowed memory alive, and the [`TensorSource`] read trait that every format reader
+//! implements.
+//!
+//! Not in scope: opening files, mapping memory or parsing any format; those live in the
+//! storage crates (`tensorwire-mmap`, `tensorwire-range`) and the codec crates.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod bytes;
+mod dtype;
+mod error;
+mod limits;
+mod shape;
+mod source;
+mod value;
+
+pub use crate::bytes::{AlignedBuf, Bytes, Owner};
+pub use crate::dtype::DType;
+pub use crate::error::{Error, Result};
+pub use crate::limits::Limits;
+pub use crate::shape::{Shape, MAX_NDIM};
+pub use crate::source::{Layout, TensorInfo, TensorSource, TensorView};
+pub use crate::value::Value;
+
+/// Rounds `offset` up to the next multiple of `align` (a power of two or any non-zero
+/// value), returning `None` on overflow.
+pub fn align_up(offset: u64, align: u64) -> Option<u64> {
+    if align == 0 {
+        return Some(offset);
+    }
+    let rem = offset % align;
+    if rem == 0 {
+        Some(offset)
+    } else {
+        offset.checked_add(align - rem)
+    }
+}

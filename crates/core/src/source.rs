@@ -1,0 +1,161 @@
+//! The read trait every format reader implements.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::bytes::Bytes;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::value::Value;
+
+/// How a tensor's elements are laid out in its components.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Layout {
+    /// One contiguous, row-major array.
+    Dense,
+    /// Compressed sparse row: values, column indices, row pointers.
+    SparseCsr,
+    /// Coordinate list: values and coordinates.
+    SparseCoo,
+    /// Group-wise quantized weights: packed weights, scales, zero points.
+    QuantizedGroup,
+    /// A layout this version does not interpret, by its name in the file.
+    Other(String),
+}
+
+impl Layout {
+    /// The `.zt` spelling of the layout.
+    pub fn name(&self) -> &str {
+        match self {
+            Layout::Dense => "dense",
+            Layout::SparseCsr => "sparse_csr",
+            Layout::SparseCoo => "sparse_coo",
+            Layout::QuantizedGroup => "quantized_group",
+            Layout::Other(s) => s,
+        }
+    }
+
+    /// Parses the `.zt` spelling; unknown names become [`Layout::Other`].
+    pub fn from_name(name: &str) -> Layout {
+        match name {
+            "dense" => Layout::Dense,
+            "sparse_csr" => Layout::SparseCsr,
+            "sparse_coo" => Layout::SparseCoo,
+            "quantized_group" => Layout::QuantizedGroup,
+            other => Layout::Other(other.to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a reader knows about one tensor without touching its data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// The tensor's name in the file.
+    pub name: String,
+    /// Element type (the logical type: `complex64`, not its `f32` storage).
+    pub dtype: DType,
+    /// Logical shape.
+    pub shape: Shape,
+    /// Layout of the components.
+    pub layout: Layout,
+    /// Bytes of the decoded dense data (`shape × dtype`); for non-dense layouts, the
+    /// sum of the decoded components.
+    pub nbytes: u64,
+    /// Bytes the tensor occupies in the file (compressed size, all components).
+    pub stored_bytes: u64,
+    /// File offset of the tensor's first stored byte, for ordering reads.
+    pub offset: u64,
+    /// Encoding of the stored bytes (`None` = raw).
+    pub encoding: Option<String>,
+    /// Per-tensor metadata.
+    pub attributes: BTreeMap<String, Value>,
+}
+
+/// A dense tensor's bytes with their dtype and shape.
+///
+/// `bytes` holds the elements in row-major order, little-endian. When `zero_copy` is
+/// true they borrow the file's memory (a map), otherwise they are a decoded copy.
+#[derive(Debug, Clone)]
+pub struct TensorView {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Shape,
+    /// The elements.
+    pub bytes: Bytes,
+    /// True when `bytes` borrows the source's memory instead of a decoded buffer.
+    pub zero_copy: bool,
+}
+
+impl TensorView {
+    /// A view, checking that `bytes` holds exactly `shape × dtype` bytes.
+    pub fn new(
+        name: &str,
+        dtype: DType,
+        shape: Shape,
+        bytes: Bytes,
+        zero_copy: bool,
+    ) -> Result<TensorView> {
+        let expected = shape.byte_len(dtype)?;
+        if expected != bytes.len() as u64 {
+            return Err(Error::SizeMismatch {
+                tensor: name.to_owned(),
+                expected,
+                found: bytes.len() as u64,
+            });
+        }
+        Ok(TensorView {
+            dtype,
+            shape,
+            bytes,
+            zero_copy,
+        })
+    }
+}
+
+/// A readable collection of named tensors: what every format reader provides.
+///
+/// ```
+/// use tensorwire_core::{TensorSource, Result};
+/// fn total_bytes(src: &dyn TensorSource) -> u64 {
+///     src.tensors().iter().map(|t| t.nbytes).sum()
+/// }
+/// ```
+pub trait TensorSource: Send + Sync {
+    /// Short name of the format (`"zt"`, `"zt-0.1"`, `"safetensors"`, …).
+    fn format(&self) -> &'static str;
+
+    /// Every tensor, in the reader's canonical order.
+    fn tensors(&self) -> &[TensorInfo];
+
+    /// File-level metadata.
+    fn attributes(&self) -> &BTreeMap<String, Value>;
+
+    /// The info of one tensor.
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The tensor's dense bytes: borrowed from the source when stored raw, decoded
+    /// otherwise. Non-dense layouts fail with [`Error::Unsupported`].
+    fn view(&self, name: &str) -> Result<TensorView>;
+
+    /// Checks every stored digest, returning how many were checked. Sources without
+    /// digests return `Ok(0)`.
+    fn verify(&self) -> Result<usize> {
+        Ok(0)
+    }
+}

@@ -1,0 +1,77 @@
+//! Metadata values (attributes) in a format-neutral form.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A metadata value: what `.zt` attributes (CBOR), GGUF key-values and the scalars of a
+/// PyTorch state dict have in common.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// No value.
+    Null,
+    /// A boolean.
+    Bool(bool),
+    /// An integer (wide enough for CBOR's full -2^64..2^64 range).
+    Int(i128),
+    /// A floating-point number.
+    Float(f64),
+    /// A UTF-8 string.
+    Str(String),
+    /// A byte string.
+    Bytes(Vec<u8>),
+    /// A list.
+    List(Vec<Value>),
+    /// A map with string keys, in key order.
+    Map(BTreeMap<String, Value>),
+}
+
+impl Value {
+    /// The string, if this is a [`Value::Str`].
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is a [`Value::Int`] that fits an `i64`.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => i64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Null => f.write_str("null"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Int(i) => write!(f, "{i}"),
+            Value::Float(x) => write!(f, "{x}"),
+            Value::Str(s) => write!(f, "{s:?}"),
+            Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
+            Value::List(items) => {
+                f.write_str("[")?;
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{v}")?;
+                }
+                f.write_str("]")
+            }
+            Value::Map(m) => {
+                f.write_str("{")?;
+                for (i, (k, v)) in m.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{k:?}: {v}")?;
+                }
+                f.write_str("}")
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Memory maps of tensor files: read-only (`MAP_SHARED`, `PROT_READ`) and private
+//! copy-on-write (`MAP_PRIVATE`), exposed as [`tensorwire_core::Bytes`] owners, plus
+//! `madvise` hints.
+//!
+//! Not in scope: parsing, shared-memory segments (`tensorwire-shm`), positional reads
+//! (`tensorwire-range`).
+//!
+//! # Safety of file maps
+//!
+//! A map reflects the file: if another process truncates or rewrites the file while it
+//! is mapped, reads may see changed bytes or fault (`SIGBUS`). Like every mmap-based
+//! loader (numpy, safetensors), tensorwire accepts that risk for files it is asked to
+//! open; the private mode protects the *file* from our writes, not our view from other
+//! writers of the file.
+#![deny(missing_docs)]
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::{Advice, Mmap, MmapMut, MmapOptions};
+use tensorwire_core::{Bytes, Error, Owner, Result};
+
+/// How a file is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapMode {
+    /// Shared read-only map: views are read-only.
+    ReadOnly,
+    /// Private copy-on-write map: views may be written; writes stay in this process
+    /// (pages are copied on first write) and never reach the file or another mapping.
+    CopyOnWrite,
+}
+
+/// Access-pattern hints that never change what a later read observes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hint {
+    /// Pages will be read in order (aggressive read-ahead).
+    Sequential,
+    /// Pages will be read in random order (no read-ahead).
+    Random,
+    /// Pages will be needed soon (start reading them in now).
+    WillNeed,
+}
+
+enum Inner {
+    ReadOnly(Mmap),
+    /// The map plus its base address, taken once while we still owned it mutably.
+    CopyOnWrite { map: MmapMut, base: *mut u8 },
+    /// Zero-length files cannot be mapped.
+    Empty,
+}
+
+/// A mapped file. Shared through an `Arc`, it is the [`Owner`] of every zero-copy
+/// tensor view taken from it.
+pub struct MappedFile {
+    inner: Inner,
+    mode: MapMode,
+}
+
+// SAFETY: `base` points into `map`, which this struct owns and never remaps; the
+// pointer is only handed out (via `writable_base`) to consumers that write private,
+// copy-on-write pages. Sharing it between threads is as safe as sharing `MmapMut`.
+unsafe impl Send for MappedFile {}
+// SAFETY: see `Send`; `&MappedFile` only exposes `&[u8]` and the raw base address.
+unsafe impl Sync for MappedFile {}
+
+impl MappedFile {
+    /// Maps the file at `path` in `mode`. Errors carry the path.
+    pub fn open(path: impl AsRef<Path>, mode: MapMode) -> Result<MappedFile> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::from(e).with_path(path))?;
+        MappedFile::from_file(&file, mode).map_err(|e| e.with_path(path))
+    }
+
+    /// Maps an open file in `mode`.
+    pub fn from_file(file: &File, mode: MapMode) -> Result<MappedFile> {
+        let len = file.metadata()?.len();
+        if len == 0 {
+            return Ok(MappedFile {
+                inner: Inner::Empty,
+                mode,
+            });
+        }
+        usize::try_from(len).map_err(|_| Error::Overflow {
+            what: "file length as usize",
+        })?;
+        let inner = match mode {
+            MapMode::ReadOnly => {
+                // SAFETY: the file-map risk (another writer changing the file) is
+                // accepted by the crate's documented contract; see the crate docs.
+                let map = unsafe { MmapOptions::new().map(file) }?;
+                Inner::ReadOnly(map)
+            }
+            MapMode::CopyOnWrite => {
+                // SAFETY: as above; `map_copy` is MAP_PRIVATE, so our writes never
+                // reach the file.
+                let mut map = unsafe { MmapOptions::new().map_copy(file) }?;
+                let base = map.as_mut_ptr();
+                Inner::CopyOnWrite { map, base }
+            }
+        };
+        Ok(MappedFile { inner, mode })
+    }
+
+    /// Maps `path` and returns a [`Bytes`] over the whole file.
+    pub fn open_bytes(path: impl AsRef<Path>, mode: MapMode) -> Result<Bytes> {
+        Ok(MappedFile::open(path, mode)?.into_bytes())
+    }
+
+    /// Shares the map as [`Bytes`] over the whole file.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_arc(Arc::new(self))
+    }
+
+    /// The mode the file was mapped in.
+    pub fn mode(&self) -> MapMode {
+        self.mode
+    }
+
+    /// Length of the map in bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// True for an empty file.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The mapped bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.inner {
+            Inner::ReadOnly(m) => m,
+            Inner::CopyOnWrite { map, .. } => map,
+            Inner::Empty => &[],
+        }
+    }
+
+    /// Tells the kernel how the map will be read.
+    pub fn hint(&self, hint: Hint) -> io::Result<()> {
+        let advice = match hint {
+            Hint::Sequential => Advice::Sequential,
+            Hint::Random => Advice::Random,
+            Hint::WillNeed => Advice::WillNeed,
+        };
+        match &self.inner {
+            Inner::ReadOnly(m) => m.advise(advice),
+            Inner::CopyOnWrite { map, .. } => map.advise(advice),
+            Inner::Empty => Ok(()),
+        }
+    }
+
+    /// Like [`MappedFile::hint`] for a byte range of the map.
+    pub fn hint_range(&self, hint: Hint, offset: usize, len: usize) -> io::Result<()> {
+        let advice = match hint {
+            Hint::Sequential => Advice::Sequential,
+            Hint::Random => Advice::Random,
+            Hint::WillNeed => Advice::WillNeed,
+        };
+        // madvise needs a page-aligned start: round down.
+        let page = page_size();
+        let start = offset - offset % page;
+        let len = len + (offset - start);
+        if start >= self.len() {
+            return Ok(());
+        }
+        let len = len.min(self.len() - start);
+        match &self.inner {
+            Inner::ReadOnly(m) => m.advise_range(advice, start, len),
+            Inner::CopyOnWrite { map, .. } => map.advise_range(advice, start, len),
+            Inner::Empty => Ok(()),
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; it only reads a system constant.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+}
+
+impl Owner for MappedFile {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+
+    fn writable_base(&self) -> Option<*mut u8> {
+        match &self.inner {
+            Inner::CopyOnWrite { base, .. } => Some(*base),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn temp_file(content: &[u8]) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(content).unwrap();
+        f.flush().unwrap();
+        f
+    }
+
+    #[test]
+    fn read_only_map_sees_the_file() {
+        let f = temp_file(b"hello tensors");
+        let bytes = MappedFile::open_bytes(f.path(), MapMode::ReadOnly).unwrap();
+        assert_eq!(&*bytes, b"hello tensors");
+        assert!(bytes.writable_ptr().is_none());
+        let map = MappedFile::open(f.path(), MapMode::ReadOnly).unwrap();
+        map.hint(Hint::Sequential).unwrap();
+        map.hint_range(Hint::WillNeed, 3, 5).unwrap();
+    }
+
+    #[test]
+    fn private_writes_never_reach_the_file_or_other_maps() {
+        let f = temp_file(&[1u8; 8192]);
+        let a = MappedFile::open_bytes(f.path(), MapMode::CopyOnWrite).unwrap();
+        let b = MappedFile::open_bytes(f.path(), MapMode::CopyOnWrite).unwrap();
+        let ptr = a.slice(100..).unwrap().writable_ptr().unwrap();
+        // SAFETY: `ptr` is inside `a`'s private map (100 < 8192) and nothing else
+        // reads that byte concurrently.
+        unsafe { ptr.write(42) };
+        assert_eq!(a[100], 42);
+        assert_eq!(b[100], 1);
+        assert_eq!(std::fs::read(f.path()).unwrap()[100], 1);
+    }
+
+    #[test]
+    fn empty_file_maps_to_empty_bytes() {
+        let f = temp_file(b"");
+        let bytes = MappedFile::open_bytes(f.path(), MapMode::CopyOnWrite).unwrap();
+        assert!(bytes.is_empty());
+    }
+
+    #[test]
+    fn missing_file_error_names_the_path() {
+        let err = MappedFile::open("/nonexistent/x.zt", MapMode::ReadOnly)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("/nonexistent/x.zt"));
+    }
+}
