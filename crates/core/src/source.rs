@@ -1,5 +1,6 @@
 //! The read trait every format reader implements.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -158,4 +159,7 @@ pub trait TensorSource: Send + Sync {
     fn verify(&self) -> Result<usize> {
         Ok(0)
     }
+
+    /// The concrete reader, for format-specific APIs (`downcast_ref::<ZtReader>()`).
+    fn as_any(&self) -> &dyn Any;
 }

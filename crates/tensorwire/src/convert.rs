@@ -1,0 +1,124 @@
+//! Converting between formats.
+
+use std::path::Path;
+
+use tensorwire_core::{Error, Layout, Result, TensorSource};
+use tensorwire_zt::{Checksum, Compression, ComponentData, WriteOptions, ZtReader, ZtWriter};
+
+/// The format [`convert`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OutputFormat {
+    /// `.zt` 1.2.
+    #[default]
+    Zt,
+}
+
+impl OutputFormat {
+    /// The output format a path's extension asks for.
+    pub fn from_path(path: &Path) -> Result<OutputFormat> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("zt") => Ok(OutputFormat::Zt),
+            other => Err(Error::unsupported(format!(
+                "writing {} files (supported: .zt)",
+                other.map_or_else(|| "extension-less".to_owned(), |e| format!(".{e}"))
+            ))),
+        }
+    }
+}
+
+/// Options for [`convert`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConvertOptions {
+    /// Output format; `None` picks it from the destination's extension.
+    pub format: Option<OutputFormat>,
+    /// Compression of each tensor in the output.
+    pub compression: Compression,
+    /// Digest recorded for each tensor in the output.
+    pub checksum: Checksum,
+}
+
+/// Converts the file at `src` into a new file at `dst`, returning the number of tensors
+/// written. `progress` is called after each tensor with (tensors done, total, bytes
+/// done).
+pub fn convert(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &ConvertOptions,
+    progress: &mut dyn FnMut(usize, usize, u64),
+) -> Result<usize> {
+    let source = crate::open(src)?;
+    convert_source(source.as_ref(), dst, options, progress)
+}
+
+/// Writes every tensor of an open source into a new file at `dst`.
+pub fn convert_source(
+    source: &dyn TensorSource,
+    dst: impl AsRef<Path>,
+    options: &ConvertOptions,
+    progress: &mut dyn FnMut(usize, usize, u64),
+) -> Result<usize> {
+    let dst = dst.as_ref();
+    let _format = match options.format {
+        Some(f) => f,
+        None => OutputFormat::from_path(dst)?,
+    };
+    let write = WriteOptions {
+        compression: options.compression,
+        checksum: options.checksum,
+    };
+    let mut writer = ZtWriter::create(dst)?;
+    writer.set_attributes(source.attributes().clone());
+    let zt = source.as_any().downcast_ref::<ZtReader>();
+    // Write in file order so the source is read sequentially.
+    let mut infos: Vec<_> = source.tensors().iter().collect();
+    infos.sort_by_key(|t| t.offset);
+    let total = infos.len();
+    let mut done_bytes = 0u64;
+    for (i, info) in infos.into_iter().enumerate() {
+        if info.layout == Layout::Dense {
+            let view = source.view(&info.name)?;
+            writer.add_dense_with_attributes(
+                &info.name,
+                view.dtype,
+                &view.shape,
+                &view.bytes,
+                info.attributes.clone(),
+                write,
+            )?;
+        } else {
+            let zt = zt.ok_or_else(|| {
+                Error::unsupported(format!("converting {} tensor `{}`", info.layout, info.name))
+            })?;
+            let obj = zt.object(&info.name)?;
+            let datas = obj
+                .components
+                .iter()
+                .map(|c| zt.component(&info.name, &c.role))
+                .collect::<Result<Vec<_>>>()?;
+            let comps: Vec<ComponentData<'_>> = obj
+                .components
+                .iter()
+                .zip(&datas)
+                .map(|(c, d)| ComponentData {
+                    role: &c.role,
+                    dtype: c.dtype,
+                    logical_type: c.logical_type.as_deref(),
+                    data: d,
+                })
+                .collect();
+            writer.add_object(
+                &info.name,
+                &obj.shape,
+                obj.layout.clone(),
+                obj.attributes.clone(),
+                &comps,
+                write,
+            )?;
+        }
+        done_bytes += info.nbytes;
+        progress(i + 1, total, done_bytes);
+    }
+    writer.finish()?;
+    Ok(total)
+}

@@ -1,0 +1,482 @@
+//! Reading `.zt` files.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use tensorwire_core::{
+    AlignedBuf, Bytes, Error, Layout, Limits, Result, TensorInfo, TensorSource,
+    TensorView, Value,
+};
+use tensorwire_mmap::{MapMode, MappedFile};
+
+use crate::manifest::{decode_v01, decode_v1, Component, Ctx, Encoding, Manifest, Object};
+use crate::{ALIGNMENT, MAGIC, MAGIC_V01};
+
+/// Which `.zt` container version a file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZtVersion {
+    /// `ZTEN0001`: a CBOR array of tensor records and a trailing size.
+    V0_1,
+    /// `ZTEN1000`: the 1.x manifest with objects and components.
+    V1,
+}
+
+/// A validated `.zt` file over any [`Bytes`] (a map, a shm segment, a buffer).
+///
+/// Opening checks everything that later reads depend on, so a `ZtReader` that opened
+/// will only fail on reads for data-level reasons (a digest mismatch, a corrupt zstd
+/// frame).
+pub struct ZtReader {
+    bytes: Bytes,
+    version: ZtVersion,
+    manifest: Manifest,
+    infos: Vec<TensorInfo>,
+    index: HashMap<String, usize>,
+    /// One cell per component (flattened in object order): set once its digest has
+    /// been checked, so zero-copy views of verified raw data cost nothing afterwards.
+    verified: Vec<OnceLock<()>>,
+    first_component: Vec<usize>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for ZtReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZtReader")
+            .field("version", &self.version)
+            .field("len", &self.bytes.len())
+            .field("objects", &self.manifest.objects.len())
+            .finish()
+    }
+}
+
+impl ZtReader {
+    /// Maps `path` privately (copy-on-write) and opens it with default limits.
+    pub fn open(path: impl AsRef<Path>) -> Result<ZtReader> {
+        ZtReader::open_with(path, MapMode::CopyOnWrite, &Limits::default())
+    }
+
+    /// Maps `path` in `mode` and opens it with `limits`. Errors carry the path.
+    pub fn open_with(path: impl AsRef<Path>, mode: MapMode, limits: &Limits) -> Result<ZtReader> {
+        let path = path.as_ref();
+        let bytes = MappedFile::open_bytes(path, mode)?;
+        ZtReader::from_bytes_with(bytes, limits).map_err(|e| e.with_path(path))
+    }
+
+    /// Opens a `.zt` image held in `bytes` with default limits.
+    pub fn from_bytes(bytes: Bytes) -> Result<ZtReader> {
+        ZtReader::from_bytes_with(bytes, &Limits::default())
+    }
+
+    /// Opens a `.zt` image held in `bytes`.
+    pub fn from_bytes_with(bytes: Bytes, limits: &Limits) -> Result<ZtReader> {
+        let (version, manifest, data_end) = parse_container(&bytes, limits)?;
+        validate_layout(&manifest, data_end, version)?;
+        let infos: Vec<TensorInfo> = manifest.objects.iter().map(info_of).collect::<Result<_>>()?;
+        let index = infos
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let mut first_component = Vec::with_capacity(manifest.objects.len());
+        let mut n = 0;
+        for o in &manifest.objects {
+            first_component.push(n);
+            n += o.components.len();
+        }
+        Ok(ZtReader {
+            bytes,
+            version,
+            verified: (0..n).map(|_| OnceLock::new()).collect(),
+            manifest,
+            infos,
+            index,
+            first_component,
+            limits: *limits,
+        })
+    }
+
+    /// The container version.
+    pub fn version(&self) -> ZtVersion {
+        self.version
+    }
+
+    /// The manifest's `version` string (`"1.2.0"`, `"0.1.0"` for 0.1 files).
+    pub fn manifest_version(&self) -> &str {
+        &self.manifest.version
+    }
+
+    /// The whole file's bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// Every object, in name order.
+    pub fn objects(&self) -> &[Object] {
+        &self.manifest.objects
+    }
+
+    /// One object by name.
+    pub fn object(&self, name: &str) -> Result<&Object> {
+        self.index
+            .get(name)
+            .and_then(|&i| self.manifest.objects.get(i))
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    fn locate(&self, name: &str, role: &str) -> Result<(&Component, usize)> {
+        let obj_idx = *self.index.get(name).ok_or_else(|| Error::NotFound {
+            name: name.to_owned(),
+        })?;
+        let obj = &self.manifest.objects[obj_idx];
+        let (ci, comp) = obj
+            .components
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.role == role)
+            .ok_or_else(|| Error::NotFound {
+                name: format!("{name}/{role}"),
+            })?;
+        Ok((comp, self.first_component[obj_idx] + ci))
+    }
+
+    /// The stored (possibly compressed) bytes of a component, zero-copy, after checking
+    /// its digest (once per reader).
+    pub fn stored(&self, name: &str, role: &str) -> Result<Bytes> {
+        let (comp, flat) = self.locate(name, role)?;
+        let stored = self.bytes.slice_at(comp.offset, comp.length)?;
+        self.check_digest(comp, flat, &stored, name)?;
+        Ok(stored)
+    }
+
+    fn check_digest(&self, comp: &Component, flat: usize, stored: &[u8], name: &str) -> Result<()> {
+        let Some(digest) = &comp.digest else {
+            return Ok(());
+        };
+        if self.verified[flat].get().is_some() {
+            return Ok(());
+        }
+        digest.verify(stored, &format!("{name}/{}", comp.role))?;
+        let _ = self.verified[flat].set(());
+        Ok(())
+    }
+
+    /// A component's decoded bytes: a zero-copy view of the file for raw components, a
+    /// fresh 64-byte-aligned buffer for zstd ones. Digests are checked first.
+    pub fn component(&self, name: &str, role: &str) -> Result<Bytes> {
+        let (comp, _) = self.locate(name, role)?;
+        let stored = self.stored(name, role)?;
+        match comp.encoding {
+            Encoding::Raw => Ok(stored),
+            Encoding::Zstd => {
+                let n = usize::try_from(comp.decoded_length()).map_err(|_| Error::Overflow {
+                    what: "decoded length as usize",
+                })?;
+                let mut buf = AlignedBuf::zeroed(n)?;
+                decode_zstd(&stored, buf.as_mut_slice(), &format!("{name}/{role}"))?;
+                Ok(buf.into_bytes())
+            }
+        }
+    }
+
+    /// Decodes (or copies) a component into `dst`, which must be exactly its decoded
+    /// length. Large raw copies run in parallel.
+    pub fn component_into(&self, name: &str, role: &str, dst: &mut [u8]) -> Result<()> {
+        let (comp, _) = self.locate(name, role)?;
+        if dst.len() as u64 != comp.decoded_length() {
+            return Err(Error::SizeMismatch {
+                tensor: format!("{name}/{role}"),
+                expected: comp.decoded_length(),
+                found: dst.len() as u64,
+            });
+        }
+        let stored = self.stored(name, role)?;
+        match comp.encoding {
+            Encoding::Raw => {
+                parallel_copy(dst, &stored);
+                Ok(())
+            }
+            Encoding::Zstd => decode_zstd(&stored, dst, &format!("{name}/{role}")),
+        }
+    }
+
+    /// Copies a dense tensor's decoded bytes into `dst` (exactly
+    /// [`TensorInfo::nbytes`] long).
+    pub fn read_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
+        let obj = self.object(name)?;
+        require_dense(obj)?;
+        self.component_into(name, "data", dst)
+    }
+
+    /// The limits this reader was opened with.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
+
+/// Copies `src` into `dst` (same length), splitting large copies across threads.
+pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const CHUNK: usize = 8 << 20;
+    if src.len() < 2 * CHUNK {
+        dst.copy_from_slice(src);
+        return;
+    }
+    use rayon::prelude::*;
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+fn decode_zstd(stored: &[u8], dst: &mut [u8], what: &str) -> Result<()> {
+    let fail = |reason: String| Error::Decode {
+        tensor: what.to_owned(),
+        encoding: "zstd".to_owned(),
+        reason,
+    };
+    let mut decoder = zstd::bulk::Decompressor::new().map_err(|e| fail(e.to_string()))?;
+    // The destination is exactly the declared size, so a frame that inflates beyond
+    // it fails here instead of allocating.
+    let n = decoder
+        .decompress_to_buffer(stored, dst)
+        .map_err(|e| fail(e.to_string()))?;
+    if n != dst.len() {
+        return Err(Error::SizeMismatch {
+            tensor: what.to_owned(),
+            expected: dst.len() as u64,
+            found: n as u64,
+        });
+    }
+    Ok(())
+}
+
+fn require_dense(obj: &Object) -> Result<()> {
+    if obj.layout != Layout::Dense {
+        return Err(Error::unsupported(format!(
+            "tensor `{}` has layout {}; read its components instead",
+            obj.name, obj.layout
+        )));
+    }
+    Ok(())
+}
+
+fn read_u64_le(bytes: &[u8], at: usize) -> Option<u64> {
+    let b: [u8; 8] = bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+/// Checks magic and footer, and decodes the manifest. Returns the end of the data
+/// region (where the manifest starts).
+fn parse_container(bytes: &[u8], limits: &Limits) -> Result<(ZtVersion, Manifest, u64)> {
+    let len = bytes.len() as u64;
+    let head = bytes.get(..8).ok_or(Error::Truncated {
+        offset: 0,
+        needed: 8,
+        available: len,
+    })?;
+    let version = if head == MAGIC {
+        ZtVersion::V1
+    } else if head == MAGIC_V01 {
+        ZtVersion::V0_1
+    } else {
+        return Err(Error::BadMagic {
+            offset: 0,
+            expected: "ZTEN1000 or ZTEN0001",
+            found: head.to_vec(),
+        });
+    };
+    // v1: [magic][blobs][manifest][u64 size][magic]; v0.1: [magic][blobs][manifest][u64 size]
+    let trailer: u64 = match version {
+        ZtVersion::V1 => 16,
+        ZtVersion::V0_1 => 8,
+    };
+    if len < 8 + trailer {
+        return Err(Error::Truncated {
+            offset: 8,
+            needed: trailer,
+            available: len - 8,
+        });
+    }
+    let size_at = (len - trailer) as usize;
+    if version == ZtVersion::V1 {
+        let footer = &bytes[size_at + 8..];
+        if footer != MAGIC {
+            return Err(Error::BadMagic {
+                offset: len - 8,
+                expected: "ZTEN1000 footer",
+                found: footer.to_vec(),
+            });
+        }
+    }
+    let manifest_len = read_u64_le(bytes, size_at).ok_or(Error::Truncated {
+        offset: size_at as u64,
+        needed: 8,
+        available: 0,
+    })?;
+    Error::check_limit("manifest size", manifest_len, limits.max_metadata_bytes)?;
+    let room = len - trailer - 8;
+    if manifest_len > room {
+        return Err(Error::Truncated {
+            offset: size_at as u64,
+            needed: manifest_len,
+            available: room,
+        });
+    }
+    let manifest_start = len - trailer - manifest_len;
+    let manifest_bytes = &bytes[manifest_start as usize..size_at];
+    let ctx = Ctx {
+        offset: manifest_start,
+        limits,
+    };
+    let manifest = match version {
+        ZtVersion::V1 => decode_v1(manifest_bytes, &ctx)?,
+        ZtVersion::V0_1 => decode_v01(manifest_bytes, &ctx)?,
+    };
+    Ok((version, manifest, manifest_start))
+}
+
+/// Checks every component: in bounds of the data region, aligned (1.x), no overlap,
+/// sizes consistent with shapes and dtypes, decoded sizes within limits.
+fn validate_layout(manifest: &Manifest, data_end: u64, version: ZtVersion) -> Result<()> {
+    let mut spans: Vec<(u64, u64, String)> = Vec::new();
+    for obj in &manifest.objects {
+        if obj.components.is_empty() {
+            return Err(Error::malformed(data_end, format!("object `{}` has no components", obj.name)));
+        }
+        for c in &obj.components {
+            let label = format!("{}/{}", obj.name, c.role);
+            let end = c.offset.checked_add(c.length).ok_or(Error::Overflow {
+                what: "component end offset",
+            })?;
+            if c.offset < 8 || end > data_end {
+                return Err(Error::OutOfBounds {
+                    tensor: label,
+                    offset: c.offset,
+                    length: c.length,
+                    limit: data_end,
+                });
+            }
+            if version == ZtVersion::V1 && c.offset % ALIGNMENT != 0 {
+                return Err(Error::Misaligned {
+                    tensor: label,
+                    offset: c.offset,
+                    alignment: ALIGNMENT,
+                });
+            }
+            let unit = c.dtype.size().unwrap_or(1) as u64;
+            if c.decoded_length() % unit != 0 {
+                return Err(Error::SizeMismatch {
+                    tensor: label,
+                    expected: c.decoded_length().div_ceil(unit) * unit,
+                    found: c.decoded_length(),
+                });
+            }
+            spans.push((c.offset, end, label));
+        }
+        if obj.layout == Layout::Dense {
+            let data = obj.component("data").ok_or_else(|| {
+                Error::malformed(data_end, format!("dense object `{}` has no `data` component", obj.name))
+            })?;
+            let expected = obj.shape.byte_len(data.logical_dtype())?;
+            if data.decoded_length() != expected {
+                return Err(Error::SizeMismatch {
+                    tensor: obj.name.clone(),
+                    expected,
+                    found: data.decoded_length(),
+                });
+            }
+        }
+    }
+    spans.sort_by_key(|&(start, end, _)| (start, end));
+    for pair in spans.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if b.0 < a.1 {
+            return Err(Error::Overlap {
+                tensor: b.2.clone(),
+                other: a.2.clone(),
+                offset: b.0,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn info_of(obj: &Object) -> Result<TensorInfo> {
+    let encoding = obj
+        .components
+        .iter()
+        .find(|c| c.encoding != Encoding::Raw)
+        .map(|c| c.encoding.name().to_owned());
+    Ok(TensorInfo {
+        name: obj.name.clone(),
+        dtype: obj.dtype(),
+        shape: obj.shape.clone(),
+        layout: obj.layout.clone(),
+        nbytes: obj.components.iter().map(Component::decoded_length).sum(),
+        stored_bytes: obj.components.iter().map(|c| c.length).sum(),
+        offset: obj.components.iter().map(|c| c.offset).min().unwrap_or(0),
+        encoding,
+        attributes: obj.attributes.clone(),
+    })
+}
+
+impl TensorSource for ZtReader {
+    fn format(&self) -> &'static str {
+        match self.version {
+            ZtVersion::V1 => "zt",
+            ZtVersion::V0_1 => "zt-0.1",
+        }
+    }
+
+    fn tensors(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    fn attributes(&self) -> &BTreeMap<String, Value> {
+        &self.manifest.attributes
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.index
+            .get(name)
+            .and_then(|&i| self.infos.get(i))
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    fn view(&self, name: &str) -> Result<TensorView> {
+        let obj = self.object(name)?;
+        require_dense(obj)?;
+        let data = obj.component("data").ok_or_else(|| Error::NotFound {
+            name: format!("{name}/data"),
+        })?;
+        let bytes = self.component(name, "data")?;
+        TensorView::new(
+            name,
+            data.logical_dtype(),
+            obj.shape.clone(),
+            bytes,
+            data.encoding == Encoding::Raw,
+        )
+    }
+
+    fn verify(&self) -> Result<usize> {
+        let mut checked = 0;
+        for obj in &self.manifest.objects {
+            for c in &obj.components {
+                if c.digest.is_some() {
+                    self.stored(&obj.name, &c.role)?;
+                    checked += 1;
+                }
+            }
+        }
+        Ok(checked)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
