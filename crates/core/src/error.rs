@@ -121,7 +121,9 @@ pub enum Error {
     },
 
     /// A stored digest does not match the bytes.
-    #[error("tensor `{tensor}`: {algorithm} digest mismatch (stored {expected}, computed {found})")]
+    #[error(
+        "tensor `{tensor}`: {algorithm} digest mismatch (stored {expected}, computed {found})"
+    )]
     DigestMismatch {
         /// The tensor (and component) name.
         tensor: String,

@@ -132,7 +132,10 @@ mod tests {
 
     #[test]
     fn strides_are_row_major() {
-        assert_eq!(Shape::new(vec![2, 3, 4]).unwrap().c_strides(), vec![12, 4, 1]);
+        assert_eq!(
+            Shape::new(vec![2, 3, 4]).unwrap().c_strides(),
+            vec![12, 4, 1]
+        );
     }
 
     proptest! {

@@ -1,6 +1,5 @@
 //! Metadata values (attributes) in a format-neutral form.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// A metadata value: what `.zt` attributes (CBOR), GGUF key-values and the scalars of a
@@ -21,8 +20,8 @@ pub enum Value {
     Bytes(Vec<u8>),
     /// A list.
     List(Vec<Value>),
-    /// A map with string keys, in key order.
-    Map(BTreeMap<String, Value>),
+    /// A map with string keys, in the order the file stores them.
+    Map(Vec<(String, Value)>),
 }
 
 impl Value {
@@ -30,6 +29,14 @@ impl Value {
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The value stored under `key`, if this is a [`Value::Map`] that has it.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        match self {
+            Value::Map(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
         }
     }

@@ -46,7 +46,10 @@ pub enum Hint {
 enum Inner {
     ReadOnly(Mmap),
     /// The map plus its base address, taken once while we still owned it mutably.
-    CopyOnWrite { map: MmapMut, base: *mut u8 },
+    CopyOnWrite {
+        map: MmapMut,
+        base: *mut u8,
+    },
     /// Zero-length files cannot be mapped.
     Empty,
 }
@@ -177,7 +180,10 @@ impl MappedFile {
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions; it only reads a system constant.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
 }
 
 impl Owner for MappedFile {

@@ -99,11 +99,13 @@ impl RangeRead for Bytes {
     }
 
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let src = self.slice_at(offset, buf.len() as u64).map_err(|_| Error::Truncated {
-            offset,
-            needed: buf.len() as u64,
-            available: RangeRead::len(self).saturating_sub(offset),
-        })?;
+        let src = self
+            .slice_at(offset, buf.len() as u64)
+            .map_err(|_| Error::Truncated {
+                offset,
+                needed: buf.len() as u64,
+                available: RangeRead::len(self).saturating_sub(offset),
+            })?;
         buf.copy_from_slice(&src);
         Ok(())
     }

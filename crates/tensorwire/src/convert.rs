@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use tensorwire_core::{Error, Layout, Result, TensorSource};
-use tensorwire_zt::{Checksum, Compression, ComponentData, WriteOptions, ZtReader, ZtWriter};
+use tensorwire_zt::{Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtWriter};
 
 /// The format [`convert`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,7 +83,7 @@ pub fn convert_source(
                 view.dtype,
                 &view.shape,
                 &view.bytes,
-                info.attributes.clone(),
+                (!info.attributes.is_empty()).then(|| info.attributes.clone()),
                 write,
             )?;
         } else {

@@ -35,8 +35,7 @@ pub use tensorwire_range as range;
 pub use tensorwire_zt as zt;
 
 pub use tensorwire_core::{
-    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView,
-    Value,
+    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
 };
 
 pub use crate::convert::{convert, convert_source, ConvertOptions, OutputFormat};

@@ -78,7 +78,9 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dy
 /// Opens a tensor file image already in memory (a map, a shm segment, a buffer).
 pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>> {
     match sniff(&bytes)? {
-        FileFormat::Zt | FileFormat::Zt01 => Ok(Box::new(ZtReader::from_bytes_with(bytes, limits)?)),
+        FileFormat::Zt | FileFormat::Zt01 => {
+            Ok(Box::new(ZtReader::from_bytes_with(bytes, limits)?))
+        }
     }
 }
 
@@ -90,7 +92,10 @@ mod tests {
     fn sniffs_by_magic() {
         assert_eq!(sniff(b"ZTEN1000....").unwrap(), FileFormat::Zt);
         assert_eq!(sniff(b"ZTEN0001").unwrap(), FileFormat::Zt01);
-        assert!(matches!(sniff(b"PK\x03\x04"), Err(Error::UnknownFormat { .. })));
+        assert!(matches!(
+            sniff(b"PK\x03\x04"),
+            Err(Error::UnknownFormat { .. })
+        ));
         assert!(matches!(sniff(b""), Err(Error::UnknownFormat { .. })));
     }
 }

@@ -175,7 +175,13 @@ mod tests {
 
     #[test]
     fn malformed_digests_do_not_parse() {
-        for bad in ["crc32c:0x", "crc32c:0x123456789", "sha256:zz", "md5:00", "crc32c:12"] {
+        for bad in [
+            "crc32c:0x",
+            "crc32c:0x123456789",
+            "sha256:zz",
+            "md5:00",
+            "crc32c:12",
+        ] {
             assert_eq!(Digest::parse(bad), None, "{bad}");
         }
     }

@@ -28,7 +28,7 @@ mod writer;
 pub use crate::digest::{Checksum, Digest};
 pub use crate::manifest::{Component, Encoding, Object};
 pub use crate::reader::{ZtReader, ZtVersion};
-pub use crate::writer::{Compression, ComponentData, WriteOptions, ZtWriter};
+pub use crate::writer::{ComponentData, Compression, WriteOptions, ZtWriter};
 
 /// Magic bytes at the start and end of a version 1.x file.
 pub const MAGIC: &[u8; 8] = b"ZTEN1000";

@@ -84,8 +84,9 @@ pub struct Object {
     pub shape: Shape,
     /// Layout.
     pub layout: Layout,
-    /// Per-object attributes.
-    pub attributes: BTreeMap<String, Value>,
+    /// Per-object attributes (`None` when the manifest has no `attributes` key, which
+    /// ztensor distinguishes from an empty map).
+    pub attributes: Option<BTreeMap<String, Value>>,
     /// Components in role-name order.
     pub components: Vec<Component>,
 }
@@ -157,11 +158,12 @@ fn text_map<'v>(v: &'v Cbor, what: &str, ctx: &Ctx<'_>) -> Result<Vec<(&'v str, 
         return Err(ctx.err(format!("{what} is not a map")));
     };
     let mut out = Vec::with_capacity(entries.len());
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
     for (k, v) in entries {
         let Cbor::Text(k) = k else {
             return Err(ctx.err(format!("{what} has a key that is not a string")));
         };
-        if out.iter().any(|(seen, _)| *seen == k.as_str()) && entries.len() < 64 {
+        if !seen.insert(k.as_str()) {
             return Err(ctx.err(format!("{what} repeats the key `{k}`")));
         }
         out.push((k.as_str(), v));
@@ -210,7 +212,12 @@ pub(crate) fn cbor_to_value(v: &Cbor, depth: usize, ctx: &Ctx<'_>) -> Result<Val
                 .map(|x| cbor_to_value(x, depth + 1, ctx))
                 .collect::<Result<_>>()?,
         ),
-        Cbor::Map(_) => Value::Map(parse_attributes(v, depth + 1, ctx)?),
+        Cbor::Map(_) => Value::Map(
+            text_map(v, "an attribute map", ctx)?
+                .into_iter()
+                .map(|(k, x)| Ok((k.to_owned(), cbor_to_value(x, depth + 1, ctx)?)))
+                .collect::<Result<_>>()?,
+        ),
         Cbor::Tag(_, inner) => cbor_to_value(inner, depth + 1, ctx)?,
         _ => return Err(ctx.err("unsupported CBOR value in attributes")),
     })
@@ -236,7 +243,11 @@ pub(crate) fn value_to_cbor(v: &Value) -> Result<Cbor> {
         Value::Str(s) => Cbor::Text(s.clone()),
         Value::Bytes(b) => Cbor::Bytes(b.clone()),
         Value::List(items) => Cbor::Array(items.iter().map(value_to_cbor).collect::<Result<_>>()?),
-        Value::Map(m) => attributes_to_cbor(m)?,
+        Value::Map(m) => Cbor::Map(
+            m.iter()
+                .map(|(k, v)| Ok((Cbor::Text(k.clone()), value_to_cbor(v)?)))
+                .collect::<Result<_>>()?,
+        ),
     })
 }
 
@@ -264,7 +275,11 @@ fn parse_shape(v: &Cbor, name: &str, ctx: &Ctx<'_>) -> Result<Shape> {
     let Cbor::Array(dims) = v else {
         return Err(ctx.err(format!("object `{name}`: shape is not an array")));
     };
-    Error::check_limit("number of dimensions", dims.len() as u64, ctx.limits.max_ndim as u64)?;
+    Error::check_limit(
+        "number of dimensions",
+        dims.len() as u64,
+        ctx.limits.max_ndim as u64,
+    )?;
     let dims = dims
         .iter()
         .map(|d| as_u64(d, "a shape dimension", ctx))
@@ -275,11 +290,8 @@ fn parse_shape(v: &Cbor, name: &str, ctx: &Ctx<'_>) -> Result<Shape> {
 fn parse_component(role: &str, v: &Cbor, name: &str, ctx: &Ctx<'_>) -> Result<Component> {
     let map = text_map(v, "a component", ctx)?;
     let need = |key: &str| {
-        field(&map, key).ok_or_else(|| {
-            ctx.err(format!(
-                "object `{name}` component `{role}` has no `{key}`"
-            ))
-        })
+        field(&map, key)
+            .ok_or_else(|| ctx.err(format!("object `{name}` component `{role}` has no `{key}`")))
     };
     let dtype_name = as_text(need("dtype")?, "dtype", ctx)?;
     let dtype: DType = dtype_name.parse()?;
@@ -362,7 +374,11 @@ pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
     let Cbor::Map(entries) = objects_value else {
         return Err(ctx.err("`objects` is not a map"));
     };
-    Error::check_limit("number of objects", entries.len() as u64, ctx.limits.max_tensors)?;
+    Error::check_limit(
+        "number of objects",
+        entries.len() as u64,
+        ctx.limits.max_tensors,
+    )?;
     let mut objects = Vec::with_capacity(entries.len());
     for (k, v) in entries {
         let name = as_text(k, "an object name", ctx)?;
@@ -378,8 +394,8 @@ pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
             None => Layout::Dense,
         };
         let attributes = match field(&obj, "attributes") {
-            None | Some(Cbor::Null) => BTreeMap::new(),
-            Some(a) => parse_attributes(a, 1, ctx)?,
+            None | Some(Cbor::Null) => None,
+            Some(a) => Some(parse_attributes(a, 1, ctx)?),
         };
         let comps = text_map(
             field(&obj, "components")
@@ -419,11 +435,17 @@ pub(crate) fn decode_v01(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
     let Cbor::Array(records) = root else {
         return Err(ctx.err("a 0.1 manifest must be an array"));
     };
-    Error::check_limit("number of objects", records.len() as u64, ctx.limits.max_tensors)?;
+    Error::check_limit(
+        "number of objects",
+        records.len() as u64,
+        ctx.limits.max_tensors,
+    )?;
     let mut objects = Vec::with_capacity(records.len());
     for rec in &records {
         let map = text_map(rec, "a tensor record", ctx)?;
-        let need = |key: &str| field(&map, key).ok_or_else(|| ctx.err(format!("a 0.1 tensor record has no `{key}`")));
+        let need = |key: &str| {
+            field(&map, key).ok_or_else(|| ctx.err(format!("a 0.1 tensor record has no `{key}`")))
+        };
         let name = as_text(need("name")?, "name", ctx)?;
         check_name(name, ctx)?;
         let layout = match field(&map, "layout") {
@@ -488,7 +510,7 @@ pub(crate) fn decode_v01(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
             name: name.to_owned(),
             shape,
             layout: Layout::Dense,
-            attributes: BTreeMap::new(),
+            attributes: None,
             components: vec![component],
         });
     }
@@ -542,17 +564,23 @@ pub(crate) fn encode(manifest: &Manifest) -> Result<Vec<u8>> {
         let mut m = vec![
             (
                 Cbor::Text("shape".into()),
-                Cbor::Array(o.shape.dims().iter().map(|&d| Cbor::Integer(d.into())).collect()),
+                Cbor::Array(
+                    o.shape
+                        .dims()
+                        .iter()
+                        .map(|&d| Cbor::Integer(d.into()))
+                        .collect(),
+                ),
             ),
             (
                 Cbor::Text("format".into()),
                 Cbor::Text(o.layout.name().into()),
             ),
         ];
-        if !o.attributes.is_empty() {
+        if let Some(attributes) = &o.attributes {
             m.push((
                 Cbor::Text("attributes".into()),
-                attributes_to_cbor(&o.attributes)?,
+                attributes_to_cbor(attributes)?,
             ));
         }
         let mut comps: Vec<&Component> = o.components.iter().collect();

@@ -6,8 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tensorwire_core::{
-    AlignedBuf, Bytes, Error, Layout, Limits, Result, TensorInfo, TensorSource,
-    TensorView, Value,
+    AlignedBuf, Bytes, Error, Layout, Limits, Result, TensorInfo, TensorSource, TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -72,8 +71,12 @@ impl ZtReader {
     /// Opens a `.zt` image held in `bytes`.
     pub fn from_bytes_with(bytes: Bytes, limits: &Limits) -> Result<ZtReader> {
         let (version, manifest, data_end) = parse_container(&bytes, limits)?;
-        validate_layout(&manifest, data_end, version)?;
-        let infos: Vec<TensorInfo> = manifest.objects.iter().map(info_of).collect::<Result<_>>()?;
+        validate_layout(&manifest, data_end, version, limits)?;
+        let infos: Vec<TensorInfo> = manifest
+            .objects
+            .iter()
+            .map(info_of)
+            .collect::<Result<_>>()?;
         let index = infos
             .iter()
             .enumerate()
@@ -339,11 +342,19 @@ fn parse_container(bytes: &[u8], limits: &Limits) -> Result<(ZtVersion, Manifest
 
 /// Checks every component: in bounds of the data region, aligned (1.x), no overlap,
 /// sizes consistent with shapes and dtypes, decoded sizes within limits.
-fn validate_layout(manifest: &Manifest, data_end: u64, version: ZtVersion) -> Result<()> {
+fn validate_layout(
+    manifest: &Manifest,
+    data_end: u64,
+    version: ZtVersion,
+    limits: &Limits,
+) -> Result<()> {
     let mut spans: Vec<(u64, u64, String)> = Vec::new();
     for obj in &manifest.objects {
         if obj.components.is_empty() {
-            return Err(Error::malformed(data_end, format!("object `{}` has no components", obj.name)));
+            return Err(Error::malformed(
+                data_end,
+                format!("object `{}` has no components", obj.name),
+            ));
         }
         for c in &obj.components {
             let label = format!("{}/{}", obj.name, c.role);
@@ -365,6 +376,11 @@ fn validate_layout(manifest: &Manifest, data_end: u64, version: ZtVersion) -> Re
                     alignment: ALIGNMENT,
                 });
             }
+            Error::check_limit(
+                "decoded component size",
+                c.decoded_length(),
+                limits.max_decoded_bytes,
+            )?;
             let unit = c.dtype.size().unwrap_or(1) as u64;
             if c.decoded_length() % unit != 0 {
                 return Err(Error::SizeMismatch {
@@ -377,7 +393,10 @@ fn validate_layout(manifest: &Manifest, data_end: u64, version: ZtVersion) -> Re
         }
         if obj.layout == Layout::Dense {
             let data = obj.component("data").ok_or_else(|| {
-                Error::malformed(data_end, format!("dense object `{}` has no `data` component", obj.name))
+                Error::malformed(
+                    data_end,
+                    format!("dense object `{}` has no `data` component", obj.name),
+                )
             })?;
             let expected = obj.shape.byte_len(data.logical_dtype())?;
             if data.decoded_length() != expected {
@@ -418,7 +437,7 @@ fn info_of(obj: &Object) -> Result<TensorInfo> {
         stored_bytes: obj.components.iter().map(|c| c.length).sum(),
         offset: obj.components.iter().map(|c| c.offset).min().unwrap_or(0),
         encoding,
-        attributes: obj.attributes.clone(),
+        attributes: obj.attributes.clone().unwrap_or_default(),
     })
 }
 

@@ -49,10 +49,7 @@ pub struct ComponentData<'a> {
 enum Target {
     /// A new file written under a temporary name and renamed into place on finish,
     /// so an interrupted write never leaves a half-written file at `path`.
-    Create {
-        tmp: PathBuf,
-        path: PathBuf,
-    },
+    Create { tmp: PathBuf, path: PathBuf },
     /// An existing file opened for append: the old manifest and footer are kept so an
     /// abandoned append can restore them.
     Append {
@@ -106,7 +103,11 @@ impl ZtWriter<BufWriter<File>> {
     /// manifest.
     pub fn append(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_owned();
-        let reader = ZtReader::open_with(&path, tensorwire_mmap::MapMode::ReadOnly, &Limits::default())?;
+        let reader = ZtReader::open_with(
+            &path,
+            tensorwire_mmap::MapMode::ReadOnly,
+            &Limits::default(),
+        )?;
         if reader.version() != ZtVersion::V1 {
             return Err(Error::unsupported("appending to a 0.1 file").with_path(&path));
         }
@@ -187,7 +188,7 @@ impl<W: Write> ZtWriter<W> {
         data: &[u8],
         options: WriteOptions,
     ) -> Result<()> {
-        self.add_dense_with_attributes(name, dtype, shape, data, BTreeMap::new(), options)
+        self.add_dense_with_attributes(name, dtype, shape, data, None, options)
     }
 
     /// [`ZtWriter::add_dense`] with per-tensor attributes.
@@ -197,7 +198,7 @@ impl<W: Write> ZtWriter<W> {
         dtype: DType,
         shape: &Shape,
         data: &[u8],
-        attributes: BTreeMap<String, Value>,
+        attributes: Option<BTreeMap<String, Value>>,
         options: WriteOptions,
     ) -> Result<()> {
         let expected = shape.byte_len(dtype)?;
@@ -209,7 +210,12 @@ impl<W: Write> ZtWriter<W> {
             });
         }
         let (storage, _) = dtype.storage();
-        if !storage.is_primitive() || matches!(dtype, DType::QInt8 | DType::QUInt8 | DType::QInt4 | DType::QUInt4) {
+        if !storage.is_primitive()
+            || matches!(
+                dtype,
+                DType::QInt8 | DType::QUInt8 | DType::QInt4 | DType::QUInt4
+            )
+        {
             return Err(Error::unsupported(format!("dtype {dtype} in a .zt file")));
         }
         let logical = (storage != dtype).then(|| dtype.name());
@@ -234,7 +240,7 @@ impl<W: Write> ZtWriter<W> {
         name: &str,
         shape: &Shape,
         layout: Layout,
-        attributes: BTreeMap<String, Value>,
+        attributes: Option<BTreeMap<String, Value>>,
         components: &[ComponentData<'_>],
         options: WriteOptions,
     ) -> Result<()> {
@@ -292,7 +298,11 @@ impl<W: Write> ZtWriter<W> {
             .ok_or_else(|| Error::invalid("the writer is already finished"))
     }
 
-    fn write_component(&mut self, c: &ComponentData<'_>, options: WriteOptions) -> Result<Component> {
+    fn write_component(
+        &mut self,
+        c: &ComponentData<'_>,
+        options: WriteOptions,
+    ) -> Result<Component> {
         let start = align_up(self.offset, ALIGNMENT).ok_or(Error::Overflow {
             what: "file offset",
         })?;
@@ -316,7 +326,9 @@ impl<W: Write> ZtWriter<W> {
                 Encoding::Zstd
             }
         };
-        let CountingSink { digest, written, .. } = sink;
+        let CountingSink {
+            digest, written, ..
+        } = sink;
         self.offset += written;
         Ok(Component {
             role: c.role.to_owned(),

@@ -1,0 +1,368 @@
+//! Malformed and hostile `.zt` inputs: each must give a typed error, never a panic.
+
+mod common;
+
+use common::*;
+use tensorwire_core::{Bytes, Error, Limits, TensorSource};
+use tensorwire_zt::ZtReader;
+
+fn open(data: Vec<u8>) -> Result<ZtReader, Error> {
+    ZtReader::from_bytes(Bytes::from_vec(data))
+}
+
+fn valid() -> Vec<u8> {
+    let blob: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    image(
+        &at64(&blob),
+        &manifest(vec![("w", dense(&[2], component("f32", 64, 8)))]),
+    )
+}
+
+#[test]
+fn the_valid_baseline_opens() {
+    let r = open(valid()).unwrap();
+    assert_eq!(r.view("w").unwrap().bytes.len(), 8);
+}
+
+#[test]
+fn every_truncation_is_a_typed_error() {
+    let full = valid();
+    for cut in 0..full.len() {
+        let err = open(full[..cut].to_vec()).expect_err("truncated file opened");
+        assert!(
+            matches!(
+                err,
+                Error::Truncated { .. } | Error::BadMagic { .. } | Error::Malformed { .. }
+            ),
+            "cut at {cut}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_header_magic() {
+    let mut f = valid();
+    f[0] = b'X';
+    assert!(matches!(open(f), Err(Error::BadMagic { offset: 0, .. })));
+}
+
+#[test]
+fn bad_footer_magic() {
+    let mut f = valid();
+    let n = f.len();
+    f[n - 1] = b'X';
+    assert!(matches!(open(f), Err(Error::BadMagic { .. })));
+}
+
+#[test]
+fn oversized_manifest_length_is_refused_before_allocating() {
+    let mut f = valid();
+    let n = f.len();
+    f[n - 16..n - 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(matches!(open(f), Err(Error::LimitExceeded { .. })));
+    let mut f = valid();
+    f[n - 16..n - 8].copy_from_slice(&(1u64 << 29).to_le_bytes());
+    assert!(matches!(open(f), Err(Error::Truncated { .. })));
+}
+
+#[test]
+fn manifest_size_limit_is_configurable() {
+    let limits = Limits {
+        max_metadata_bytes: 16,
+        ..Limits::default()
+    };
+    let err = ZtReader::from_bytes_with(Bytes::from_vec(valid()), &limits).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::LimitExceeded {
+            what: "manifest size",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn offsets_out_of_range() {
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[2], component("f32", 64, 8)))]),
+    );
+    assert!(open(f).is_ok());
+    // Range reaching into the manifest.
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[100], component("f32", 64, 400)))]),
+    );
+    assert!(matches!(open(f), Err(Error::OutOfBounds { .. })));
+    // Offset overflowing u64.
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[2], component("f32", u64::MAX - 63, 8)))]),
+    );
+    assert!(matches!(
+        open(f),
+        Err(Error::Overflow { .. } | Error::OutOfBounds { .. })
+    ));
+    // A blob over the header magic.
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[2], component("f32", 0, 8)))]),
+    );
+    assert!(matches!(open(f), Err(Error::OutOfBounds { .. })));
+}
+
+#[test]
+fn misaligned_blob() {
+    let f = image(
+        &at64(&[0; 16]),
+        &manifest(vec![("w", dense(&[2], component("f32", 68, 8)))]),
+    );
+    assert!(matches!(open(f), Err(Error::Misaligned { offset: 68, .. })));
+}
+
+#[test]
+fn overlapping_blobs() {
+    let f = image(
+        &at64(&[0; 16]),
+        &manifest(vec![
+            ("a", dense(&[4], component("f32", 64, 16))),
+            ("b", dense(&[2], component("f32", 64, 8))),
+        ]),
+    );
+    assert!(matches!(open(f), Err(Error::Overlap { .. })));
+}
+
+#[test]
+fn length_that_disagrees_with_the_shape() {
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[3], component("f32", 64, 8)))]),
+    );
+    assert!(matches!(
+        open(f),
+        Err(Error::SizeMismatch {
+            expected: 12,
+            found: 8,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn shape_product_overflow() {
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[u64::MAX, 4], component("f32", 64, 8)))]),
+    );
+    assert!(matches!(open(f), Err(Error::Overflow { .. })));
+}
+
+#[test]
+fn too_many_dimensions() {
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[1; 65], component("f32", 64, 4)))]),
+    );
+    assert!(matches!(open(f), Err(Error::LimitExceeded { .. })));
+}
+
+#[test]
+fn wrong_digest_is_caught_on_read_and_verify() {
+    let blob = [7u8; 8];
+    let mut comp = component("u8", 64, 8);
+    if let ciborium::Value::Map(m) = &mut comp {
+        m.push((text("digest"), text("crc32c:0x00000000")));
+    }
+    let f = image(&at64(&blob), &manifest(vec![("w", dense(&[8], comp))]));
+    let r = open(f).unwrap();
+    assert!(matches!(r.view("w"), Err(Error::DigestMismatch { .. })));
+    assert!(matches!(r.verify(), Err(Error::DigestMismatch { .. })));
+}
+
+#[test]
+fn unparseable_digest_is_malformed() {
+    let mut comp = component("u8", 64, 8);
+    if let ciborium::Value::Map(m) = &mut comp {
+        m.push((text("digest"), text("md5:abc")));
+    }
+    let f = image(&at64(&[0; 8]), &manifest(vec![("w", dense(&[8], comp))]));
+    assert!(matches!(open(f), Err(Error::Malformed { .. })));
+}
+
+#[test]
+fn zstd_frame_that_inflates_beyond_its_declared_size() {
+    let payload = vec![0u8; 1 << 20];
+    let frame = zstd::encode_all(&payload[..], 3).unwrap();
+    let comp = map(vec![
+        ("dtype", text("u8")),
+        ("offset", int(64)),
+        ("length", int(frame.len() as u64)),
+        ("uncompressed_length", int(16)),
+        ("encoding", text("zstd")),
+    ]);
+    let f = image(&at64(&frame), &manifest(vec![("bomb", dense(&[16], comp))]));
+    let r = open(f).unwrap();
+    assert!(matches!(r.view("bomb"), Err(Error::Decode { .. })));
+}
+
+#[test]
+fn zstd_frame_shorter_than_declared() {
+    let frame = zstd::encode_all(&[1u8; 8][..], 3).unwrap();
+    let comp = map(vec![
+        ("dtype", text("u8")),
+        ("offset", int(64)),
+        ("length", int(frame.len() as u64)),
+        ("uncompressed_length", int(16)),
+        ("encoding", text("zstd")),
+    ]);
+    let f = image(
+        &at64(&frame),
+        &manifest(vec![("short", dense(&[16], comp))]),
+    );
+    let r = open(f).unwrap();
+    assert!(matches!(r.view("short"), Err(Error::SizeMismatch { .. })));
+}
+
+#[test]
+fn garbage_zstd_is_a_decode_error() {
+    let comp = map(vec![
+        ("dtype", text("u8")),
+        ("offset", int(64)),
+        ("length", int(8)),
+        ("uncompressed_length", int(8)),
+        ("encoding", text("zstd")),
+    ]);
+    let f = image(
+        &at64(&[0xAB; 8]),
+        &manifest(vec![("junk", dense(&[8], comp))]),
+    );
+    assert!(matches!(
+        open(f).unwrap().view("junk"),
+        Err(Error::Decode { .. })
+    ));
+}
+
+#[test]
+fn decoded_size_above_the_limit_is_refused() {
+    let comp = map(vec![
+        ("dtype", text("u8")),
+        ("offset", int(64)),
+        ("length", int(8)),
+        ("uncompressed_length", int(1 << 40)),
+        ("encoding", text("zstd")),
+    ]);
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("huge", dense(&[1 << 40], comp))]),
+    );
+    let limits = Limits {
+        max_decoded_bytes: 1 << 30,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        ZtReader::from_bytes_with(Bytes::from_vec(f), &limits),
+        Err(Error::LimitExceeded { .. })
+    ));
+}
+
+#[test]
+fn manifest_that_is_not_cbor_or_has_wrong_types() {
+    assert!(matches!(
+        open(image_raw(&at64(&[0; 8]), &[0xff, 0xff, 0xff])),
+        Err(Error::Malformed { .. })
+    ));
+    let f = image(
+        &[],
+        &map(vec![("version", int(1)), ("objects", map(vec![]))]),
+    );
+    assert!(matches!(open(f), Err(Error::Malformed { .. })));
+    let f = image(&[], &map(vec![("version", text("1.2.0"))]));
+    assert!(matches!(open(f), Err(Error::Malformed { .. })));
+    let f = image(
+        &[],
+        &map(vec![("version", text("2.0.0")), ("objects", map(vec![]))]),
+    );
+    assert!(matches!(open(f), Err(Error::Unsupported { .. })));
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[2], component("f128", 64, 8)))]),
+    );
+    assert!(matches!(open(f), Err(Error::UnknownDType { .. })));
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("w", dense(&[2], component("complex64", 64, 8)))]),
+    );
+    assert!(matches!(open(f), Err(Error::Malformed { .. })));
+}
+
+#[test]
+fn trailing_bytes_after_the_cbor_manifest() {
+    let mut cbor = Vec::new();
+    ciborium::ser::into_writer(&manifest(vec![]), &mut cbor).unwrap();
+    cbor.push(0);
+    assert!(matches!(
+        open(image_raw(&[], &cbor)),
+        Err(Error::Malformed { .. })
+    ));
+}
+
+#[test]
+fn deeply_nested_attributes() {
+    let mut v = int(0);
+    for _ in 0..500 {
+        v = ciborium::Value::Array(vec![v]);
+    }
+    let f = image(
+        &[],
+        &map(vec![
+            ("version", text("1.2.0")),
+            ("attributes", map(vec![("x", v)])),
+            ("objects", map(vec![])),
+        ]),
+    );
+    assert!(matches!(
+        open(f),
+        Err(Error::Malformed { .. } | Error::LimitExceeded { .. })
+    ));
+}
+
+#[test]
+fn empty_and_duplicate_names() {
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![("", dense(&[2], component("f32", 64, 8)))]),
+    );
+    assert!(matches!(open(f), Err(Error::Malformed { .. })));
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![
+            ("w", dense(&[2], component("f32", 64, 8))),
+            ("w", dense(&[0], component("f32", 64, 0))),
+        ]),
+    );
+    assert!(matches!(
+        open(f),
+        Err(Error::Duplicate { .. } | Error::Malformed { .. })
+    ));
+}
+
+#[test]
+fn non_dense_view_is_unsupported_not_a_panic() {
+    let obj = map(vec![
+        ("shape", ciborium::Value::Array(vec![int(2), int(2)])),
+        ("format", text("sparse_coo")),
+        (
+            "components",
+            map(vec![
+                ("values", component("f32", 64, 4)),
+                ("coords", component("u64", 128, 16)),
+            ]),
+        ),
+    ]);
+    let mut data = at64(&[0; 4]);
+    data.resize(120, 0);
+    data.extend_from_slice(&[0; 16]);
+    let r = open(image(&data, &manifest(vec![("s", obj)]))).unwrap();
+    assert!(matches!(r.view("s"), Err(Error::Unsupported { .. })));
+    assert_eq!(r.component("s", "coords").unwrap().len(), 16);
+}
