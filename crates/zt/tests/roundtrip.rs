@@ -1,0 +1,287 @@
+//! Writer → reader round trips, append, and abandoned writes.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use tensorwire_core::{Bytes, DType, Layout, Shape, TensorSource, Value};
+use tensorwire_zt::{
+    Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtWriter, ALIGNMENT,
+};
+
+const ZT_DTYPES: [DType; 19] = [
+    DType::F64,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::I64,
+    DType::I32,
+    DType::I16,
+    DType::I8,
+    DType::U64,
+    DType::U32,
+    DType::U16,
+    DType::U8,
+    DType::Bool,
+    DType::F8E4M3Fn,
+    DType::F8E5M2,
+    DType::F8E4M3Fnuz,
+    DType::F8E5M2Fnuz,
+    DType::Complex64,
+    DType::Complex128,
+];
+
+fn options() -> impl Strategy<Value = WriteOptions> {
+    (
+        prop_oneof![
+            Just(Compression::Raw),
+            Just(Compression::Zstd(1)),
+            Just(Compression::Zstd(3))
+        ],
+        prop_oneof![
+            Just(Checksum::None),
+            Just(Checksum::Crc32c),
+            Just(Checksum::Sha256)
+        ],
+    )
+        .prop_map(|(compression, checksum)| WriteOptions {
+            compression,
+            checksum,
+        })
+}
+
+fn tensor() -> impl Strategy<Value = (DType, Vec<u64>, WriteOptions, u8)> {
+    (
+        proptest::sample::select(ZT_DTYPES.to_vec()),
+        proptest::collection::vec(0u64..6, 0..4),
+        options(),
+        any::<u8>(),
+    )
+}
+
+fn data_for(dtype: DType, shape: &Shape, seed: u8) -> Vec<u8> {
+    let n = shape.byte_len(dtype).unwrap() as usize;
+    (0..n)
+        .map(|i| {
+            if dtype == DType::Bool {
+                ((i + seed as usize) % 2) as u8
+            } else {
+                (i as u8).wrapping_mul(31).wrapping_add(seed)
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn anything_written_reads_back(tensors in proptest::collection::vec(tensor(), 0..8)) {
+        let mut w = ZtWriter::new(Vec::new()).unwrap();
+        let mut expect = Vec::new();
+        for (i, (dtype, dims, opts, seed)) in tensors.into_iter().enumerate() {
+            let name = format!("t{i}.{}", dtype.name());
+            let shape = Shape::new(dims).unwrap();
+            let data = data_for(dtype, &shape, seed);
+            w.add_dense(&name, dtype, &shape, &data, opts).unwrap();
+            expect.push((name, dtype, shape, data, opts));
+        }
+        let file = w.finish_into().unwrap();
+        let r = ZtReader::from_bytes(Bytes::from_vec(file)).unwrap();
+        prop_assert_eq!(r.tensors().len(), expect.len());
+        prop_assert_eq!(r.verify().unwrap(), expect.iter().filter(|e| e.4.checksum != Checksum::None).count());
+        for (name, dtype, shape, data, opts) in &expect {
+            let v = r.view(name).unwrap();
+            prop_assert_eq!(v.dtype, *dtype);
+            prop_assert_eq!(&v.shape, shape);
+            prop_assert_eq!(&v.bytes[..], &data[..]);
+            prop_assert_eq!(v.zero_copy, opts.compression == Compression::Raw);
+            let c = &r.object(name).unwrap().components[0];
+            prop_assert_eq!(c.offset % ALIGNMENT, 0);
+            // Raw views are aligned in memory as well as in the file when the buffer is.
+            let mut copy = vec![0u8; data.len()];
+            r.read_into(name, &mut copy).unwrap();
+            prop_assert_eq!(&copy, data);
+        }
+    }
+}
+
+#[test]
+fn views_of_a_mapped_file_are_aligned_for_every_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.zt");
+    let mut w = ZtWriter::create(&path).unwrap();
+    for (i, dtype) in ZT_DTYPES.iter().enumerate() {
+        let shape = Shape::new(vec![i as u64 + 1]).unwrap();
+        let data = data_for(*dtype, &shape, 1);
+        w.add_dense(dtype.name(), *dtype, &shape, &data, WriteOptions::default())
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let r = ZtReader::open(&path).unwrap();
+    for dtype in ZT_DTYPES {
+        let v = r.view(dtype.name()).unwrap();
+        assert!(v.zero_copy);
+        assert!(v.bytes.is_aligned(64), "{dtype}");
+        assert!(v.bytes.writable_ptr().is_some(), "copy-on-write map");
+    }
+}
+
+#[test]
+fn scalar_and_empty_tensors() {
+    let mut w = ZtWriter::new(Vec::new()).unwrap();
+    w.add_dense(
+        "scalar",
+        DType::F64,
+        &Shape::scalar(),
+        &2.5f64.to_le_bytes(),
+        WriteOptions::default(),
+    )
+    .unwrap();
+    w.add_dense(
+        "empty",
+        DType::F32,
+        &Shape::new(vec![0, 3]).unwrap(),
+        &[],
+        WriteOptions::default(),
+    )
+    .unwrap();
+    let r = ZtReader::from_bytes(Bytes::from_vec(w.finish_into().unwrap())).unwrap();
+    let s = r.view("scalar").unwrap();
+    assert_eq!(s.shape.ndim(), 0);
+    assert_eq!(&s.bytes[..], &2.5f64.to_le_bytes());
+    assert_eq!(r.view("empty").unwrap().bytes.len(), 0);
+}
+
+#[test]
+fn writer_refuses_bad_input() {
+    let mut w = ZtWriter::new(Vec::new()).unwrap();
+    let shape = Shape::new(vec![2]).unwrap();
+    assert!(w
+        .add_dense("w", DType::F32, &shape, &[0; 7], WriteOptions::default())
+        .is_err());
+    w.add_dense("w", DType::F32, &shape, &[0; 8], WriteOptions::default())
+        .unwrap();
+    assert!(w
+        .add_dense("w", DType::F32, &shape, &[0; 8], WriteOptions::default())
+        .is_err());
+    assert!(w
+        .add_dense("", DType::F32, &shape, &[0; 8], WriteOptions::default())
+        .is_err());
+    assert!(w
+        .add_dense("q", DType::QInt4, &shape, &[0; 1], WriteOptions::default())
+        .is_err());
+}
+
+#[test]
+fn append_keeps_old_tensors_and_adds_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.zt");
+    let shape = Shape::new(vec![3]).unwrap();
+    let mut w = ZtWriter::create(&path).unwrap();
+    let mut attrs = BTreeMap::new();
+    attrs.insert("k".to_owned(), Value::Str("v".into()));
+    w.set_attributes(attrs.clone());
+    w.add_dense("a", DType::U8, &shape, &[1, 2, 3], WriteOptions::default())
+        .unwrap();
+    w.finish().unwrap();
+    let before = std::fs::read(&path).unwrap();
+
+    let mut w = ZtWriter::append(&path).unwrap();
+    assert!(w
+        .add_dense("a", DType::U8, &shape, &[0; 3], WriteOptions::default())
+        .is_err());
+    w.add_dense(
+        "b",
+        DType::U8,
+        &shape,
+        &[4, 5, 6],
+        WriteOptions {
+            compression: Compression::Zstd(3),
+            checksum: Checksum::Crc32c,
+        },
+    )
+    .unwrap();
+    w.finish().unwrap();
+
+    let r = ZtReader::open(&path).unwrap();
+    assert_eq!(&r.view("a").unwrap().bytes[..], &[1, 2, 3]);
+    assert_eq!(&r.view("b").unwrap().bytes[..], &[4, 5, 6]);
+    assert_eq!(TensorSource::attributes(&r), &attrs);
+    // Everything up to the end of the old blobs is untouched.
+    let after = std::fs::read(&path).unwrap();
+    assert_eq!(&after[..64 + 3], &before[..64 + 3]);
+}
+
+#[test]
+fn abandoned_writes_leave_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.zt");
+    let shape = Shape::new(vec![1]).unwrap();
+    {
+        let mut w = ZtWriter::create(&path).unwrap();
+        w.add_dense("a", DType::U8, &shape, &[1], WriteOptions::default())
+            .unwrap();
+        // dropped without finish
+    }
+    assert!(!path.exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "temp file left"
+    );
+
+    let mut w = ZtWriter::create(&path).unwrap();
+    w.add_dense("a", DType::U8, &shape, &[1], WriteOptions::default())
+        .unwrap();
+    w.finish().unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let mut w = ZtWriter::append(&path).unwrap();
+    w.add_dense("b", DType::U8, &shape, &[2], WriteOptions::default())
+        .unwrap();
+    w.discard();
+    assert_eq!(std::fs::read(&path).unwrap(), before, "append rolled back");
+}
+
+#[test]
+fn sparse_and_quantized_objects_round_trip() {
+    let mut w = ZtWriter::new(Vec::new()).unwrap();
+    let values: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let indices: Vec<u8> = [0u64, 2].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let indptr: Vec<u8> = [0u64, 1, 2].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut attrs = BTreeMap::new();
+    attrs.insert("bits".to_owned(), Value::Int(4));
+    w.add_object(
+        "csr",
+        &Shape::new(vec![2, 3]).unwrap(),
+        Layout::SparseCsr,
+        Some(attrs.clone()),
+        &[
+            ComponentData {
+                role: "values",
+                dtype: DType::F32,
+                logical_type: None,
+                data: &values,
+            },
+            ComponentData {
+                role: "indices",
+                dtype: DType::U64,
+                logical_type: None,
+                data: &indices,
+            },
+            ComponentData {
+                role: "indptr",
+                dtype: DType::U64,
+                logical_type: None,
+                data: &indptr,
+            },
+        ],
+        WriteOptions::default(),
+    )
+    .unwrap();
+    let r = ZtReader::from_bytes(Bytes::from_vec(w.finish_into().unwrap())).unwrap();
+    let obj = r.object("csr").unwrap();
+    assert_eq!(obj.layout, Layout::SparseCsr);
+    assert_eq!(obj.attributes, Some(attrs));
+    assert_eq!(&r.component("csr", "indptr").unwrap()[..], &indptr[..]);
+    assert_eq!(r.info("csr").unwrap().dtype, DType::F32);
+}
