@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod cbor;
 mod digest;
 mod manifest;
 mod reader;

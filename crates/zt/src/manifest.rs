@@ -11,6 +11,8 @@
 use std::collections::BTreeMap;
 
 use ciborium::Value as Cbor;
+
+use crate::cbor::{CborError, Decoder, Len};
 use tensorwire_core::{DType, Error, Layout, Limits, Result, Shape, Value};
 
 use crate::digest::Digest;
@@ -133,101 +135,52 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn err(&self, reason: impl Into<String>) -> Error {
-        Error::malformed(self.offset, reason)
+    /// A [`Error::Malformed`] at the decoder's current position.
+    fn err(&self, d: &Decoder<'_>, reason: impl Into<String>) -> Error {
+        Error::malformed(self.offset.saturating_add(d.position() as u64), reason)
+    }
+
+    /// Converts a CBOR-level error, keeping its offset.
+    fn cbor(&self, e: CborError) -> Error {
+        Error::malformed(self.offset.saturating_add(e.at as u64), e.reason)
     }
 }
 
-/// Parses CBOR bytes into a value tree with bounded recursion.
-pub(crate) fn parse_cbor(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Cbor> {
-    let mut reader = bytes;
-    let value: Cbor =
-        ciborium::de::from_reader_with_recursion_limit(&mut reader, ctx.limits.max_depth + 8)
-            .map_err(|e| ctx.err(format!("invalid CBOR: {e}")))?;
-    if !reader.is_empty() {
-        return Err(ctx.err(format!(
-            "{} trailing bytes after the CBOR manifest",
-            reader.len()
-        )));
+/// Records that a map key was seen, failing on a repeat.
+fn first_time(seen: &mut u32, bit: u32, key: &[u8], d: &Decoder<'_>, ctx: &Ctx<'_>) -> Result<()> {
+    if *seen & bit != 0 {
+        let key = String::from_utf8_lossy(key);
+        return Err(ctx.err(d, format!("the key `{key}` appears twice")));
     }
-    Ok(value)
+    *seen |= bit;
+    Ok(())
 }
 
-fn text_map<'v>(v: &'v Cbor, what: &str, ctx: &Ctx<'_>) -> Result<Vec<(&'v str, &'v Cbor)>> {
-    let Cbor::Map(entries) = v else {
-        return Err(ctx.err(format!("{what} is not a map")));
-    };
-    let mut out = Vec::with_capacity(entries.len());
-    let mut seen = std::collections::HashSet::with_capacity(entries.len());
-    for (k, v) in entries {
-        let Cbor::Text(k) = k else {
-            return Err(ctx.err(format!("{what} has a key that is not a string")));
-        };
-        if !seen.insert(k.as_str()) {
-            return Err(ctx.err(format!("{what} repeats the key `{k}`")));
+/// Reads a map of attributes into a sorted map, refusing repeated keys.
+fn read_attributes(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<BTreeMap<String, Value>>> {
+    if d.take_null() {
+        return Ok(None);
+    }
+    let at = d.position();
+    match d.value(1).map_err(|e| ctx.cbor(e))? {
+        Value::Map(entries) => {
+            let mut out = BTreeMap::new();
+            for (k, v) in entries {
+                if out.contains_key(&k) {
+                    return Err(Error::malformed(
+                        ctx.offset + at as u64,
+                        format!("attributes repeat the key `{k}`"),
+                    ));
+                }
+                out.insert(k, v);
+            }
+            Ok(Some(out))
         }
-        out.push((k.as_str(), v));
+        _ => Err(Error::malformed(
+            ctx.offset + at as u64,
+            "attributes are not a map",
+        )),
     }
-    Ok(out)
-}
-
-fn field<'v>(map: &[(&str, &'v Cbor)], key: &str) -> Option<&'v Cbor> {
-    map.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
-}
-
-fn as_u64(v: &Cbor, what: &str, ctx: &Ctx<'_>) -> Result<u64> {
-    match v {
-        Cbor::Integer(i) => u64::try_from(i128::from(*i))
-            .map_err(|_| ctx.err(format!("{what} is not an unsigned 64-bit integer"))),
-        _ => Err(ctx.err(format!("{what} is not an integer"))),
-    }
-}
-
-fn as_text<'v>(v: &'v Cbor, what: &str, ctx: &Ctx<'_>) -> Result<&'v str> {
-    match v {
-        Cbor::Text(s) => Ok(s),
-        _ => Err(ctx.err(format!("{what} is not a string"))),
-    }
-}
-
-/// Converts a CBOR attribute value into a [`Value`], bounded in depth.
-pub(crate) fn cbor_to_value(v: &Cbor, depth: usize, ctx: &Ctx<'_>) -> Result<Value> {
-    if depth > ctx.limits.max_depth {
-        return Err(Error::LimitExceeded {
-            what: "attribute nesting depth",
-            limit: ctx.limits.max_depth as u64,
-            found: depth as u64,
-        });
-    }
-    Ok(match v {
-        Cbor::Null => Value::Null,
-        Cbor::Bool(b) => Value::Bool(*b),
-        Cbor::Integer(i) => Value::Int(i128::from(*i)),
-        Cbor::Float(f) => Value::Float(*f),
-        Cbor::Text(s) => Value::Str(s.clone()),
-        Cbor::Bytes(b) => Value::Bytes(b.clone()),
-        Cbor::Array(items) => Value::List(
-            items
-                .iter()
-                .map(|x| cbor_to_value(x, depth + 1, ctx))
-                .collect::<Result<_>>()?,
-        ),
-        Cbor::Map(_) => Value::Map(
-            text_map(v, "an attribute map", ctx)?
-                .into_iter()
-                .map(|(k, x)| Ok((k.to_owned(), cbor_to_value(x, depth + 1, ctx)?)))
-                .collect::<Result<_>>()?,
-        ),
-        Cbor::Tag(_, inner) => cbor_to_value(inner, depth + 1, ctx)?,
-        _ => return Err(ctx.err("unsupported CBOR value in attributes")),
-    })
-}
-
-fn parse_attributes(v: &Cbor, depth: usize, ctx: &Ctx<'_>) -> Result<BTreeMap<String, Value>> {
-    text_map(v, "attributes", ctx)?
-        .into_iter()
-        .map(|(k, v)| Ok((k.to_owned(), cbor_to_value(v, depth, ctx)?)))
-        .collect()
 }
 
 /// Converts a [`Value`] to CBOR for writing.
@@ -259,271 +212,421 @@ fn attributes_to_cbor(m: &BTreeMap<String, Value>) -> Result<Cbor> {
     ))
 }
 
-fn check_name(name: &str, ctx: &Ctx<'_>) -> Result<()> {
+fn check_name(name: &str, d: &Decoder<'_>, ctx: &Ctx<'_>) -> Result<()> {
     Error::check_limit(
         "tensor name length",
         name.len() as u64,
         ctx.limits.max_name_bytes as u64,
     )?;
     if name.is_empty() {
-        return Err(ctx.err("an object has an empty name"));
+        return Err(ctx.err(d, "an object has an empty name"));
     }
     Ok(())
 }
 
-fn parse_shape(v: &Cbor, name: &str, ctx: &Ctx<'_>) -> Result<Shape> {
-    let Cbor::Array(dims) = v else {
-        return Err(ctx.err(format!("object `{name}`: shape is not an array")));
-    };
-    Error::check_limit(
-        "number of dimensions",
-        dims.len() as u64,
-        ctx.limits.max_ndim as u64,
-    )?;
-    let dims = dims
-        .iter()
-        .map(|d| as_u64(d, "a shape dimension", ctx))
-        .collect::<Result<Vec<_>>>()?;
+fn read_shape(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Shape> {
+    let len = d.array().map_err(|e| ctx.cbor(e))?;
+    let max = ctx.limits.max_ndim;
+    if let Some(n) = len {
+        Error::check_limit("number of dimensions", n, max as u64)?;
+    }
+    let mut dims = Vec::with_capacity(d.capacity(len).min(max));
+    d.each(len, |d| {
+        if dims.len() >= max {
+            return Err(d.err("too many dimensions"));
+        }
+        dims.push(d.u64()?);
+        Ok(())
+    })
+    .map_err(|e| ctx.cbor(e))?;
     Shape::new(dims)
 }
 
-fn parse_component(role: &str, v: &Cbor, name: &str, ctx: &Ctx<'_>) -> Result<Component> {
-    let map = text_map(v, "a component", ctx)?;
-    let need = |key: &str| {
-        field(&map, key)
-            .ok_or_else(|| ctx.err(format!("object `{name}` component `{role}` has no `{key}`")))
-    };
-    let dtype_name = as_text(need("dtype")?, "dtype", ctx)?;
-    let dtype: DType = dtype_name.parse()?;
-    if !dtype.is_primitive() {
-        return Err(ctx.err(format!(
-            "object `{name}` component `{role}`: `{dtype_name}` is not a storage dtype"
-        )));
+fn read_opt_text(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<String>> {
+    if d.take_null() {
+        return Ok(None);
     }
-    let logical_type = match field(&map, "type") {
-        None | Some(Cbor::Null) => None,
-        Some(t) => Some(as_text(t, "type", ctx)?.to_owned()),
+    Ok(Some(d.text().map_err(|e| ctx.cbor(e))?.into_owned()))
+}
+
+fn read_component(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str, role: &str) -> Result<Component> {
+    let here = || format!("object `{name}` component `{role}`");
+    let len = d.map().map_err(|e| ctx.cbor(e))?;
+    let mut seen = 0u32;
+    let (mut dtype, mut logical_type, mut offset, mut length) = (None, None, None, None);
+    let (mut uncompressed_length, mut encoding, mut digest) = (None, Encoding::Raw, None);
+    d.each_with(
+        len,
+        |e| ctx.cbor(e),
+        |d| {
+            let key = d.key().map_err(|e| ctx.cbor(e))?;
+            match key.as_ref() {
+                b"dtype" => {
+                    first_time(&mut seen, 1, &key, d, ctx)?;
+                    let text = d.text().map_err(|e| ctx.cbor(e))?;
+                    let parsed: DType = text.parse()?;
+                    if !parsed.is_primitive() {
+                        return Err(
+                            ctx.err(d, format!("{}: `{text}` is not a storage dtype", here()))
+                        );
+                    }
+                    dtype = Some(parsed);
+                }
+                b"type" => {
+                    first_time(&mut seen, 2, &key, d, ctx)?;
+                    logical_type = read_opt_text(d, ctx)?;
+                }
+                b"offset" => {
+                    first_time(&mut seen, 4, &key, d, ctx)?;
+                    offset = Some(d.u64().map_err(|e| ctx.cbor(e))?);
+                }
+                b"length" => {
+                    first_time(&mut seen, 8, &key, d, ctx)?;
+                    length = Some(d.u64().map_err(|e| ctx.cbor(e))?);
+                }
+                b"uncompressed_length" => {
+                    first_time(&mut seen, 16, &key, d, ctx)?;
+                    if !d.take_null() {
+                        uncompressed_length = Some(d.u64().map_err(|e| ctx.cbor(e))?);
+                    }
+                }
+                b"encoding" => {
+                    first_time(&mut seen, 32, &key, d, ctx)?;
+                    encoding = match read_opt_text(d, ctx)?.as_deref() {
+                        None | Some("raw") => Encoding::Raw,
+                        Some("zstd") => Encoding::Zstd,
+                        Some(other) => {
+                            return Err(Error::unsupported(format!(
+                                "{}: encoding `{other}`",
+                                here()
+                            )))
+                        }
+                    };
+                }
+                b"digest" => {
+                    first_time(&mut seen, 64, &key, d, ctx)?;
+                    if let Some(text) = read_opt_text(d, ctx)? {
+                        digest = Some(Digest::parse(&text).ok_or_else(|| {
+                            ctx.err(d, format!("{}: unrecognised digest `{text}`", here()))
+                        })?);
+                    }
+                }
+                _ => d.skip().map_err(|e| ctx.cbor(e))?,
+            }
+            Ok(())
+        },
+    )?;
+    let need = |v: Option<u64>, key: &str| {
+        v.ok_or_else(|| ctx.err(d, format!("{} has no `{key}`", here())))
     };
+    let dtype = dtype.ok_or_else(|| ctx.err(d, format!("{} has no `dtype`", here())))?;
     if let Some(Ok(logical)) = logical_type.as_deref().map(str::parse::<DType>) {
         if logical.storage().0 != dtype {
-            return Err(ctx.err(format!(
-                "object `{name}` component `{role}`: type `{logical}` cannot be stored as `{dtype}`"
-            )));
+            return Err(ctx.err(
+                d,
+                format!("{}: type `{logical}` cannot be stored as `{dtype}`", here()),
+            ));
         }
     }
-    let encoding = match field(&map, "encoding") {
-        None | Some(Cbor::Null) => Encoding::Raw,
-        Some(e) => match as_text(e, "encoding", ctx)? {
-            "raw" => Encoding::Raw,
-            "zstd" => Encoding::Zstd,
-            other => {
-                return Err(Error::unsupported(format!(
-                    "object `{name}` component `{role}`: encoding `{other}`"
-                )))
-            }
-        },
-    };
-    let uncompressed_length = match field(&map, "uncompressed_length") {
-        None | Some(Cbor::Null) => None,
-        Some(u) => Some(as_u64(u, "uncompressed_length", ctx)?),
-    };
     if encoding == Encoding::Zstd && uncompressed_length.is_none() {
-        return Err(ctx.err(format!(
-            "object `{name}` component `{role}`: zstd without uncompressed_length"
-        )));
+        return Err(ctx.err(d, format!("{}: zstd without uncompressed_length", here())));
     }
-    let digest = match field(&map, "digest") {
-        None | Some(Cbor::Null) => None,
-        Some(d) => {
-            let s = as_text(d, "digest", ctx)?;
-            Some(Digest::parse(s).ok_or_else(|| {
-                ctx.err(format!(
-                    "object `{name}` component `{role}`: unrecognised digest `{s}`"
-                ))
-            })?)
-        }
-    };
     Ok(Component {
         role: role.to_owned(),
         dtype,
         logical_type,
-        offset: as_u64(need("offset")?, "offset", ctx)?,
-        length: as_u64(need("length")?, "length", ctx)?,
+        offset: need(offset, "offset")?,
+        length: need(length, "length")?,
         uncompressed_length,
         encoding,
         digest,
     })
 }
 
-/// Decodes a version 1.x manifest.
-pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
-    let root = parse_cbor(bytes, ctx)?;
-    let root = text_map(&root, "the manifest", ctx)?;
-    let version = match field(&root, "version") {
-        Some(v) => as_text(v, "version", ctx)?.to_owned(),
-        None => return Err(ctx.err("the manifest has no `version`")),
-    };
-    if !version.starts_with("1.") {
-        return Err(Error::unsupported(format!("manifest version `{version}`")));
-    }
-    let attributes = match field(&root, "attributes") {
-        None | Some(Cbor::Null) => BTreeMap::new(),
-        Some(a) => parse_attributes(a, 1, ctx)?,
-    };
-    let objects_value = field(&root, "objects").ok_or_else(|| ctx.err("no `objects`"))?;
-    let Cbor::Map(entries) = objects_value else {
-        return Err(ctx.err("`objects` is not a map"));
-    };
-    Error::check_limit(
-        "number of objects",
-        entries.len() as u64,
-        ctx.limits.max_tensors,
+fn read_object(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str) -> Result<Object> {
+    let len = d.map().map_err(|e| ctx.cbor(e))?;
+    let mut seen = 0u32;
+    let (mut shape, mut layout, mut attributes) = (None, Layout::Dense, None);
+    let mut components: Option<Vec<Component>> = None;
+    d.each_with(
+        len,
+        |e| ctx.cbor(e),
+        |d| {
+            let key = d.key().map_err(|e| ctx.cbor(e))?;
+            match key.as_ref() {
+                b"shape" => {
+                    first_time(&mut seen, 1, &key, d, ctx)?;
+                    shape = Some(read_shape(d, ctx)?);
+                }
+                b"format" => {
+                    first_time(&mut seen, 2, &key, d, ctx)?;
+                    layout = Layout::from_name(&d.text().map_err(|e| ctx.cbor(e))?);
+                }
+                b"attributes" => {
+                    first_time(&mut seen, 4, &key, d, ctx)?;
+                    attributes = read_attributes(d, ctx)?;
+                }
+                b"components" => {
+                    first_time(&mut seen, 8, &key, d, ctx)?;
+                    let n = d.map().map_err(|e| ctx.cbor(e))?;
+                    let mut comps = Vec::with_capacity(d.capacity(n).min(16));
+                    d.each_with(
+                        n,
+                        |e| ctx.cbor(e),
+                        |d| {
+                            let role = d.text().map_err(|e| ctx.cbor(e))?;
+                            comps.push(read_component(d, ctx, name, &role)?);
+                            Ok(())
+                        },
+                    )?;
+                    comps.sort_by(|a, b| a.role.cmp(&b.role));
+                    if let Some(w) = comps.windows(2).find(|w| w[0].role == w[1].role) {
+                        return Err(ctx.err(
+                            d,
+                            format!("object `{name}` repeats component `{}`", w[0].role),
+                        ));
+                    }
+                    components = Some(comps);
+                }
+                _ => d.skip().map_err(|e| ctx.cbor(e))?,
+            }
+            Ok(())
+        },
     )?;
-    let mut objects = Vec::with_capacity(entries.len());
-    for (k, v) in entries {
-        let name = as_text(k, "an object name", ctx)?;
-        check_name(name, ctx)?;
-        let obj = text_map(v, "an object", ctx)?;
-        let shape = parse_shape(
-            field(&obj, "shape").ok_or_else(|| ctx.err(format!("object `{name}` has no shape")))?,
-            name,
-            ctx,
-        )?;
-        let layout = match field(&obj, "format") {
-            Some(f) => Layout::from_name(as_text(f, "format", ctx)?),
-            None => Layout::Dense,
-        };
-        let attributes = match field(&obj, "attributes") {
-            None | Some(Cbor::Null) => None,
-            Some(a) => Some(parse_attributes(a, 1, ctx)?),
-        };
-        let comps = text_map(
-            field(&obj, "components")
-                .ok_or_else(|| ctx.err(format!("object `{name}` has no components")))?,
-            "components",
-            ctx,
-        )?;
-        let mut components = comps
-            .into_iter()
-            .map(|(role, c)| parse_component(role, c, name, ctx))
-            .collect::<Result<Vec<_>>>()?;
-        components.sort_by(|a, b| a.role.cmp(&b.role));
-        objects.push(Object {
-            name: name.to_owned(),
-            shape,
-            layout,
-            attributes,
-            components,
-        });
-    }
-    objects.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Object {
+        name: name.to_owned(),
+        shape: shape.ok_or_else(|| ctx.err(d, format!("object `{name}` has no shape")))?,
+        layout,
+        attributes,
+        components: components
+            .ok_or_else(|| ctx.err(d, format!("object `{name}` has no components")))?,
+    })
+}
+
+/// Sorts objects by name and refuses duplicates.
+fn finish_objects(objects: &mut [Object]) -> Result<()> {
+    objects.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     if let Some(w) = objects.windows(2).find(|w| w[0].name == w[1].name) {
         return Err(Error::Duplicate {
             name: w[0].name.clone(),
         });
     }
+    Ok(())
+}
+
+fn count_check(len: Len, ctx: &Ctx<'_>) -> Result<()> {
+    if let Some(n) = len {
+        Error::check_limit("number of objects", n, ctx.limits.max_tensors)?;
+    }
+    Ok(())
+}
+
+/// Decodes a version 1.x manifest.
+pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
+    let mut d = Decoder::new(bytes, ctx.limits.max_depth);
+    let len = d
+        .map()
+        .map_err(|e| ctx.err(&d, format!("the manifest is not a map ({})", e.reason)))?;
+    let mut seen = 0u32;
+    let (mut version, mut attributes, mut objects) = (None, None, None);
+    d.each_with(
+        len,
+        |e| ctx.cbor(e),
+        |d| {
+            let key = d.key().map_err(|e| ctx.cbor(e))?;
+            match key.as_ref() {
+                b"version" => {
+                    first_time(&mut seen, 1, &key, d, ctx)?;
+                    version = Some(d.text().map_err(|e| ctx.cbor(e))?.into_owned());
+                }
+                b"attributes" => {
+                    first_time(&mut seen, 2, &key, d, ctx)?;
+                    attributes = read_attributes(d, ctx)?;
+                }
+                b"objects" => {
+                    first_time(&mut seen, 4, &key, d, ctx)?;
+                    let n = d.map().map_err(|e| ctx.cbor(e))?;
+                    count_check(n, ctx)?;
+                    let mut list = Vec::with_capacity(d.capacity(n));
+                    d.each_with(
+                        n,
+                        |e| ctx.cbor(e),
+                        |d| {
+                            Error::check_limit(
+                                "number of objects",
+                                list.len() as u64 + 1,
+                                ctx.limits.max_tensors,
+                            )?;
+                            let name = d.text().map_err(|e| ctx.cbor(e))?;
+                            check_name(&name, d, ctx)?;
+                            list.push(read_object(d, ctx, &name)?);
+                            Ok(())
+                        },
+                    )?;
+                    objects = Some(list);
+                }
+                _ => d.skip().map_err(|e| ctx.cbor(e))?,
+            }
+            Ok(())
+        },
+    )?;
+    if !d.is_done() {
+        return Err(ctx.err(&d, "trailing bytes after the CBOR manifest"));
+    }
+    let version = version.ok_or_else(|| ctx.err(&d, "the manifest has no `version`"))?;
+    if !version.starts_with("1.") {
+        return Err(Error::unsupported(format!("manifest version `{version}`")));
+    }
+    let mut objects = objects.ok_or_else(|| ctx.err(&d, "the manifest has no `objects`"))?;
+    finish_objects(&mut objects)?;
     Ok(Manifest {
         version,
-        attributes,
+        attributes: attributes.unwrap_or_default(),
         objects,
     })
 }
 
 /// Decodes a version 0.1 manifest (a CBOR array of tensor records) into the 1.2 model.
 pub(crate) fn decode_v01(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
-    let root = parse_cbor(bytes, ctx)?;
-    let Cbor::Array(records) = root else {
-        return Err(ctx.err("a 0.1 manifest must be an array"));
-    };
-    Error::check_limit(
-        "number of objects",
-        records.len() as u64,
-        ctx.limits.max_tensors,
+    let mut d = Decoder::new(bytes, ctx.limits.max_depth);
+    let len = d
+        .array()
+        .map_err(|_| ctx.err(&d, "a 0.1 manifest must be an array"))?;
+    count_check(len, ctx)?;
+    let mut objects = Vec::with_capacity(d.capacity(len));
+    d.each_with(
+        len,
+        |e| ctx.cbor(e),
+        |d| {
+            Error::check_limit(
+                "number of objects",
+                objects.len() as u64 + 1,
+                ctx.limits.max_tensors,
+            )?;
+            objects.push(read_v01_record(d, ctx)?);
+            Ok(())
+        },
     )?;
-    let mut objects = Vec::with_capacity(records.len());
-    for rec in &records {
-        let map = text_map(rec, "a tensor record", ctx)?;
-        let need = |key: &str| {
-            field(&map, key).ok_or_else(|| ctx.err(format!("a 0.1 tensor record has no `{key}`")))
-        };
-        let name = as_text(need("name")?, "name", ctx)?;
-        check_name(name, ctx)?;
-        let layout = match field(&map, "layout") {
-            Some(l) => as_text(l, "layout", ctx)?,
-            None => "dense",
-        };
-        if layout != "dense" {
-            return Err(Error::unsupported(format!(
-                "tensor `{name}`: 0.1 layout `{layout}`"
-            )));
-        }
-        let dtype: DType = as_text(need("dtype")?, "dtype", ctx)?.parse()?;
-        if !dtype.is_primitive() {
-            return Err(ctx.err(format!("tensor `{name}`: `{dtype}` is not a 0.1 dtype")));
-        }
-        let shape = parse_shape(need("shape")?, name, ctx)?;
-        if let Some(e) = field(&map, "data_endianness") {
-            let e = as_text(e, "data_endianness", ctx)?;
-            if e != "little" && dtype.size().unwrap_or(1) > 1 {
-                return Err(Error::unsupported(format!(
-                    "tensor `{name}`: {e}-endian data"
-                )));
-            }
-        }
-        let encoding = match as_text(need("encoding")?, "encoding", ctx)? {
-            "raw" => Encoding::Raw,
-            "zstd" => Encoding::Zstd,
-            other => {
-                return Err(Error::unsupported(format!(
-                    "tensor `{name}`: encoding `{other}`"
-                )))
-            }
-        };
-        let digest = match field(&map, "checksum") {
-            None | Some(Cbor::Null) => None,
-            Some(c) => {
-                let s = as_text(c, "checksum", ctx)?;
-                if s == "none" {
-                    None
-                } else {
-                    Some(Digest::parse(s).ok_or_else(|| {
-                        ctx.err(format!("tensor `{name}`: unrecognised checksum `{s}`"))
-                    })?)
-                }
-            }
-        };
-        let uncompressed_length = match encoding {
-            Encoding::Raw => None,
-            Encoding::Zstd => Some(shape.byte_len(dtype)?),
-        };
-        let component = Component {
-            role: "data".to_owned(),
-            dtype,
-            logical_type: None,
-            offset: as_u64(need("offset")?, "offset", ctx)?,
-            length: as_u64(need("size")?, "size", ctx)?,
-            uncompressed_length,
-            encoding,
-            digest,
-        };
-        objects.push(Object {
-            name: name.to_owned(),
-            shape,
-            layout: Layout::Dense,
-            attributes: None,
-            components: vec![component],
-        });
+    if !d.is_done() {
+        return Err(ctx.err(&d, "trailing bytes after the CBOR manifest"));
     }
-    objects.sort_by(|a, b| a.name.cmp(&b.name));
-    if let Some(w) = objects.windows(2).find(|w| w[0].name == w[1].name) {
-        return Err(Error::Duplicate {
-            name: w[0].name.clone(),
-        });
-    }
+    finish_objects(&mut objects)?;
     Ok(Manifest {
         version: "0.1.0".to_owned(),
         attributes: BTreeMap::new(),
         objects,
+    })
+}
+
+fn read_v01_record(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Object> {
+    let len = d.map().map_err(|e| ctx.cbor(e))?;
+    let mut seen = 0u32;
+    let (mut name, mut offset, mut size, mut dtype, mut shape) = (None, None, None, None, None);
+    let (mut encoding, mut layout, mut endianness, mut digest) = (None, None, None, None);
+    d.each_with(
+        len,
+        |e| ctx.cbor(e),
+        |d| {
+            let key = d.key().map_err(|e| ctx.cbor(e))?;
+            match key.as_ref() {
+                b"name" => {
+                    first_time(&mut seen, 1, &key, d, ctx)?;
+                    let n = d.text().map_err(|e| ctx.cbor(e))?;
+                    check_name(&n, d, ctx)?;
+                    name = Some(n.into_owned());
+                }
+                b"offset" => {
+                    first_time(&mut seen, 2, &key, d, ctx)?;
+                    offset = Some(d.u64().map_err(|e| ctx.cbor(e))?);
+                }
+                b"size" => {
+                    first_time(&mut seen, 4, &key, d, ctx)?;
+                    size = Some(d.u64().map_err(|e| ctx.cbor(e))?);
+                }
+                b"dtype" => {
+                    first_time(&mut seen, 8, &key, d, ctx)?;
+                    let t: DType = d.text().map_err(|e| ctx.cbor(e))?.parse()?;
+                    if !t.is_primitive() {
+                        return Err(ctx.err(d, format!("`{t}` is not a 0.1 dtype")));
+                    }
+                    dtype = Some(t);
+                }
+                b"shape" => {
+                    first_time(&mut seen, 16, &key, d, ctx)?;
+                    shape = Some(read_shape(d, ctx)?);
+                }
+                b"encoding" => {
+                    first_time(&mut seen, 32, &key, d, ctx)?;
+                    encoding = read_opt_text(d, ctx)?;
+                }
+                b"layout" => {
+                    first_time(&mut seen, 64, &key, d, ctx)?;
+                    layout = read_opt_text(d, ctx)?;
+                }
+                b"data_endianness" => {
+                    first_time(&mut seen, 128, &key, d, ctx)?;
+                    endianness = read_opt_text(d, ctx)?;
+                }
+                b"checksum" => {
+                    first_time(&mut seen, 256, &key, d, ctx)?;
+                    if let Some(text) = read_opt_text(d, ctx)? {
+                        if text != "none" {
+                            digest = Some(Digest::parse(&text).ok_or_else(|| {
+                                ctx.err(d, format!("unrecognised checksum `{text}`"))
+                            })?);
+                        }
+                    }
+                }
+                _ => d.skip().map_err(|e| ctx.cbor(e))?,
+            }
+            Ok(())
+        },
+    )?;
+    let missing = |key: &str| ctx.err(d, format!("a 0.1 tensor record has no `{key}`"));
+    let name = name.ok_or_else(|| missing("name"))?;
+    let dtype = dtype.ok_or_else(|| missing("dtype"))?;
+    let shape = shape.ok_or_else(|| missing("shape"))?;
+    if let Some(layout) = layout.as_deref().filter(|l| *l != "dense") {
+        return Err(Error::unsupported(format!(
+            "tensor `{name}`: 0.1 layout `{layout}`"
+        )));
+    }
+    if let Some(e) = endianness.as_deref().filter(|e| *e != "little") {
+        if dtype.size().unwrap_or(1) > 1 {
+            return Err(Error::unsupported(format!(
+                "tensor `{name}`: {e}-endian data"
+            )));
+        }
+    }
+    let encoding = match encoding.as_deref() {
+        None | Some("raw") => Encoding::Raw,
+        Some("zstd") => Encoding::Zstd,
+        Some(other) => {
+            return Err(Error::unsupported(format!(
+                "tensor `{name}`: encoding `{other}`"
+            )))
+        }
+    };
+    let uncompressed_length = match encoding {
+        Encoding::Raw => None,
+        Encoding::Zstd => Some(shape.byte_len(dtype)?),
+    };
+    let component = Component {
+        role: "data".to_owned(),
+        dtype,
+        logical_type: None,
+        offset: offset.ok_or_else(|| missing("offset"))?,
+        length: size.ok_or_else(|| missing("size"))?,
+        uncompressed_length,
+        encoding,
+        digest,
+    };
+    Ok(Object {
+        name,
+        shape,
+        layout: Layout::Dense,
+        attributes: None,
+        components: vec![component],
     })
 }
 

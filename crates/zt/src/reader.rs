@@ -1,7 +1,7 @@
 //! Reading `.zt` files.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -32,7 +32,6 @@ pub struct ZtReader {
     version: ZtVersion,
     manifest: Manifest,
     infos: Vec<TensorInfo>,
-    index: HashMap<String, usize>,
     /// One cell per component (flattened in object order): set once its digest has
     /// been checked, so zero-copy views of verified raw data cost nothing afterwards.
     verified: Vec<OnceLock<()>>,
@@ -77,11 +76,6 @@ impl ZtReader {
             .iter()
             .map(info_of)
             .collect::<Result<_>>()?;
-        let index = infos
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
         let mut first_component = Vec::with_capacity(manifest.objects.len());
         let mut n = 0;
         for o in &manifest.objects {
@@ -94,7 +88,6 @@ impl ZtReader {
             verified: (0..n).map(|_| OnceLock::new()).collect(),
             manifest,
             infos,
-            index,
             first_component,
             limits: *limits,
         })
@@ -122,18 +115,21 @@ impl ZtReader {
 
     /// One object by name.
     pub fn object(&self, name: &str) -> Result<&Object> {
-        self.index
-            .get(name)
-            .and_then(|&i| self.manifest.objects.get(i))
-            .ok_or_else(|| Error::NotFound {
+        self.position(name).map(|i| &self.manifest.objects[i])
+    }
+
+    /// Index of an object (objects are sorted by name).
+    fn position(&self, name: &str) -> Result<usize> {
+        self.manifest
+            .objects
+            .binary_search_by(|o| o.name.as_str().cmp(name))
+            .map_err(|_| Error::NotFound {
                 name: name.to_owned(),
             })
     }
 
     fn locate(&self, name: &str, role: &str) -> Result<(&Component, usize)> {
-        let obj_idx = *self.index.get(name).ok_or_else(|| Error::NotFound {
-            name: name.to_owned(),
-        })?;
+        let obj_idx = self.position(name)?;
         let obj = &self.manifest.objects[obj_idx];
         let (ci, comp) = obj
             .components
@@ -348,22 +344,25 @@ fn validate_layout(
     version: ZtVersion,
     limits: &Limits,
 ) -> Result<()> {
-    let mut spans: Vec<(u64, u64, String)> = Vec::new();
-    for obj in &manifest.objects {
+    let label = |o: usize, c: usize| {
+        let obj = &manifest.objects[o];
+        format!("{}/{}", obj.name, obj.components[c].role)
+    };
+    let mut spans: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for (oi, obj) in manifest.objects.iter().enumerate() {
         if obj.components.is_empty() {
             return Err(Error::malformed(
                 data_end,
                 format!("object `{}` has no components", obj.name),
             ));
         }
-        for c in &obj.components {
-            let label = format!("{}/{}", obj.name, c.role);
+        for (ci, c) in obj.components.iter().enumerate() {
             let end = c.offset.checked_add(c.length).ok_or(Error::Overflow {
                 what: "component end offset",
             })?;
             if c.offset < 8 || end > data_end {
                 return Err(Error::OutOfBounds {
-                    tensor: label,
+                    tensor: label(oi, ci),
                     offset: c.offset,
                     length: c.length,
                     limit: data_end,
@@ -371,7 +370,7 @@ fn validate_layout(
             }
             if version == ZtVersion::V1 && c.offset % ALIGNMENT != 0 {
                 return Err(Error::Misaligned {
-                    tensor: label,
+                    tensor: label(oi, ci),
                     offset: c.offset,
                     alignment: ALIGNMENT,
                 });
@@ -384,12 +383,12 @@ fn validate_layout(
             let unit = c.dtype.size().unwrap_or(1) as u64;
             if c.decoded_length() % unit != 0 {
                 return Err(Error::SizeMismatch {
-                    tensor: label,
+                    tensor: label(oi, ci),
                     expected: c.decoded_length().div_ceil(unit) * unit,
                     found: c.decoded_length(),
                 });
             }
-            spans.push((c.offset, end, label));
+            spans.push((c.offset, end, oi, ci));
         }
         if obj.layout == Layout::Dense {
             let data = obj.component("data").ok_or_else(|| {
@@ -408,13 +407,13 @@ fn validate_layout(
             }
         }
     }
-    spans.sort_by_key(|&(start, end, _)| (start, end));
+    spans.sort_unstable_by_key(|&(start, end, _, _)| (start, end));
     for pair in spans.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
+        let (a, b) = (pair[0], pair[1]);
         if b.0 < a.1 {
             return Err(Error::Overlap {
-                tensor: b.2.clone(),
-                other: a.2.clone(),
+                tensor: label(b.2, b.3),
+                other: label(a.2, a.3),
                 offset: b.0,
             });
         }
@@ -458,12 +457,7 @@ impl TensorSource for ZtReader {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.index
-            .get(name)
-            .and_then(|&i| self.infos.get(i))
-            .ok_or_else(|| Error::NotFound {
-                name: name.to_owned(),
-            })
+        self.position(name).map(|i| &self.infos[i])
     }
 
     fn view(&self, name: &str) -> Result<TensorView> {

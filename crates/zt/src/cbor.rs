@@ -1,0 +1,406 @@
+//! A small, bounded, pull-style CBOR (RFC 8949) decoder.
+//!
+//! Manifests are parsed on every open, so the manifest parser walks the CBOR bytes
+//! directly with this cursor instead of building a value tree: strings are borrowed
+//! from the input and nothing is allocated that the parsed manifest does not keep (a
+//! 200-tensor manifest parses in tens of microseconds). Limits are enforced here:
+//! nesting depth for skipped and converted values, and declared lengths checked
+//! against the bytes that remain, so a lying length never drives an allocation.
+
+use std::borrow::Cow;
+
+use tensorwire_core::Value;
+
+/// Why decoding stopped, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CborError {
+    /// Byte offset inside the CBOR input.
+    pub at: usize,
+    /// What went wrong.
+    pub reason: Cow<'static, str>,
+}
+
+/// A length: `Some(n)` or indefinite.
+pub(crate) type Len = Option<u64>;
+
+const BREAK: u8 = 0xff;
+
+/// A cursor over CBOR bytes.
+pub(crate) struct Decoder<'a> {
+    input: &'a [u8],
+    pos: usize,
+    max_depth: usize,
+}
+
+impl<'a> Decoder<'a> {
+    pub(crate) fn new(input: &'a [u8], max_depth: usize) -> Self {
+        Decoder {
+            input,
+            pos: 0,
+            max_depth,
+        }
+    }
+
+    /// Current offset in the input.
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// True when every byte has been consumed.
+    pub(crate) fn is_done(&self) -> bool {
+        self.pos == self.input.len()
+    }
+
+    pub(crate) fn err(&self, reason: impl Into<Cow<'static, str>>) -> CborError {
+        CborError {
+            at: self.pos,
+            reason: reason.into(),
+        }
+    }
+
+    fn byte(&mut self) -> Result<u8, CborError> {
+        let b = *self
+            .input
+            .get(self.pos)
+            .ok_or_else(|| self.err("unexpected end of CBOR input"))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], CborError> {
+        let remaining = self.input.len() - self.pos;
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= remaining)
+            .ok_or_else(|| self.err("CBOR string runs past the end of the input"))?;
+        let s = &self.input[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn be(&mut self, n: usize) -> Result<u64, CborError> {
+        let bytes = self.take(n as u64)?;
+        Ok(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+    }
+
+    fn argument(&mut self, info: u8) -> Result<Len, CborError> {
+        match info {
+            0..=23 => Ok(Some(u64::from(info))),
+            24 => Ok(Some(self.be(1)?)),
+            25 => Ok(Some(self.be(2)?)),
+            26 => Ok(Some(self.be(4)?)),
+            27 => Ok(Some(self.be(8)?)),
+            31 => Ok(None),
+            _ => Err(self.err("reserved CBOR additional information")),
+        }
+    }
+
+    /// True (and consumed) when the next item is `null` or `undefined`.
+    pub(crate) fn take_null(&mut self) -> bool {
+        if matches!(self.input.get(self.pos), Some(0xf6 | 0xf7)) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Consumes a break if one is next (the end of an indefinite container).
+    pub(crate) fn take_break(&mut self) -> Result<bool, CborError> {
+        match self.input.get(self.pos) {
+            Some(&BREAK) => {
+                self.pos += 1;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Err(self.err("unterminated indefinite-length CBOR item")),
+        }
+    }
+
+    fn header(&mut self, want: u8, what: &'static str) -> Result<Len, CborError> {
+        let start = self.pos;
+        let b = self.byte()?;
+        if b >> 5 != want {
+            self.pos = start;
+            return Err(self.err(what));
+        }
+        self.argument(b & 0x1f)
+    }
+
+    /// An unsigned integer.
+    pub(crate) fn u64(&mut self) -> Result<u64, CborError> {
+        self.header(0, "expected an unsigned integer")?
+            .ok_or_else(|| self.err("indefinite-length integer"))
+    }
+
+    /// A text string (borrowed unless it was sent in chunks).
+    pub(crate) fn text(&mut self) -> Result<Cow<'a, str>, CborError> {
+        let len = self.header(3, "expected a text string")?;
+        let bytes = self.string_body(3, len)?;
+        match bytes {
+            Cow::Borrowed(b) => std::str::from_utf8(b)
+                .map(Cow::Borrowed)
+                .map_err(|_| self.err("invalid UTF-8 in CBOR text")),
+            Cow::Owned(b) => String::from_utf8(b)
+                .map(Cow::Owned)
+                .map_err(|_| self.err("invalid UTF-8 in CBOR text")),
+        }
+    }
+
+    /// A text string's raw bytes, unvalidated: for map keys that are only compared
+    /// with known ASCII names (values and names go through [`Decoder::text`]).
+    pub(crate) fn key(&mut self) -> Result<Cow<'a, [u8]>, CborError> {
+        let len = self.header(3, "expected a text key")?;
+        self.string_body(3, len)
+    }
+
+    fn string_body(&mut self, major: u8, len: Len) -> Result<Cow<'a, [u8]>, CborError> {
+        match len {
+            Some(n) => Ok(Cow::Borrowed(self.take(n)?)),
+            None => {
+                let mut buf = Vec::new();
+                while !self.take_break()? {
+                    let len = self.header(major, "bad chunk in an indefinite-length string")?;
+                    let n = len.ok_or_else(|| self.err("nested indefinite-length string"))?;
+                    buf.extend_from_slice(self.take(n)?);
+                }
+                Ok(Cow::Owned(buf))
+            }
+        }
+    }
+
+    /// An array header.
+    pub(crate) fn array(&mut self) -> Result<Len, CborError> {
+        self.header(4, "expected an array")
+    }
+
+    /// A map header.
+    pub(crate) fn map(&mut self) -> Result<Len, CborError> {
+        self.header(5, "expected a map")
+    }
+
+    /// Capacity to reserve for `n` declared items: never more than the bytes left.
+    pub(crate) fn capacity(&self, len: Len) -> usize {
+        let remaining = (self.input.len() - self.pos) as u64;
+        len.unwrap_or(0).min(remaining) as usize
+    }
+
+    /// Calls `each` for every element of a container of `len` (definite or not).
+    pub(crate) fn each(
+        &mut self,
+        len: Len,
+        each: impl FnMut(&mut Self) -> Result<(), CborError>,
+    ) -> Result<(), CborError> {
+        self.each_with(len, |e| e, each)
+    }
+
+    /// [`Decoder::each`] for callers with their own error type, converting the
+    /// decoder's errors with `convert`.
+    pub(crate) fn each_with<E>(
+        &mut self,
+        len: Len,
+        convert: impl Fn(CborError) -> E,
+        mut each: impl FnMut(&mut Self) -> Result<(), E>,
+    ) -> Result<(), E> {
+        match len {
+            Some(n) => {
+                for _ in 0..n {
+                    each(self)?;
+                }
+            }
+            None => {
+                while !self.take_break().map_err(&convert)? {
+                    each(self)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Skips one item of any kind.
+    pub(crate) fn skip(&mut self) -> Result<(), CborError> {
+        self.value(0).map(|_| ())
+    }
+
+    /// Reads one item as a [`Value`], bounded by the decoder's depth limit.
+    pub(crate) fn value(&mut self, depth: usize) -> Result<Value, CborError> {
+        if depth > self.max_depth {
+            return Err(self.err(format!(
+                "CBOR nesting deeper than the limit of {}",
+                self.max_depth
+            )));
+        }
+        let b = self.byte()?;
+        let (major, info) = (b >> 5, b & 0x1f);
+        Ok(match major {
+            0 | 1 => {
+                let n = self
+                    .argument(info)?
+                    .ok_or_else(|| self.err("indefinite-length integer"))?;
+                if major == 0 {
+                    Value::Int(i128::from(n))
+                } else {
+                    Value::Int(-1 - i128::from(n))
+                }
+            }
+            2 => {
+                let len = self.argument(info)?;
+                Value::Bytes(self.string_body(2, len)?.into_owned())
+            }
+            3 => {
+                self.pos -= 1;
+                Value::Str(self.text()?.into_owned())
+            }
+            4 => {
+                let len = self.argument(info)?;
+                let mut items = Vec::with_capacity(self.capacity(len));
+                self.each(len, |d| {
+                    items.push(d.value(depth + 1)?);
+                    Ok(())
+                })?;
+                Value::List(items)
+            }
+            5 => {
+                let len = self.argument(info)?;
+                let mut entries = Vec::with_capacity(self.capacity(len));
+                self.each(len, |d| {
+                    let key = d.text().map_err(|_| d.err("a map key is not a string"))?;
+                    let value = d.value(depth + 1)?;
+                    entries.push((key.into_owned(), value));
+                    Ok(())
+                })?;
+                Value::Map(entries)
+            }
+            6 => {
+                self.argument(info)?
+                    .ok_or_else(|| self.err("indefinite-length tag"))?;
+                self.value(depth + 1)?
+            }
+            _ => match info {
+                20 => Value::Bool(false),
+                21 => Value::Bool(true),
+                22 | 23 => Value::Null,
+                25 => Value::Float(f16_to_f64(self.be(2)? as u16)),
+                26 => Value::Float(f64::from(f32::from_bits(self.be(4)? as u32))),
+                27 => Value::Float(f64::from_bits(self.be(8)?)),
+                31 => return Err(self.err("unexpected CBOR break")),
+                _ => return Err(self.err("unsupported CBOR simple value")),
+            },
+        })
+    }
+}
+
+/// IEEE 754 binary16 → f64.
+fn f16_to_f64(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((h >> 10) & 0x1f);
+    let frac = f64::from(h & 0x3ff);
+    let magnitude = match exp {
+        0 => frac * 2f64.powi(-24),
+        31 if frac == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        e => (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
+    };
+    sign * magnitude
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(v: &ciborium::Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        ciborium::ser::into_writer(v, &mut out).unwrap();
+        out
+    }
+
+    fn value_of(bytes: &[u8]) -> Result<Value, CborError> {
+        let mut d = Decoder::new(bytes, 16);
+        let v = d.value(0)?;
+        if !d.is_done() {
+            return Err(d.err("trailing"));
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn decodes_what_ciborium_encodes() {
+        use ciborium::Value as V;
+        let v = V::Map(vec![
+            (V::Text("a".into()), V::Integer(5.into())),
+            (V::Text("neg".into()), V::Integer((-300).into())),
+            (V::Text("big".into()), V::Integer(u64::MAX.into())),
+            (V::Text("half".into()), V::Float(1.5)),
+            (V::Text("single".into()), V::Float(100000.5)),
+            (V::Text("double".into()), V::Float(0.1)),
+            (
+                V::Text("list".into()),
+                V::Array(vec![V::Bool(true), V::Null]),
+            ),
+            (V::Text("bytes".into()), V::Bytes(vec![1, 2])),
+        ]);
+        let bytes = enc(&v);
+        let got = value_of(&bytes).unwrap();
+        assert_eq!(got.get("a"), Some(&Value::Int(5)));
+        assert_eq!(got.get("neg"), Some(&Value::Int(-300)));
+        assert_eq!(got.get("big"), Some(&Value::Int(u64::MAX.into())));
+        assert_eq!(got.get("half"), Some(&Value::Float(1.5)));
+        assert_eq!(got.get("single"), Some(&Value::Float(100000.5)));
+        assert_eq!(got.get("double"), Some(&Value::Float(0.1)));
+        assert_eq!(
+            got.get("list"),
+            Some(&Value::List(vec![Value::Bool(true), Value::Null]))
+        );
+        assert_eq!(got.get("bytes"), Some(&Value::Bytes(vec![1, 2])));
+    }
+
+    #[test]
+    fn indefinite_lengths() {
+        // [_ {_ "a": 1}, (_ "b" "c")]
+        let input = [
+            0x9f, 0xbf, 0x61, b'a', 0x01, 0xff, 0x7f, 0x61, b'b', 0x61, b'c', 0xff, 0xff,
+        ];
+        assert_eq!(
+            value_of(&input).unwrap(),
+            Value::List(vec![
+                Value::Map(vec![("a".into(), Value::Int(1))]),
+                Value::Str("bc".into()),
+            ])
+        );
+    }
+
+    #[test]
+    fn hostile_inputs_are_errors() {
+        // Array claiming 2^64-1 items with 1 byte left.
+        assert!(value_of(&[0x9b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]).is_err());
+        // Text longer than the input.
+        assert!(value_of(&[0x7a, 0xff, 0xff, 0xff, 0xff]).is_err());
+        // Depth.
+        assert!(value_of(&[0x81; 100]).is_err());
+        // Unterminated indefinite map, stray break, bad UTF-8, trailing bytes, empty.
+        assert!(value_of(&[0xbf, 0x61, b'a', 0x01]).is_err());
+        assert!(value_of(&[0xff]).is_err());
+        assert!(value_of(&[0x62, 0xff, 0xfe]).is_err());
+        assert!(value_of(&[0x01, 0x01]).is_err());
+        assert!(value_of(&[]).is_err());
+        // A map with a non-text key.
+        assert!(value_of(&[0xa1, 0x01, 0x01]).is_err());
+    }
+
+    #[test]
+    fn typed_reads_check_the_major_type() {
+        let mut d = Decoder::new(&[0x61, b'x'], 4);
+        assert!(d.u64().is_err());
+        assert_eq!(d.position(), 0, "a failed typed read consumes nothing");
+        assert_eq!(d.text().unwrap(), "x");
+    }
+
+    #[test]
+    fn half_floats() {
+        assert_eq!(f16_to_f64(0x3c00), 1.0);
+        assert_eq!(f16_to_f64(0xc000), -2.0);
+        assert_eq!(f16_to_f64(0x0001), 2f64.powi(-24));
+        assert!(f16_to_f64(0x7e00).is_nan());
+        assert_eq!(f16_to_f64(0x7c00), f64::INFINITY);
+    }
+}
