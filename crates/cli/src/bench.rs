@@ -1,0 +1,110 @@
+//! `tensorwire bench`: how long opening, viewing and copying a file's tensors takes.
+
+use std::hint::black_box;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tensorwire::Layout;
+
+use crate::output::{gb_per_s, human_bytes};
+
+/// Arguments of `tensorwire bench`.
+///
+/// Each repetition opens the file afresh, then times (1) the open plus a view of every
+/// dense tensor (zero-copy for raw tensors, so this reads almost none of the data;
+/// compressed tensors are decoded) and (2) a copy of every dense tensor's bytes into
+/// a fresh `Vec` (this reads all of the data). The median of the repetitions is
+/// printed. The page cache is not dropped: after the first repetition the file is
+/// usually in memory.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The tensor file.
+    file: PathBuf,
+    /// Number of repetitions (the median is reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+}
+
+/// Runs the command.
+pub fn run(args: &Args) -> Result<()> {
+    let mut view_times = Vec::new();
+    let mut copy_times = Vec::new();
+    let mut stats = Stats::default();
+    for _ in 0..args.repeat {
+        let start = Instant::now();
+        let src = tensorwire::open(&args.file)?;
+        let at_path = |e: tensorwire::Error| e.with_path(&args.file);
+        let mut views = Vec::with_capacity(src.tensors().len());
+        stats = Stats::default();
+        for t in src.tensors() {
+            if t.layout != Layout::Dense {
+                stats.skipped += 1;
+                continue;
+            }
+            let view = src.view(&t.name).map_err(at_path)?;
+            stats.tensors += 1;
+            stats.bytes += view.bytes.len() as u64;
+            stats.zero_copy += usize::from(view.zero_copy);
+            views.push(black_box(view));
+        }
+        view_times.push(start.elapsed());
+
+        let start = Instant::now();
+        for view in &views {
+            let copy: Vec<u8> = view.bytes.to_vec();
+            black_box(copy);
+        }
+        copy_times.push(start.elapsed());
+    }
+
+    let view = median(&mut view_times);
+    let copy = median(&mut copy_times);
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "{}: {} dense tensor{}, {}, median of {} run{}",
+        args.file.display(),
+        stats.tensors,
+        if stats.tensors == 1 { "" } else { "s" },
+        human_bytes(stats.bytes),
+        args.repeat,
+        if args.repeat == 1 { "" } else { "s" },
+    )?;
+    writeln!(
+        out,
+        "open + view: {:>10.3} ms  {:>12}  ({} of {} views zero-copy)",
+        ms(view),
+        gb_per_s(stats.bytes, view),
+        stats.zero_copy,
+        stats.tensors,
+    )?;
+    writeln!(
+        out,
+        "copy:        {:>10.3} ms  {:>12}",
+        ms(copy),
+        gb_per_s(stats.bytes, copy),
+    )?;
+    if stats.skipped > 0 {
+        writeln!(out, "skipped {} non-dense tensors", stats.skipped)?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    tensors: usize,
+    zero_copy: usize,
+    skipped: usize,
+    bytes: u64,
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort_unstable();
+    times.get(times.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

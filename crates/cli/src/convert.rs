@@ -1,0 +1,153 @@
+//! `tensorwire convert`: copy every tensor of one file into a new file.
+
+use std::fs;
+use std::io::{self, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+use clap::builder::PossibleValuesParser;
+use clap::builder::TypedValueParser as _;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tensorwire::zt::{Checksum, Compression, DEFAULT_ZSTD_LEVEL};
+use tensorwire::{ConvertOptions, OutputFormat};
+
+use crate::output::{human_bytes, mb_per_s};
+
+/// Arguments of `tensorwire convert`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The file to read.
+    src: PathBuf,
+    /// The file to write (replaced if it exists; written under a temporary name and
+    /// renamed into place when complete).
+    dst: PathBuf,
+    /// Compress every tensor with zstd, at LEVEL (1-22; 3 when no level is given).
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        num_args = 0..=1,
+        require_equals = true,
+        value_parser = clap::value_parser!(i32).range(1..=22),
+    )]
+    compress: Option<Option<i32>>,
+    /// Digest recorded for every stored blob.
+    #[arg(
+        long,
+        default_value = "none",
+        value_parser = PossibleValuesParser::new(["none", "crc32c", "sha256"])
+            .try_map(|s| Checksum::from_name(&s)),
+    )]
+    checksum: Checksum,
+    /// Output format (by default, from DST's extension).
+    #[arg(long, value_enum)]
+    format: Option<FormatArg>,
+}
+
+/// Output formats `--format` accepts.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FormatArg {
+    /// `.zt` 1.2.
+    Zt,
+}
+
+impl From<FormatArg> for OutputFormat {
+    fn from(f: FormatArg) -> OutputFormat {
+        match f {
+            FormatArg::Zt => OutputFormat::Zt,
+        }
+    }
+}
+
+/// Runs the command.
+pub fn run(args: &Args) -> Result<()> {
+    if same_file(&args.src, &args.dst)? {
+        bail!(
+            "refusing to overwrite the source: {} and {} are the same file",
+            args.src.display(),
+            args.dst.display()
+        );
+    }
+    let options = ConvertOptions {
+        format: args.format.map(OutputFormat::from),
+        compression: match args.compress {
+            None => Compression::Raw,
+            Some(level) => Compression::Zstd(level.unwrap_or(DEFAULT_ZSTD_LEVEL)),
+        },
+        checksum: args.checksum,
+    };
+
+    let start = Instant::now();
+    let src = tensorwire::open(&args.src)?;
+    let total_bytes: u64 = src.tensors().iter().map(|t| t.nbytes).sum();
+    let bar = progress_bar(total_bytes);
+    let result = tensorwire::convert_source(
+        src.as_ref(),
+        &args.dst,
+        &options,
+        &mut |_done, _total, bytes| bar.set_position(bytes),
+    );
+    bar.finish_and_clear();
+    let count = result.with_context(|| {
+        format!(
+            "converting {} to {}",
+            args.src.display(),
+            args.dst.display()
+        )
+    })?;
+    let elapsed = start.elapsed();
+    let written = fs::metadata(&args.dst).map(|m| m.len()).ok();
+
+    let mut out = io::stdout().lock();
+    write!(
+        out,
+        "converted {count} tensor{} ({}) to {} in {:.2} s, {}",
+        if count == 1 { "" } else { "s" },
+        human_bytes(total_bytes),
+        args.dst.display(),
+        elapsed.as_secs_f64(),
+        mb_per_s(total_bytes, elapsed),
+    )?;
+    if let Some(n) = written {
+        write!(out, "; file is {}", human_bytes(n))?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+/// A byte-count progress bar on stderr, hidden when stderr is not a terminal.
+fn progress_bar(total_bytes: u64) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// True when `dst` exists and is the same file as `src` (the same inode on Unix,
+/// the same canonical path elsewhere).
+fn same_file(src: &Path, dst: &Path) -> Result<bool> {
+    let Ok(dst_meta) = fs::metadata(dst) else {
+        return Ok(false);
+    };
+    let Ok(src_meta) = fs::metadata(src) else {
+        // Opening the source reports this error with its path.
+        return Ok(false);
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let _ = (src, dst);
+        Ok(src_meta.dev() == dst_meta.dev() && src_meta.ino() == dst_meta.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (src_meta, dst_meta);
+        Ok(fs::canonicalize(src)? == fs::canonicalize(dst)?)
+    }
+}

@@ -1,0 +1,223 @@
+//! `tensorwire inspect`: a file's header and a table (or JSON document) of its tensors.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde_json::{json, Map, Value as J};
+use tensorwire::zt::ZtReader;
+use tensorwire::{TensorInfo, TensorSource};
+
+use crate::output::{human_bytes, table_cell, value_to_json, width};
+
+/// Longest tensor name the table shows before cutting it with `…`.
+const MAX_NAME_WIDTH: usize = 60;
+/// Longest attribute value the header shows before cutting it with `…`.
+const MAX_ATTR_WIDTH: usize = 100;
+
+/// Arguments of `tensorwire inspect`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The tensor file.
+    file: PathBuf,
+    /// Print a JSON document instead of a table (names and values are never cut).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: &Args) -> Result<()> {
+    let src = tensorwire::open(&args.file)?;
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &document(&args.file, src.as_ref()))?;
+        writeln!(out)?;
+    } else {
+        table(&mut out, &args.file, src.as_ref())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Result<()> {
+    let tensors = src.tensors();
+    let total: u64 = tensors.iter().map(|t| t.nbytes).sum();
+    let stored: u64 = tensors.iter().map(|t| t.stored_bytes).sum();
+    let zt = src.as_any().downcast_ref::<ZtReader>();
+
+    write!(
+        out,
+        "{}: {}, {} tensor{}, {}",
+        path.display(),
+        src.format(),
+        tensors.len(),
+        if tensors.len() == 1 { "" } else { "s" },
+        human_bytes(total),
+    )?;
+    if stored != total {
+        write!(out, " ({} stored)", human_bytes(stored))?;
+    }
+    writeln!(out)?;
+    if !src.attributes().is_empty() {
+        writeln!(out, "attributes:")?;
+        for (key, value) in src.attributes() {
+            writeln!(
+                out,
+                "  {}: {}",
+                table_cell(key, MAX_NAME_WIDTH),
+                table_cell(&value.to_string(), MAX_ATTR_WIDTH)
+            )?;
+        }
+    }
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+
+    let digests: Vec<String> = tensors
+        .iter()
+        .map(|t| zt.map(|zt| digest_names(zt, t)).unwrap_or_default())
+        .collect();
+    let show_digests = digests.iter().any(|d| !d.is_empty());
+
+    let mut rows: Vec<Vec<String>> = vec![["NAME", "DTYPE", "SHAPE", "LAYOUT", "SIZE", "STORED"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()];
+    if show_digests {
+        rows[0].push("DIGEST".to_owned());
+    }
+    for (t, digest) in tensors.iter().zip(&digests) {
+        let stored = match &t.encoding {
+            Some(enc) => format!("{} {enc}", human_bytes(t.stored_bytes)),
+            None => "-".to_owned(),
+        };
+        let mut row = vec![
+            table_cell(&t.name, MAX_NAME_WIDTH),
+            t.dtype.to_string(),
+            t.shape.to_string(),
+            t.layout.to_string(),
+            human_bytes(t.nbytes),
+            stored,
+        ];
+        if show_digests {
+            row.push(if digest.is_empty() {
+                "-".to_owned()
+            } else {
+                digest.clone()
+            });
+        }
+        rows.push(row);
+    }
+    let ncols = rows[0].len();
+    let widths: Vec<usize> = (0..ncols)
+        .map(|c| rows.iter().map(|r| width(&r[c])).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let mut line = String::new();
+        for (c, (cell, &w)) in row.iter().zip(&widths).enumerate() {
+            if c > 0 {
+                line.push_str("  ");
+            }
+            let pad = " ".repeat(w - width(cell));
+            // Sizes read best right-aligned; the last column is not padded.
+            if c == 4 {
+                line.push_str(&pad);
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                if c + 1 < ncols {
+                    line.push_str(&pad);
+                }
+            }
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+/// The digest algorithms recorded for a tensor's components (`crc32c`, `sha256`).
+fn digest_names(zt: &ZtReader, t: &TensorInfo) -> String {
+    let Ok(obj) = zt.object(&t.name) else {
+        return String::new();
+    };
+    let mut names: Vec<&str> = obj
+        .components
+        .iter()
+        .filter_map(|c| c.digest.as_ref().map(|d| d.algorithm()))
+        .collect();
+    names.dedup();
+    names.join(",")
+}
+
+fn document(path: &Path, src: &dyn TensorSource) -> J {
+    let tensors = src.tensors();
+    let zt = src.as_any().downcast_ref::<ZtReader>();
+    let mut doc = Map::new();
+    doc.insert("path".into(), J::from(path.display().to_string()));
+    doc.insert("format".into(), J::from(src.format()));
+    if let Some(zt) = zt {
+        doc.insert("version".into(), J::from(zt.manifest_version()));
+    }
+    doc.insert("tensor_count".into(), J::from(tensors.len()));
+    doc.insert(
+        "total_bytes".into(),
+        J::from(tensors.iter().map(|t| t.nbytes).sum::<u64>()),
+    );
+    doc.insert(
+        "stored_bytes".into(),
+        J::from(tensors.iter().map(|t| t.stored_bytes).sum::<u64>()),
+    );
+    doc.insert("attributes".into(), attributes_json(src.attributes()));
+    doc.insert(
+        "tensors".into(),
+        J::Array(tensors.iter().map(|t| tensor_json(zt, t)).collect()),
+    );
+    J::Object(doc)
+}
+
+fn attributes_json<'a>(attrs: impl IntoIterator<Item = (&'a String, &'a tensorwire::Value)>) -> J {
+    J::Object(
+        attrs
+            .into_iter()
+            .map(|(k, v)| (k.clone(), value_to_json(v)))
+            .collect(),
+    )
+}
+
+fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
+    let mut obj = json!({
+        "name": t.name,
+        "dtype": t.dtype.to_string(),
+        "shape": t.shape.dims(),
+        "layout": t.layout.to_string(),
+        "nbytes": t.nbytes,
+        "stored_bytes": t.stored_bytes,
+        "offset": t.offset,
+        "encoding": t.encoding,
+        "attributes": attributes_json(&t.attributes),
+    });
+    if let (Some(zt), J::Object(map)) = (zt, &mut obj) {
+        if let Ok(o) = zt.object(&t.name) {
+            let comps = o
+                .components
+                .iter()
+                .map(|c| {
+                    json!({
+                        "role": c.role,
+                        "dtype": c.dtype.to_string(),
+                        "type": c.logical_type,
+                        "offset": c.offset,
+                        "length": c.length,
+                        "uncompressed_length": c.uncompressed_length,
+                        "encoding": c.encoding.name(),
+                        "digest": c.digest.as_ref().map(ToString::to_string),
+                    })
+                })
+                .collect();
+            map.insert("components".into(), J::Array(comps));
+        }
+    }
+    obj
+}

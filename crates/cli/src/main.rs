@@ -1,0 +1,126 @@
+//! `tensorwire`: the command line for inspecting, converting, verifying and
+//! benchmarking tensor files.
+//!
+//! Every command goes through the `tensorwire` facade; this crate only parses
+//! arguments, formats output and maps errors to exit codes.
+//!
+//! Not in scope: format logic of any kind (that lives in the library crates).
+#![forbid(unsafe_code)]
+
+mod bench;
+mod convert;
+mod inspect;
+mod output;
+mod verify;
+
+use std::io;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+const EXIT_CODES: &str = "\
+Exit status:
+  0  success
+  1  the file is corrupt or failed verification (digest mismatch, undecodable
+     data, malformed structure)
+  2  usage error, I/O error, unrecognised or unsupported format";
+
+/// Inspect, convert, verify and benchmark tensor files (.zt).
+#[derive(Debug, Parser)]
+#[command(name = "tensorwire", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List a file's tensors: name, dtype, shape, layout and sizes.
+    #[command(after_help = EXIT_CODES)]
+    Inspect(inspect::Args),
+    /// Copy every tensor of SRC into a new file DST.
+    #[command(after_help = EXIT_CODES)]
+    Convert(convert::Args),
+    /// Check every stored digest and that every tensor can be read and decoded.
+    #[command(after_help = EXIT_CODES)]
+    Verify(verify::Args),
+    /// Time opening a file, viewing every tensor and copying every tensor.
+    #[command(after_help = EXIT_CODES)]
+    Bench(bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => inspect::run(&args),
+        Command::Convert(args) => convert::run(&args),
+        Command::Verify(args) => verify::run(&args),
+        Command::Bench(args) => bench::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {}", chain_message(&err));
+            ExitCode::from(exit_code(&err))
+        }
+    }
+}
+
+/// True when the error is (or wraps) a write to a closed pipe, as when the output is
+/// piped into `head`.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        let io = e.downcast_ref::<io::Error>().or_else(|| {
+            match e
+                .downcast_ref::<tensorwire::Error>()
+                .map(tensorwire::Error::root)
+            {
+                Some(tensorwire::Error::Io(io)) => Some(io),
+                _ => None,
+            }
+        });
+        io.is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error and its sources joined by `: `, leaving out a source whose message the
+/// previous one already ends with (`path: reason` followed by `reason`).
+fn chain_message(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for e in err.chain() {
+        let msg = e.to_string();
+        if !last.is_empty() && last.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+        last = msg;
+    }
+    out
+}
+
+/// 1 when the file itself is bad, 2 for everything else (usage, I/O, format not
+/// recognised or not supported, and errors raised by the CLI itself).
+fn exit_code(err: &anyhow::Error) -> u8 {
+    let Some(tw) = err
+        .chain()
+        .find_map(|e| e.downcast_ref::<tensorwire::Error>())
+    else {
+        return 2;
+    };
+    use tensorwire::Error as E;
+    match tw.root() {
+        E::Io(_)
+        | E::UnknownFormat { .. }
+        | E::Unsupported { .. }
+        | E::InvalidArgument { .. }
+        | E::NotFound { .. } => 2,
+        _ => 1,
+    }
+}

@@ -1,0 +1,618 @@
+//! End-to-end tests of the `tensorwire` binary: each runs the built executable on files
+//! written here with `ZtWriter` (or on the committed fixtures) and checks its output and
+//! exit status.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value as J;
+use tensorwire::core::{DType, Shape};
+use tensorwire::zt::{Checksum, Compression, WriteOptions, ZtReader, ZtWriter};
+use tensorwire::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensorwire");
+
+fn tw<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the tensorwire binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("stdout is UTF-8")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).expect("stderr is UTF-8")
+}
+
+#[track_caller]
+fn assert_exit(o: &Output, code: i32) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "exit status\n--- stdout\n{}\n--- stderr\n{}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// A name longer than the table's name column (the JSON keeps it whole).
+fn long_name() -> String {
+    let mut name = String::from("model");
+    for i in 0..30 {
+        name.push_str(&format!(".layer{i:02}"));
+    }
+    name.push_str(".weight");
+    name
+}
+
+fn f32_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+/// Writes a small file: a raw f32 matrix with attributes, a zstd-compressed f32 vector,
+/// an i64 vector with a long name, and file attributes. `checksum` goes on every
+/// tensor.
+fn write_sample(path: &Path, checksum: Checksum) {
+    let raw = WriteOptions {
+        compression: Compression::Raw,
+        checksum,
+    };
+    let zstd = WriteOptions {
+        compression: Compression::Zstd(3),
+        checksum,
+    };
+    let mut w = ZtWriter::create(path).unwrap();
+    w.set_attributes(BTreeMap::from([
+        ("model".to_owned(), Value::Str("tiny".into())),
+        ("layers".to_owned(), Value::Int(2)),
+    ]));
+    w.add_dense_with_attributes(
+        "weight",
+        DType::F32,
+        &Shape::new(vec![2, 3]).unwrap(),
+        &f32_bytes((0..6).map(|i| i as f32 * 0.5)),
+        Some(BTreeMap::from([(
+            "role".to_owned(),
+            Value::Str("w".into()),
+        )])),
+        raw,
+    )
+    .unwrap();
+    w.add_dense(
+        "bias",
+        DType::F32,
+        &Shape::new(vec![256]).unwrap(),
+        &f32_bytes(vec![1.0; 256]),
+        zstd,
+    )
+    .unwrap();
+    w.add_dense(
+        &long_name(),
+        DType::I64,
+        &Shape::new(vec![2]).unwrap(),
+        &[7i64, -7]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+        raw,
+    )
+    .unwrap();
+    w.finish().unwrap();
+}
+
+fn sample(dir: &Path, checksum: Checksum) -> PathBuf {
+    let path = dir.join("sample.zt");
+    write_sample(&path, checksum);
+    path
+}
+
+/// Every dense tensor's name, dtype, shape and decoded bytes.
+fn contents(path: &Path) -> Vec<(String, DType, Shape, Vec<u8>)> {
+    let src = tensorwire::open(path).unwrap();
+    src.tensors()
+        .iter()
+        .map(|t| {
+            let view = src.view(&t.name).unwrap();
+            (t.name.clone(), view.dtype, view.shape, view.bytes.to_vec())
+        })
+        .collect()
+}
+
+fn inspect_json(path: &Path) -> J {
+    let o = tw([
+        OsStr::new("inspect"),
+        OsStr::new("--json"),
+        path.as_os_str(),
+    ]);
+    assert_exit(&o, 0);
+    serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON")
+}
+
+/// Offset of a tensor's first stored byte and its length.
+fn stored_span(path: &Path, name: &str) -> (usize, usize) {
+    let reader = ZtReader::open(path).unwrap();
+    let comp = reader.object(name).unwrap().components[0].clone();
+    (comp.offset as usize, comp.length as usize)
+}
+
+fn flip_byte(path: &Path, at: usize) {
+    let mut bytes = fs::read(path).unwrap();
+    bytes[at] ^= 0xFF;
+    fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn inspect_prints_header_and_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::None);
+    let o = tw([OsStr::new("inspect"), path.as_os_str()]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with(&path.display().to_string()), "{header}");
+    assert!(header.contains("zt, 3 tensors, 1.0 KiB"), "{header}");
+    assert!(header.contains("stored"), "{header}");
+    assert!(
+        out.contains("attributes:\n  layers: 2\n  model: \"tiny\"\n"),
+        "{out}"
+    );
+
+    let table: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("NAME")).collect();
+    assert_eq!(table.len(), 4, "{out}");
+    for col in ["NAME", "DTYPE", "SHAPE", "LAYOUT", "SIZE", "STORED"] {
+        assert!(table[0].contains(col), "{}", table[0]);
+    }
+    assert!(
+        !table[0].contains("DIGEST"),
+        "no digest column without digests"
+    );
+    let row = |name: &str| {
+        *table
+            .iter()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no row for {name} in\n{out}"))
+    };
+    let weight: Vec<&str> = row("weight ").split_whitespace().collect();
+    assert_eq!(
+        weight,
+        ["weight", "f32", "[2,", "3]", "dense", "24", "B", "-"]
+    );
+    let bias = row("bias ");
+    assert!(bias.contains("1.0 KiB") && bias.contains("zstd"), "{bias}");
+    // The long name is cut in the middle, keeping both ends, and never wraps the row.
+    let long = row("model.layer00");
+    assert!(
+        long.contains('…') && long.contains(".weight  i64"),
+        "{long}"
+    );
+    assert!(!out.contains(&long_name()), "{out}");
+}
+
+#[test]
+fn inspect_shows_digest_column_when_digests_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::Sha256);
+    let o = tw([OsStr::new("inspect"), path.as_os_str()]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("DIGEST"), "{out}");
+    assert_eq!(out.matches("sha256").count(), 3, "{out}");
+}
+
+#[test]
+fn inspect_json_has_every_field_and_whole_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::Crc32c);
+    let doc = inspect_json(&path);
+    assert_eq!(doc["format"], "zt");
+    assert_eq!(doc["version"], "1.2.0");
+    assert_eq!(doc["path"], path.display().to_string());
+    assert_eq!(doc["tensor_count"], 3);
+    assert_eq!(doc["total_bytes"], 24 + 1024 + 16);
+    assert_eq!(doc["attributes"]["model"], "tiny");
+    assert_eq!(doc["attributes"]["layers"], 2);
+
+    let tensors = doc["tensors"].as_array().unwrap();
+    let by_name = |name: &str| {
+        tensors
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no tensor {name} in {doc}"))
+    };
+    let weight = by_name("weight");
+    assert_eq!(weight["dtype"], "f32");
+    assert_eq!(weight["shape"], serde_json::json!([2, 3]));
+    assert_eq!(weight["layout"], "dense");
+    assert_eq!(weight["nbytes"], 24);
+    assert_eq!(weight["stored_bytes"], 24);
+    assert_eq!(weight["encoding"], J::Null);
+    assert_eq!(weight["attributes"]["role"], "w");
+    let comp = &weight["components"][0];
+    assert_eq!(comp["role"], "data");
+    assert_eq!(comp["encoding"], "raw");
+    assert!(comp["digest"].as_str().unwrap().starts_with("crc32c:0x"));
+    assert_eq!(comp["offset"], weight["offset"]);
+
+    let bias = by_name("bias");
+    assert_eq!(bias["encoding"], "zstd");
+    assert_eq!(bias["nbytes"], 1024);
+    assert!(bias["stored_bytes"].as_u64().unwrap() < 1024);
+    assert_eq!(bias["components"][0]["uncompressed_length"], 1024);
+
+    let long = by_name(&long_name());
+    assert_eq!(long["dtype"], "i64");
+    assert_eq!(long["shape"], serde_json::json!([2]));
+}
+
+#[test]
+fn convert_round_trip_compressed_with_crc32c() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let dst = dir.path().join("out.zt");
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        dst.as_os_str(),
+        OsStr::new("--compress"),
+        OsStr::new("--checksum"),
+        OsStr::new("crc32c"),
+    ]);
+    assert_exit(&o, 0);
+    let summary = stdout(&o);
+    assert_eq!(summary.lines().count(), 1, "{summary}");
+    assert!(
+        summary.starts_with("converted 3 tensors (1.0 KiB) to "),
+        "{summary}"
+    );
+    assert!(
+        summary.contains(" s, ") && summary.contains("MB/s"),
+        "{summary}"
+    );
+    assert!(
+        stderr(&o).is_empty(),
+        "no progress bar off a terminal: {}",
+        stderr(&o)
+    );
+
+    let doc = inspect_json(&dst);
+    assert_eq!(doc["attributes"]["model"], "tiny");
+    for t in doc["tensors"].as_array().unwrap() {
+        assert_eq!(t["encoding"], "zstd", "{t}");
+        let digest = t["components"][0]["digest"].as_str().unwrap();
+        assert!(digest.starts_with("crc32c:0x"), "{t}");
+    }
+    assert_eq!(
+        doc["tensors"].as_array().unwrap()[0]["attributes"],
+        inspect_json(&src)["tensors"].as_array().unwrap()[0]["attributes"]
+    );
+
+    let o = tw([OsStr::new("verify"), dst.as_os_str()]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), "ok: 3 tensors, 3 digests checked\n");
+
+    assert_eq!(contents(&src), contents(&dst));
+}
+
+#[test]
+fn convert_takes_a_compression_level_and_sha256() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::Crc32c);
+    let dst = dir.path().join("out.zt");
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        dst.as_os_str(),
+        OsStr::new("--compress=19"),
+        OsStr::new("--checksum=sha256"),
+        OsStr::new("--format"),
+        OsStr::new("zt"),
+    ]);
+    assert_exit(&o, 0);
+    let doc = inspect_json(&dst);
+    for t in doc["tensors"].as_array().unwrap() {
+        assert_eq!(t["encoding"], "zstd", "{t}");
+        assert!(t["components"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:"));
+    }
+    assert_eq!(contents(&src), contents(&dst));
+
+    // Without --compress the output is raw and zero-copy readable again.
+    let raw = dir.path().join("raw.zt");
+    let o = tw([OsStr::new("convert"), dst.as_os_str(), raw.as_os_str()]);
+    assert_exit(&o, 0);
+    let doc = inspect_json(&raw);
+    for t in doc["tensors"].as_array().unwrap() {
+        assert_eq!(t["encoding"], J::Null, "{t}");
+        assert_eq!(t["components"][0]["digest"], J::Null, "{t}");
+    }
+    assert_eq!(contents(&src), contents(&raw));
+}
+
+#[test]
+fn convert_refuses_to_overwrite_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let before = fs::read(&src).unwrap();
+    // The same file under another spelling, and through a hard link.
+    let dotted = dir.path().join(".").join("sample.zt");
+    let linked = dir.path().join("linked.zt");
+    fs::hard_link(&src, &linked).unwrap();
+    for dst in [&src, &dotted, &linked] {
+        let o = tw([
+            OsStr::new("convert"),
+            src.as_os_str(),
+            dst.as_os_str(),
+            OsStr::new("--compress"),
+        ]);
+        assert_exit(&o, 2);
+        let err = stderr(&o);
+        assert!(
+            err.starts_with("error: refusing to overwrite the source"),
+            "{err}"
+        );
+    }
+    assert_eq!(fs::read(&src).unwrap(), before);
+}
+
+#[test]
+fn convert_to_an_unsupported_extension_fails_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let dst = dir.path().join("out.safetensors");
+    let o = tw([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("unsupported"), "{}", stderr(&o));
+    assert!(!dst.exists());
+}
+
+#[test]
+fn verify_counts_tensors_and_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::None);
+    let o = tw([OsStr::new("verify"), path.as_os_str()]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), "ok: 3 tensors, 0 digests checked\n");
+}
+
+#[test]
+fn verify_fails_on_a_flipped_byte_in_a_checksummed_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::Crc32c);
+    let (offset, len) = stored_span(&path, "weight");
+    flip_byte(&path, offset + len / 2);
+
+    let o = tw([OsStr::new("verify"), path.as_os_str()]);
+    assert_exit(&o, 1);
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(
+        err.contains("tensor `weight/data`: crc32c digest mismatch"),
+        "{err}"
+    );
+    // The path and the reason are each said once.
+    assert_eq!(err.matches("digest mismatch").count(), 1, "{err}");
+    assert_eq!(err.matches("sample.zt").count(), 1, "{err}");
+}
+
+#[test]
+fn verify_fails_on_an_undecodable_blob_without_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::None);
+    // Break the zstd frame's magic number: no digest catches it, decoding does.
+    let (offset, _) = stored_span(&path, "bias");
+    flip_byte(&path, offset);
+
+    let o = tw([OsStr::new("verify"), path.as_os_str()]);
+    assert_exit(&o, 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains("tensor `bias/data`: cannot decode zstd data"),
+        "{err}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::None);
+    let out = dir.path().join("out.zt");
+    let p = path.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &[],
+        &["frobnicate"],
+        &["inspect"],
+        &["inspect", p, "--yaml"],
+        &["convert", p],
+        &["convert", p, o, "--compress=0"],
+        &["convert", p, o, "--compress=23"],
+        &["convert", p, o, "--compress=fast"],
+        &["convert", p, o, "--checksum", "md5"],
+        &["convert", p, o, "--format", "gguf"],
+        &["bench", p, "--repeat", "0"],
+        &["verify", p, "extra"],
+    ];
+    for args in cases {
+        let r = tw(*args);
+        assert_exit(&r, 2);
+        let err = stderr(&r);
+        assert!(
+            err.starts_with("error: ") || err.contains("\nUsage: "),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!out.exists());
+
+    let missing = dir.path().join("missing.zt");
+    for cmd in ["inspect", "verify", "bench"] {
+        let r = tw([OsStr::new(cmd), missing.as_os_str()]);
+        assert_exit(&r, 2);
+        let err = stderr(&r);
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(
+            err.contains("missing.zt") && err.contains("No such file"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_non_tensor_file_is_an_unrecognised_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    fs::write(&path, "just some text, not tensors\n").unwrap();
+    for cmd in ["inspect", "verify", "bench"] {
+        let o = tw([OsStr::new(cmd), path.as_os_str()]);
+        assert_exit(&o, 2);
+        let err = stderr(&o);
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(err.contains("notes.txt: unrecognised format"), "{err}");
+    }
+    let o = tw([
+        OsStr::new("convert"),
+        path.as_os_str(),
+        dir.path().join("out.zt").as_os_str(),
+    ]);
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("unrecognised format"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_truncated_file_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::None);
+    let bytes = fs::read(&path).unwrap();
+    fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    let o = tw([OsStr::new("verify"), path.as_os_str()]);
+    assert_exit(&o, 1);
+    assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_reports_median_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Checksum::None);
+    let o = tw([
+        OsStr::new("bench"),
+        path.as_os_str(),
+        OsStr::new("--repeat"),
+        OsStr::new("3"),
+    ]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(
+        out.contains("3 dense tensors") && out.contains("median of 3 runs"),
+        "{out}"
+    );
+    assert!(out.contains("(2 of 3 views zero-copy)"), "{out}");
+    let timed: Vec<&str> = out.lines().filter(|l| l.contains(" ms ")).collect();
+    assert_eq!(timed.len(), 2, "{out}");
+    assert!(timed.iter().all(|l| l.contains("GB/s")), "{out}");
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    for args in [&["--help"][..], &["verify", "--help"]] {
+        let o = tw(args);
+        assert_exit(&o, 0);
+        let out = stdout(&o);
+        assert!(out.contains("Exit status:"), "{out}");
+        assert!(
+            out.contains("1  the file is corrupt or failed verification"),
+            "{out}"
+        );
+        assert!(out.contains("2  usage error"), "{out}");
+    }
+}
+
+#[test]
+fn a_closed_stdout_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.zt");
+    let mut w = ZtWriter::create(&path).unwrap();
+    let shape = Shape::new(vec![1]).unwrap();
+    for i in 0..5000 {
+        w.add_dense(
+            &format!("tensor.{i:05}"),
+            DType::U8,
+            &shape,
+            &[0],
+            WriteOptions::default(),
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+
+    let mut child = Command::new(BIN)
+        .args([OsStr::new("inspect"), path.as_os_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one byte, then hang up, as `| head -c1` would.
+    let mut first = [0u8; 1];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_exit(&o, 0);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+}
+
+/// The README quick start: convert a committed fixture with `--compress`, inspect and
+/// verify the result, and check the data survived.
+#[test]
+fn quick_start_on_the_fixtures() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zt");
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen = 0;
+    for entry in fs::read_dir(&fixtures).unwrap() {
+        let src = entry.unwrap().path();
+        if src.extension() != Some(OsStr::new("zt")) {
+            continue;
+        }
+        seen += 1;
+        let dst = dir.path().join(src.file_name().unwrap());
+        let o = tw([
+            OsStr::new("convert"),
+            src.as_os_str(),
+            dst.as_os_str(),
+            OsStr::new("--compress"),
+        ]);
+        assert_exit(&o, 0);
+        for cmd in ["inspect", "verify"] {
+            assert_exit(&tw([OsStr::new(cmd), dst.as_os_str()]), 0);
+        }
+        assert_eq!(
+            inspect_json(&src)["tensor_count"],
+            inspect_json(&dst)["tensor_count"],
+            "{}",
+            src.display()
+        );
+        let dense = |p: &Path| {
+            let src = tensorwire::open(p).unwrap();
+            src.tensors()
+                .iter()
+                .filter(|t| t.layout == tensorwire::Layout::Dense)
+                .map(|t| (t.name.clone(), src.view(&t.name).unwrap().bytes.to_vec()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(dense(&src), dense(&dst), "{}", src.display());
+    }
+    assert!(seen > 0, "no fixtures in {}", fixtures.display());
+}
