@@ -114,13 +114,9 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     else {
         return 2;
     };
-    use tensorwire::Error as E;
-    match tw.root() {
-        E::Io(_)
-        | E::UnknownFormat { .. }
-        | E::Unsupported { .. }
-        | E::InvalidArgument { .. }
-        | E::NotFound { .. } => 2,
-        _ => 1,
+    if tw.is_corrupt_data() {
+        1
+    } else {
+        2
     }
 }

@@ -214,6 +214,28 @@ impl Error {
         }
     }
 
+    /// True when the error says the input itself is damaged or invalid (bad magic,
+    /// truncation, malformed metadata, bad ranges, digest or size mismatches, corrupt
+    /// compressed data), as opposed to I/O, usage or unsupported-feature errors.
+    pub fn is_corrupt_data(&self) -> bool {
+        matches!(
+            self.root(),
+            Error::Truncated { .. }
+                | Error::BadMagic { .. }
+                | Error::LimitExceeded { .. }
+                | Error::Overflow { .. }
+                | Error::Malformed { .. }
+                | Error::OutOfBounds { .. }
+                | Error::Overlap { .. }
+                | Error::Misaligned { .. }
+                | Error::DigestMismatch { .. }
+                | Error::SizeMismatch { .. }
+                | Error::UnknownDType { .. }
+                | Error::Duplicate { .. }
+                | Error::Decode { .. }
+        )
+    }
+
     /// Shorthand for a [`Error::Malformed`].
     pub fn malformed(offset: u64, reason: impl Into<String>) -> Error {
         Error::Malformed {

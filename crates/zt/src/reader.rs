@@ -251,6 +251,32 @@ fn decode_zstd(stored: &[u8], dst: &mut [u8], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Decodes a zstd frame into a counting sink, failing unless it yields exactly
+/// `declared` bytes. Reads at most `declared + 1` bytes of output.
+fn check_zstd_length(stored: &[u8], declared: u64, what: &str) -> Result<()> {
+    use std::io::Read;
+    let fail = |reason: String| Error::Decode {
+        tensor: what.to_owned(),
+        encoding: "zstd".to_owned(),
+        reason,
+    };
+    let decoder =
+        zstd::stream::read::Decoder::with_buffer(stored).map_err(|e| fail(e.to_string()))?;
+    let n = std::io::copy(
+        &mut decoder.take(declared.saturating_add(1)),
+        &mut std::io::sink(),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    if n != declared {
+        return Err(Error::SizeMismatch {
+            tensor: what.to_owned(),
+            expected: declared,
+            found: n,
+        });
+    }
+    Ok(())
+}
+
 fn require_dense(obj: &Object) -> Result<()> {
     if obj.layout != Layout::Dense {
         return Err(Error::unsupported(format!(
@@ -476,13 +502,18 @@ impl TensorSource for ZtReader {
         )
     }
 
+    /// Checks every digest and that every zstd component decodes to exactly its
+    /// declared length (streamed, without holding the decoded bytes). Returns the
+    /// number of digests checked.
     fn verify(&self) -> Result<usize> {
         let mut checked = 0;
         for obj in &self.manifest.objects {
             for c in &obj.components {
-                if c.digest.is_some() {
-                    self.stored(&obj.name, &c.role)?;
-                    checked += 1;
+                let stored = self.stored(&obj.name, &c.role)?;
+                checked += usize::from(c.digest.is_some());
+                if c.encoding == Encoding::Zstd {
+                    let what = format!("{}/{}", obj.name, c.role);
+                    check_zstd_length(&stored, c.decoded_length(), &what)?;
                 }
             }
         }

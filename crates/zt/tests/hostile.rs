@@ -366,3 +366,19 @@ fn non_dense_view_is_unsupported_not_a_panic() {
     assert!(matches!(r.view("s"), Err(Error::Unsupported { .. })));
     assert_eq!(r.component("s", "coords").unwrap().len(), 16);
 }
+
+#[test]
+fn verify_decodes_compressed_components() {
+    let frame = zstd::encode_all(&[1u8; 8][..], 3).unwrap();
+    let comp = map(vec![
+        ("dtype", text("u8")),
+        ("offset", int(64)),
+        ("length", int(frame.len() as u64)),
+        ("uncompressed_length", int(16)),
+        ("encoding", text("zstd")),
+    ]);
+    let f = image(&at64(&frame), &manifest(vec![("short", dense(&[16], comp))]));
+    let r = open(f).unwrap();
+    assert!(matches!(r.verify(), Err(Error::SizeMismatch { .. })));
+    assert!(r.verify().unwrap_err().is_corrupt_data());
+}
