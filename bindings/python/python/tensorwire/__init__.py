@@ -1,0 +1,62 @@
+"""tensorwire: zero-copy, safe tensor I/O.
+
+Read .zt files (ztensor 1.x and 0.1) as numpy arrays that view the file's memory,
+or as torch tensors; write .zt files ztensor 1.2.3 reads. The API follows ztensor
+1.x::
+
+    import tensorwire
+    with tensorwire.Writer("model.zt") as w:
+        w.write_numpy("weight", arr, compress=True, checksum="crc32c")
+    with tensorwire.open("model.zt") as r:
+        weight = r["weight"]              # zero-copy numpy array
+        state = r.read_numpy(r.keys())    # {name: array}, file-offset order
+
+Errors derive from ``TensorwireError`` (``TensorNotFoundError`` is also a KeyError,
+``InvalidArgumentError`` a ValueError); I/O errors are OSError.
+"""
+
+from ._native import (
+    BadMagicError,
+    BytesOwner,
+    ChecksumError,
+    DecodeError,
+    FormatError,
+    InvalidArgumentError,
+    LimitExceededError,
+    MalformedError,
+    TensorNotFoundError,
+    TensorwireError,
+    TruncatedError,
+    UnsupportedError,
+    __version__,
+)
+from ._reader import Reader
+from ._types import Tensor, TensorMetadata
+from ._writer import Writer
+
+
+def open(path):
+    """Open a tensor file for reading (the format is recognised by its magic bytes)."""
+    return Reader(path)
+
+
+__all__ = [
+    "BadMagicError",
+    "BytesOwner",
+    "ChecksumError",
+    "DecodeError",
+    "FormatError",
+    "InvalidArgumentError",
+    "LimitExceededError",
+    "MalformedError",
+    "Reader",
+    "Tensor",
+    "TensorMetadata",
+    "TensorNotFoundError",
+    "TensorwireError",
+    "TruncatedError",
+    "UnsupportedError",
+    "Writer",
+    "__version__",
+    "open",
+]

@@ -1,0 +1,128 @@
+"""tensorwire.Reader: the native reader plus the ztensor-style conveniences."""
+
+from __future__ import annotations
+
+from . import _native
+from ._types import Tensor, TensorMetadata
+
+
+class Reader(_native.Reader):
+    """Reads tensors from a file (recognised by its magic bytes, mapped privately).
+
+    ``reader[name]`` / ``read_numpy(name)`` return zero-copy numpy arrays for raw
+    tensors: their ``base`` keeps the file map alive, so they stay valid after the
+    reader is closed or deleted (and after the file is deleted). They are writable;
+    writes stay private to this process (copy-on-write) and never reach the file.
+
+    Usable as a context manager (``close()`` on exit; arrays stay valid).
+    """
+
+    def metadata(self, name):
+        """TensorMetadata for a name, or a list of them for a list of names."""
+        if isinstance(name, str):
+            return TensorMetadata(**self._metadata(name))
+        if isinstance(name, (list, tuple)):
+            return [TensorMetadata(**self._metadata(n)) for n in name]
+        raise TypeError("name must be a str or a list of str")
+
+    def read(self, name, *, copy=False):
+        """Tensor objects with all their components (any format): a name gives a
+        Tensor, a list gives {name: Tensor} (read in file-offset order)."""
+        if isinstance(name, str):
+            return self._read_tensor(name, copy)
+        if isinstance(name, (list, tuple)):
+            return {n: self._read_tensor(n, copy) for n in self._sorted_by_offset(list(name))}
+        raise TypeError("name must be a str or a list of str")
+
+    def _read_tensor(self, name, copy):
+        meta = self._metadata(name)
+        return Tensor(
+            self._read_components(name, copy=copy),
+            shape=meta["shape"],
+            dtype=meta["dtype"],
+            format=meta["format"],
+            type=meta["type"],
+            attributes=meta["attributes"],
+        )
+
+    def read_torch(self, name, *, copy=False, device="cpu"):
+        """Dense tensor(s) as torch tensors: a name gives a tensor, a list gives a dict
+        (file-offset order). With copy=False on the CPU the tensors share the file map
+        (zero-copy, like read_numpy); ``device`` moves them (e.g. "cuda:0").
+        bfloat16 and float8 need no ml_dtypes here."""
+        from ._torch import bytes_to_torch
+
+        def one(n):
+            raw, dtype, shape = self._read_raw(n, copy=copy)
+            t = bytes_to_torch(raw, dtype, shape)
+            return t if str(device) == "cpu" else t.to(device)
+
+        if isinstance(name, str):
+            return one(name)
+        if isinstance(name, (list, tuple)):
+            return {n: one(n) for n in self._sorted_by_offset(list(name))}
+        raise TypeError("name must be a str or a list of str")
+
+    def read_into(self, name, dst=None):
+        """Copy (or decode) tensor data straight into existing arrays, without the GIL
+        for large tensors.
+
+        Args:
+            name: a tensor name (then ``dst`` is required) or a dict {name: dst},
+                filled in file-offset order.
+            dst: a writable, C-contiguous numpy array, or a torch tensor (contiguous
+                on the CPU: filled in place; other devices: copied to), of the
+                tensor's shape and dtype.
+        """
+        if isinstance(name, dict):
+            if all(_is_ndarray(d) for d in name.values()):
+                return _native.Reader.read_into(self, name)
+            for n in self._sorted_by_offset(list(name)):
+                self.read_into(n, name[n])
+            return None
+        if dst is None:
+            raise TypeError("dst is required when name is a str")
+        if _is_ndarray(dst):
+            return _native.Reader.read_into(self, name, dst)
+        return self._read_into_torch(name, dst)
+
+    def _read_into_torch(self, name, dst):
+        from ._torch import torch_dst_bytes, torch_dtype
+
+        meta = self._metadata(name)
+        import torch  # noqa: F401  (dst is a torch tensor here)
+
+        dtype_name = _logical_name(meta)
+        if list(dst.shape) != list(meta["shape"]) or dst.dtype != torch_dtype(dtype_name):
+            raise _native.InvalidArgumentError(
+                f"dst for `{name}` is {dst.dtype} {list(dst.shape)}, the tensor is "
+                f"{dtype_name} {meta['shape']}")
+        if dst.device.type == "cpu" and dst.is_contiguous():
+            self._read_into_raw(name, torch_dst_bytes(dst))
+        else:
+            dst.copy_(self.read_torch(name))
+
+    def __repr__(self):
+        return _native.Reader.__repr__(self)
+
+
+def _is_ndarray(x):
+    import numpy as np
+
+    return isinstance(x, np.ndarray)
+
+
+_STORAGE_NAMES = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint64": "u64",
+    "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "bool",
+}
+
+
+def _logical_name(meta):
+    """The tensorwire dtype name of a dense tensor from its metadata dict."""
+    t = meta.get("type")
+    known = {"f8_e4m3fn", "f8_e5m2", "f8_e4m3fnuz", "f8_e5m2fnuz", "complex64", "complex128"}
+    if t in known:
+        return t
+    return _STORAGE_NAMES.get(meta["dtype"], meta["dtype"])

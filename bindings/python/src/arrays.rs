@@ -1,0 +1,256 @@
+//! numpy arrays over tensorwire memory: zero-copy views whose `base` keeps the memory
+//! alive, and fresh arrays filled natively.
+
+use std::os::raw::{c_int, c_void};
+
+use numpy::npyffi::{
+    npy_intp, NpyTypes, PyArrayObject, PyArray_Descr, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS,
+    NPY_ARRAY_WRITEABLE, PY_ARRAY_API,
+};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use tensorwire::{Bytes, DType, Error};
+
+use crate::dtypes;
+use crate::errors::ResultExt;
+
+/// The owner of a zero-copy array's memory: the numpy `base` of every array tensorwire
+/// hands out without copying. It holds a clone of the [`Bytes`] handle, so the file map
+/// (or decoded buffer) lives as long as any array, slice or view of it.
+#[pyclass(frozen, module = "tensorwire._native", name = "BytesOwner")]
+pub struct BytesOwner {
+    bytes: Bytes,
+}
+
+#[pymethods]
+impl BytesOwner {
+    /// Number of bytes held.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// True when arrays over these bytes may be written (a private copy-on-write map).
+    #[getter]
+    fn writable(&self) -> bool {
+        self.bytes.writable_ptr().is_some()
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<tensorwire.BytesOwner {} bytes at {:p}{}>",
+            self.bytes.len(),
+            self.bytes.as_ptr(),
+            if self.writable() { ", writable" } else { "" }
+        )
+    }
+}
+
+/// Shape as numpy dimensions, checked.
+pub fn npy_dims(dims: &[u64]) -> PyResult<Vec<npy_intp>> {
+    dims.iter()
+        .map(|&d| {
+            npy_intp::try_from(d).map_err(|_| Error::Overflow {
+                what: "dimension as npy_intp",
+            })
+        })
+        .collect::<Result<_, _>>()
+        .or_raise()
+}
+
+fn ndim(dims: &[npy_intp]) -> PyResult<c_int> {
+    c_int::try_from(dims.len())
+        .map_err(|_| Error::Overflow {
+            what: "number of dimensions",
+        })
+        .or_raise()
+}
+
+/// A zero-copy array of `dtype` and `dims` over `bytes` (which must hold exactly
+/// `dims × dtype` bytes). Writable when the bytes are a private copy-on-write map.
+pub fn zero_copy<'py>(
+    py: Python<'py>,
+    bytes: &Bytes,
+    dtype: DType,
+    dims: &[u64],
+) -> PyResult<Bound<'py, PyAny>> {
+    let descr = dtypes::descr(py, dtype)?;
+    let expected = tensorwire::Shape::new(dims.to_vec())
+        .and_then(|s| s.byte_len(dtype))
+        .or_raise()?;
+    if expected != bytes.len() as u64 {
+        return Err(Error::SizeMismatch {
+            tensor: String::new(),
+            expected,
+            found: bytes.len() as u64,
+        })
+        .or_raise();
+    }
+    let mut npy = npy_dims(dims)?;
+    let nd = ndim(&npy)?;
+    let (data, mut flags) = match bytes.writable_ptr() {
+        Some(p) => (p, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE),
+        None => (bytes.as_ptr().cast_mut(), NPY_ARRAY_C_CONTIGUOUS),
+    };
+    if bytes.is_aligned(dtype.alignment()) {
+        flags |= NPY_ARRAY_ALIGNED;
+    }
+    let base = Bound::new(
+        py,
+        BytesOwner {
+            bytes: bytes.clone(),
+        },
+    )?;
+    // SAFETY: `data` points at `bytes.len()` bytes, which is exactly `dims × dtype`
+    // (checked above), laid out C-contiguously; the strides are left to numpy (NULL =
+    // C order). `PyArray_NewFromDescr` steals the descriptor reference we hand over
+    // with `into_ptr`. The memory stays valid for the array's lifetime because the
+    // array's `base` becomes `base`, which owns a clone of `bytes` (and so the `Arc`
+    // of the map or buffer); nothing reallocates it. The array is writable only when
+    // the owner reports a private copy-on-write map, whose pages belong to this
+    // process alone: writes never reach the file or another mapping.
+    let array = unsafe {
+        let raw = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            PY_ARRAY_API.get_type_object(py, NpyTypes::PyArray_Type),
+            descr.into_ptr().cast::<PyArray_Descr>(),
+            nd,
+            npy.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data.cast::<c_void>(),
+            flags,
+            std::ptr::null_mut(),
+        );
+        Bound::from_owned_ptr_or_err(py, raw)?
+    };
+    // SAFETY: `array` is a fresh ndarray with no base yet; `PyArray_SetBaseObject`
+    // steals the reference passed with `into_ptr` (also on failure).
+    let status = unsafe {
+        PY_ARRAY_API.PyArray_SetBaseObject(
+            py,
+            array.as_ptr().cast::<PyArrayObject>(),
+            base.into_any().into_ptr(),
+        )
+    };
+    if status < 0 {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(array)
+}
+
+/// A new, uninitialised C-contiguous array of `dtype` and `dims`, and its data as a
+/// mutable byte slice to fill.
+///
+/// The slice borrows the array's buffer: it must be filled before the array is handed
+/// to Python code (the caller keeps the returned `Bound` alive meanwhile).
+pub fn fresh<'py>(
+    py: Python<'py>,
+    dtype: DType,
+    dims: &[u64],
+) -> PyResult<(Bound<'py, PyAny>, FreshBuf)> {
+    let descr = dtypes::descr(py, dtype)?;
+    let nbytes = tensorwire::Shape::new(dims.to_vec())
+        .and_then(|s| s.byte_len(dtype))
+        .and_then(|n| {
+            usize::try_from(n).map_err(|_| Error::Overflow {
+                what: "tensor size as usize",
+            })
+        })
+        .or_raise()?;
+    let mut npy = npy_dims(dims)?;
+    let nd = ndim(&npy)?;
+    // SAFETY: `PyArray_Empty` allocates a C-ordered array of `dims` and steals the
+    // descriptor reference handed over with `into_ptr`.
+    let array = unsafe {
+        let raw = PY_ARRAY_API.PyArray_Empty(
+            py,
+            nd,
+            npy.as_mut_ptr(),
+            descr.into_ptr().cast::<PyArray_Descr>(),
+            0,
+        );
+        Bound::from_owned_ptr_or_err(py, raw)?
+    };
+    // SAFETY: `array` is an ndarray (PyArray_Empty succeeded), so the object is a
+    // `PyArrayObject` and its `data` field is readable.
+    let data = unsafe { (*array.as_ptr().cast::<PyArrayObject>()).data };
+    Ok((
+        array,
+        FreshBuf {
+            ptr: data.cast::<u8>(),
+            len: nbytes,
+        },
+    ))
+}
+
+/// The buffer of an array made by [`fresh`], to fill (possibly without the GIL).
+pub struct FreshBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl FreshBuf {
+    /// The buffer as a mutable slice.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `ptr` is the data of an array numpy just allocated with exactly
+        // `len` bytes (C-contiguous, `dims × dtype`); the array is owned by the caller
+        // of `fresh` and not yet visible to any other code, so this is the only
+        // reference to the buffer, and it lives while the array does.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Bytes above which copies and decodes release the GIL.
+pub const RELEASE_GIL_BYTES: usize = 1 << 16;
+
+/// The bytes of a C-contiguous ndarray, read-only.
+///
+/// # Safety
+///
+/// The caller must keep `array` alive while the slice is used, and accept that
+/// another Python thread writing to the array meanwhile changes the bytes read.
+pub unsafe fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
+    let len = array.len() * array.dtype().itemsize();
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller guarantees `array` is C-contiguous and outlives the slice;
+    // a C-contiguous array's `len × itemsize` bytes start at `data`.
+    unsafe {
+        let data = (*array.as_array_ptr()).data;
+        std::slice::from_raw_parts(data.cast::<u8>(), len)
+    }
+}
+
+/// The writable bytes of a C-contiguous, writable ndarray.
+///
+/// # Safety
+///
+/// Same as [`contiguous_bytes`], and no other reference to the array's buffer may be
+/// used while the slice is.
+// The slice is numpy's buffer, not memory inside the `Bound` handle, so handing
+// out `&mut` from `&` aliases nothing Rust owns; exclusivity is the caller's promise.
+#[allow(clippy::mut_from_ref)]
+pub unsafe fn contiguous_bytes_mut<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
+    let len = array.len() * array.dtype().itemsize();
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: forwarded to the caller (C-contiguous, writable, alive, unaliased).
+    unsafe {
+        let data = (*array.as_array_ptr()).data;
+        std::slice::from_raw_parts_mut(data.cast::<u8>(), len)
+    }
+}
+
+/// True when the array's descriptor is exactly `descr` (same type and byte order).
+pub fn same_dtype(array: &Bound<'_, PyUntypedArray>, descr: &Bound<'_, PyArrayDescr>) -> bool {
+    array.dtype().is_equiv_to(descr)
+}

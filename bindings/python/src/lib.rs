@@ -1,0 +1,32 @@
+//! `tensorwire._native`: the Python extension behind the `tensorwire` package —
+//! zero-copy numpy arrays over tensor files, and a `.zt` writer.
+//!
+//! The module is split by job: [`errors`] (the exception hierarchy and the one
+//! conversion from `tensorwire::Error`), [`dtypes`] (DType ↔ numpy), [`arrays`]
+//! (zero-copy and fresh arrays), [`values`] (attributes), [`reader`] and [`writer`].
+//! The pure-Python package (`python/tensorwire`) adds the ztensor-style conveniences
+//! on top (`metadata`, `read`, `read_torch`, `write`, `write_torch`).
+//!
+//! Not in scope: format logic (the Rust crates), torch (imported lazily in Python).
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod arrays;
+mod dtypes;
+mod errors;
+mod reader;
+mod values;
+mod writer;
+
+use pyo3::prelude::*;
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_class::<arrays::BytesOwner>()?;
+    m.add_class::<reader::Reader>()?;
+    m.add_class::<writer::Writer>()?;
+    Ok(())
+}

@@ -1,0 +1,525 @@
+//! `tensorwire._native.Reader`: the native half of `tensorwire.Reader`.
+//!
+//! Every per-tensor operation is one native call: lookup, zero-copy view or native
+//! copy/decode into a fresh numpy array, with the GIL released for large copies.
+
+use std::path::PathBuf;
+
+use numpy::npyffi::NPY_ARRAY_WRITEABLE;
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use tensorwire::zt::{Component, Encoding, ZtReader};
+use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
+
+use crate::arrays::{self, RELEASE_GIL_BYTES};
+use crate::dtypes;
+use crate::errors::{to_pyerr, ResultExt};
+use crate::values;
+
+/// A name or a list of names.
+enum Names {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Names {
+    fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Names> {
+        if let Ok(s) = obj.cast::<PyString>() {
+            return Ok(Names::One(s.to_cow()?.into_owned()));
+        }
+        if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+            return Ok(Names::Many(obj.extract()?));
+        }
+        Err(PyTypeError::new_err("name must be a str or a list of str"))
+    }
+}
+
+/// Reads tensors from a file, recognised by its magic bytes and mapped privately
+/// (copy-on-write).
+#[pyclass(module = "tensorwire._native", name = "Reader", subclass)]
+pub struct Reader {
+    source: Option<Box<dyn TensorSource>>,
+    path: PathBuf,
+}
+
+impl Reader {
+    fn src(&self) -> PyResult<&dyn TensorSource> {
+        self.source
+            .as_deref()
+            .ok_or_else(|| to_pyerr(Error::invalid("the reader is closed")))
+    }
+}
+
+fn zt(src: &dyn TensorSource) -> Option<&ZtReader> {
+    src.as_any().downcast_ref::<ZtReader>()
+}
+
+fn dense_info<'a>(src: &'a dyn TensorSource, name: &str) -> PyResult<&'a TensorInfo> {
+    let info = src.info(name).or_raise()?;
+    if info.layout != Layout::Dense {
+        return Err(Error::unsupported(format!(
+            "tensor `{name}` has layout {}; use read() to get its components",
+            info.layout
+        )))
+        .or_raise();
+    }
+    Ok(info)
+}
+
+/// Runs `f` without the GIL when `nbytes` is large enough to be worth it.
+fn maybe_detach<T: Send>(py: Python<'_>, nbytes: usize, f: impl FnOnce() -> T + Send) -> T {
+    if nbytes >= RELEASE_GIL_BYTES {
+        py.detach(f)
+    } else {
+        f()
+    }
+}
+
+/// Copies (or decodes) a dense tensor's bytes into `dst` (exactly its size).
+fn fill_dense(py: Python<'_>, src: &dyn TensorSource, name: &str, dst: &mut [u8]) -> PyResult<()> {
+    if let Some(zt) = zt(src) {
+        if overlaps(dst, zt.bytes()) {
+            // `dst` views this reader's own map: copy through a temporary buffer.
+            let tmp = zt.component(name, "data").or_raise()?.to_vec();
+            return copy_exact(name, dst, &tmp);
+        }
+        return maybe_detach(py, dst.len(), || zt.read_into(name, dst)).or_raise();
+    }
+    let view = src.view(name).or_raise()?;
+    copy_exact(name, dst, &view.bytes)
+}
+
+fn copy_exact(name: &str, dst: &mut [u8], src: &[u8]) -> PyResult<()> {
+    if dst.len() != src.len() {
+        return Err(Error::SizeMismatch {
+            tensor: name.to_owned(),
+            expected: src.len() as u64,
+            found: dst.len() as u64,
+        })
+        .or_raise();
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+fn overlaps(dst: &[u8], src: &[u8]) -> bool {
+    let (d0, d1) = (dst.as_ptr() as usize, dst.as_ptr() as usize + dst.len());
+    let (s0, s1) = (src.as_ptr() as usize, src.as_ptr() as usize + src.len());
+    !dst.is_empty() && d0 < s1 && s0 < d1
+}
+
+/// A dense tensor as a numpy array: zero-copy for raw tensors unless `copy`, a fresh
+/// (writable) array otherwise. With `raw`, the array is the tensor's bytes as `uint8`.
+fn dense_array<'py>(
+    py: Python<'py>,
+    src: &dyn TensorSource,
+    name: &str,
+    copy: bool,
+    raw: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let info = dense_info(src, name)?;
+    let (dtype, dims): (DType, std::borrow::Cow<'_, [u64]>) = if raw {
+        (DType::U8, vec![info.nbytes].into())
+    } else {
+        (info.dtype, info.shape.dims().into())
+    };
+    if !copy && info.encoding.is_none() {
+        let view = src.view(name).or_raise()?;
+        if view.zero_copy {
+            return arrays::zero_copy(py, &view.bytes, dtype, &dims);
+        }
+    }
+    let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
+    fill_dense(py, src, name, buf.as_mut_slice())?;
+    Ok(array)
+}
+
+/// A component as a numpy array: a dense `data` component takes the object's shape,
+/// others are 1-D; the element type is the component's logical type when numpy has it.
+fn component_array<'py>(
+    py: Python<'py>,
+    zt: &ZtReader,
+    name: &str,
+    dense_shape: Option<&[u64]>,
+    comp: &Component,
+    copy: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let logical = match comp.logical_dtype() {
+        DType::QInt4 | DType::QUInt4 => comp.dtype,
+        d => d,
+    };
+    let unit = logical.size().unwrap_or(1) as u64;
+    let dtype = if comp.decoded_length() % unit == 0 {
+        logical
+    } else {
+        comp.dtype
+    };
+    let count = comp.decoded_length() / dtype.size().unwrap_or(1).max(1) as u64;
+    let dims: Vec<u64> = match dense_shape {
+        Some(shape) if comp.role == "data" => shape.to_vec(),
+        _ => vec![count],
+    };
+    if !copy && comp.encoding == Encoding::Raw {
+        let bytes = zt.component(name, &comp.role).or_raise()?;
+        return arrays::zero_copy(py, &bytes, dtype, &dims);
+    }
+    let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
+    let dst = buf.as_mut_slice();
+    maybe_detach(py, dst.len(), || zt.component_into(name, &comp.role, dst)).or_raise()?;
+    Ok(array)
+}
+
+fn sorted_by_offset<'a>(src: &dyn TensorSource, names: &'a [String]) -> PyResult<Vec<&'a str>> {
+    let mut keyed = names
+        .iter()
+        .map(|n| Ok((src.info(n).or_raise()?.offset, n.as_str())))
+        .collect::<PyResult<Vec<_>>>()?;
+    keyed.sort_by_key(|&(offset, _)| offset);
+    Ok(keyed.into_iter().map(|(_, n)| n).collect())
+}
+
+fn component_meta<'py>(py: Python<'py>, c: &Component) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("dtype", dtypes::numpy_name(c.dtype))?;
+    d.set_item("type", c.logical_type.as_deref())?;
+    d.set_item("offset", c.offset)?;
+    d.set_item("length", c.length)?;
+    d.set_item("encoding", c.encoding.name())?;
+    d.set_item("uncompressed_length", c.uncompressed_length)?;
+    d.set_item("digest", c.digest.as_ref().map(|g| g.algorithm()))?;
+    Ok(d)
+}
+
+/// Checks that `dst` is a writable, C-contiguous numpy array; with `expect`, also its
+/// dtype and shape.
+fn check_dst<'a, 'py>(
+    py: Python<'py>,
+    name: &str,
+    dst: &'a Bound<'py, PyAny>,
+    expect: Option<&TensorInfo>,
+) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
+    let array = dst
+        .cast::<PyUntypedArray>()
+        .map_err(|_| PyTypeError::new_err("dst must be a numpy array or a torch tensor"))?;
+    // SAFETY: `array` is an ndarray, so reading its `flags` field is valid.
+    let flags = unsafe { (*array.as_array_ptr()).flags };
+    if flags & NPY_ARRAY_WRITEABLE == 0 || !array.is_c_contiguous() {
+        return Err(Error::invalid(format!(
+            "dst for `{name}` must be a writable, C-contiguous array"
+        )))
+        .or_raise();
+    }
+    if let Some(info) = expect {
+        let descr = dtypes::descr(py, info.dtype)?;
+        let shape_ok = array.shape().len() == info.shape.ndim()
+            && array
+                .shape()
+                .iter()
+                .zip(info.shape.dims())
+                .all(|(&a, &b)| a as u64 == b);
+        if !arrays::same_dtype(array, &descr) || !shape_ok {
+            return Err(Error::invalid(format!(
+                "dst for `{name}` is {} {:?}, the tensor is {} {}",
+                array.dtype().str()?,
+                array.shape(),
+                dtypes::numpy_name(info.dtype),
+                info.shape
+            )))
+            .or_raise();
+        }
+    }
+    Ok(array)
+}
+
+fn read_into_one(
+    py: Python<'_>,
+    src: &dyn TensorSource,
+    name: &str,
+    dst: &Bound<'_, PyAny>,
+    raw: bool,
+) -> PyResult<()> {
+    let info = dense_info(src, name)?;
+    let array = check_dst(py, name, dst, (!raw).then_some(info))?;
+    // SAFETY: `array` is C-contiguous and writable (checked), and `dst` keeps it alive
+    // for this call. Other Python threads could touch it while the GIL is released;
+    // like any in-place numpy operation, that races on values but never on memory.
+    let out = unsafe { arrays::contiguous_bytes_mut(array) };
+    if out.len() as u64 != info.nbytes {
+        return Err(Error::SizeMismatch {
+            tensor: name.to_owned(),
+            expected: info.nbytes,
+            found: out.len() as u64,
+        })
+        .or_raise();
+    }
+    fill_dense(py, src, name, out)
+}
+
+#[pymethods]
+impl Reader {
+    /// Opens `path` (any supported format, recognised by its magic bytes).
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let source = py.detach(|| tensorwire::open(&path)).or_raise()?;
+        Ok(Reader {
+            source: Some(source),
+            path,
+        })
+    }
+
+    /// The tensor names, in file order (sorted by name for `.zt`).
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.src()?.tensors().iter().map(|t| t.name.as_str()))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.src()?.tensors().len())
+    }
+
+    fn __contains__(&self, name: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Ok(name) = name.cast::<PyString>() else {
+            return Ok(false);
+        };
+        Ok(self.src()?.info(&name.to_cow()?).is_ok())
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.keys(py)?.try_iter().map(Bound::into_any)
+    }
+
+    /// `reader[name]`: the tensor as a numpy array (zero-copy when stored raw).
+    fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        dense_array(py, self.src()?, name, false, false)
+    }
+
+    /// The file format (`"zt"`, `"zt-0.1"`).
+    #[getter]
+    fn format(&self) -> PyResult<&'static str> {
+        Ok(self.src()?.format())
+    }
+
+    /// The path the reader was opened with.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// True once `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.source.is_none()
+    }
+
+    /// File-level attributes (a dict).
+    #[getter]
+    fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        values::map_to_py(py, Some(self.src()?.attributes()))
+    }
+
+    /// Dense tensor(s) as numpy arrays: a name gives an array, a list gives a dict
+    /// (read in file-offset order).
+    ///
+    /// Args:
+    ///     name: str or list of str.
+    ///     copy: if False (default), raw tensors are zero-copy views of the file map
+    ///         (writable: writes stay private to this process); if True, every array
+    ///         owns fresh memory. Compressed tensors are always decoded into fresh
+    ///         arrays.
+    #[pyo3(signature = (name, *, copy = false))]
+    fn read_numpy<'py>(
+        &self,
+        py: Python<'py>,
+        name: &Bound<'py, PyAny>,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let src = self.src()?;
+        match Names::extract(name)? {
+            Names::One(n) => dense_array(py, src, &n, copy, false),
+            Names::Many(names) => {
+                let out = PyDict::new(py);
+                for n in sorted_by_offset(src, &names)? {
+                    out.set_item(n, dense_array(py, src, n, copy, false)?)?;
+                }
+                Ok(out.into_any())
+            }
+        }
+    }
+
+    /// `(uint8 array of the tensor's bytes, dtype name, shape)`; used by read_torch.
+    #[pyo3(signature = (name, *, copy = false))]
+    fn _read_raw<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        copy: bool,
+    ) -> PyResult<(Bound<'py, PyAny>, &'static str, Vec<u64>)> {
+        let src = self.src()?;
+        let info = dense_info(src, name)?;
+        let array = dense_array(py, src, name, copy, true)?;
+        Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
+    }
+
+    /// Copies (or decodes) tensors straight into existing arrays.
+    ///
+    /// Args:
+    ///     name: a tensor name (then `dst` is required) or a dict {name: dst}
+    ///         (filled in file-offset order).
+    ///     dst: a writable, C-contiguous numpy array of the tensor's dtype and shape.
+    #[pyo3(signature = (name, dst = None))]
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        name: &Bound<'_, PyAny>,
+        dst: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.read_into_impl(py, name, dst, false)
+    }
+
+    /// read_into with `uint8` destinations that only need the right byte length.
+    #[pyo3(signature = (name, dst = None))]
+    fn _read_into_raw(
+        &self,
+        py: Python<'_>,
+        name: &Bound<'_, PyAny>,
+        dst: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.read_into_impl(py, name, dst, true)
+    }
+
+    /// Names sorted by the file offset of their data.
+    fn _sorted_by_offset(&self, names: Vec<String>) -> PyResult<Vec<String>> {
+        let sorted = sorted_by_offset(self.src()?, &names)?;
+        Ok(sorted.into_iter().map(str::to_owned).collect())
+    }
+
+    /// Metadata of one tensor as a dict (name, shape, format, dtype, type,
+    /// components, attributes).
+    fn _metadata<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let src = self.src()?;
+        let info = src.info(name).or_raise()?;
+        let d = PyDict::new(py);
+        d.set_item("name", &info.name)?;
+        d.set_item("shape", info.shape.dims())?;
+        d.set_item("format", info.layout.name())?;
+        let comps = PyDict::new(py);
+        if let Some(obj) = zt(src).and_then(|z| z.object(name).ok()) {
+            for c in &obj.components {
+                comps.set_item(&c.role, component_meta(py, c)?)?;
+            }
+            let primary = obj.primary();
+            d.set_item(
+                "dtype",
+                primary.map_or("unknown", |c| dtypes::numpy_name(c.dtype)),
+            )?;
+            d.set_item("type", primary.and_then(|c| c.logical_type.as_deref()))?;
+            d.set_item(
+                "attributes",
+                values::map_to_py(py, obj.attributes.as_ref())?,
+            )?;
+        } else {
+            let (storage, _) = info.dtype.storage();
+            let logical = (storage != info.dtype).then(|| info.dtype.name());
+            let c = PyDict::new(py);
+            c.set_item("dtype", dtypes::numpy_name(storage))?;
+            c.set_item("type", logical)?;
+            c.set_item("offset", info.offset)?;
+            c.set_item("length", info.stored_bytes)?;
+            c.set_item("encoding", info.encoding.as_deref().unwrap_or("raw"))?;
+            comps.set_item("data", c)?;
+            d.set_item("dtype", dtypes::numpy_name(storage))?;
+            d.set_item("type", logical)?;
+            d.set_item("attributes", values::map_to_py(py, Some(&info.attributes))?)?;
+        }
+        d.set_item("components", comps)?;
+        Ok(d)
+    }
+
+    /// All components of a tensor as {role: array}.
+    #[pyo3(signature = (name, *, copy = false))]
+    fn _read_components<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let src = self.src()?;
+        let out = PyDict::new(py);
+        match zt(src) {
+            Some(z) => {
+                let obj = z.object(name).or_raise()?;
+                let dense = (obj.layout == Layout::Dense).then(|| obj.shape.dims());
+                for c in &obj.components {
+                    out.set_item(&c.role, component_array(py, z, name, dense, c, copy)?)?;
+                }
+            }
+            None => {
+                out.set_item("data", dense_array(py, src, name, copy, false)?)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks every stored digest; returns how many were checked.
+    fn verify(&self, py: Python<'_>) -> PyResult<usize> {
+        let src = self.src()?;
+        py.detach(|| src.verify()).or_raise()
+    }
+
+    /// Releases the reader. Arrays already handed out stay valid.
+    fn close(&mut self) {
+        self.source = None;
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.source {
+            Some(src) => format!(
+                "<tensorwire.Reader [{}, {} tensor(s)] {:?}>",
+                src.format(),
+                src.tensors().len(),
+                self.path
+            ),
+            None => format!("<tensorwire.Reader (closed) {:?}>", self.path),
+        }
+    }
+}
+
+impl Reader {
+    fn read_into_impl(
+        &self,
+        py: Python<'_>,
+        name: &Bound<'_, PyAny>,
+        dst: Option<&Bound<'_, PyAny>>,
+        raw: bool,
+    ) -> PyResult<()> {
+        let src = self.src()?;
+        if let Ok(targets) = name.cast::<PyDict>() {
+            let mut pairs = Vec::with_capacity(targets.len());
+            for (k, v) in targets.iter() {
+                let n: String = k.extract()?;
+                pairs.push((src.info(&n).or_raise()?.offset, n, v));
+            }
+            pairs.sort_by_key(|p| p.0);
+            for (_, n, v) in &pairs {
+                read_into_one(py, src, n, v, raw)?;
+            }
+            return Ok(());
+        }
+        let name: String = name
+            .extract()
+            .map_err(|_| PyTypeError::new_err("name must be a str or a dict {name: dst}"))?;
+        let dst = dst.ok_or_else(|| PyTypeError::new_err("dst is required when name is a str"))?;
+        read_into_one(py, src, &name, dst, raw)
+    }
+}

@@ -1,0 +1,130 @@
+//! Attribute values ↔ Python objects.
+
+use std::collections::BTreeMap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
+use tensorwire::{Error, Value};
+
+use crate::errors::ResultExt;
+
+/// Deepest nesting accepted when converting Python attributes.
+const MAX_DEPTH: usize = 64;
+
+/// A metadata value as a Python object.
+pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Int(i) => i.into_bound_py_any(py)?,
+        Value::Float(x) => PyFloat::new(py, *x).into_any(),
+        Value::Str(s) => PyString::new(py, s).into_any(),
+        Value::Bytes(b) => PyBytes::new(py, b).into_any(),
+        Value::List(items) => {
+            let list = PyList::empty(py);
+            for v in items {
+                list.append(to_py(py, v)?)?;
+            }
+            list.into_any()
+        }
+        Value::Map(entries) => {
+            let dict = PyDict::new(py);
+            for (k, v) in entries {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// An attribute map as a Python dict (`None` stays `None`).
+pub fn map_to_py<'py>(
+    py: Python<'py>,
+    map: Option<&BTreeMap<String, Value>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let Some(map) = map else {
+        return Ok(py.None().into_bound(py));
+    };
+    let dict = PyDict::new(py);
+    for (k, v) in map {
+        dict.set_item(k, to_py(py, v)?)?;
+    }
+    Ok(dict.into_any())
+}
+
+fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+    if depth > MAX_DEPTH {
+        return Err(Error::LimitExceeded {
+            what: "attribute nesting depth",
+            limit: MAX_DEPTH as u64,
+            found: depth as u64,
+        })
+        .or_raise();
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(Value::Int(obj.extract::<i128>()?));
+    }
+    if let Ok(x) = obj.cast::<PyFloat>() {
+        return Ok(Value::Float(x.value()));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(s.to_cow()?.into_owned()));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Value::Bytes(b.as_bytes().to_vec()));
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let items = obj
+            .try_iter()?
+            .map(|item| from_py_at(&item?, depth + 1))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(Value::List(items));
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut entries = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let key: String = k.extract().map_err(|_| {
+                crate::errors::to_pyerr(Error::invalid("attribute keys must be strings"))
+            })?;
+            entries.push((key, from_py_at(&v, depth + 1)?));
+        }
+        return Ok(Value::Map(entries));
+    }
+    // numpy scalars and other numbers that convert losslessly.
+    if let Ok(i) = obj.extract::<i128>() {
+        return Ok(Value::Int(i));
+    }
+    if let Ok(x) = obj.extract::<f64>() {
+        return Ok(Value::Float(x));
+    }
+    Err(Error::invalid(format!(
+        "attribute values must be None, bool, int, float, str, bytes, list or dict, not {}",
+        obj.get_type().name()?
+    )))
+    .or_raise()
+}
+
+/// A Python dict of attributes (or `None`) as an attribute map.
+pub fn map_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<BTreeMap<String, Value>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let dict = obj
+        .cast::<PyDict>()
+        .map_err(|_| crate::errors::to_pyerr(Error::invalid("attributes must be a dict")))?;
+    let mut map = BTreeMap::new();
+    for (k, v) in dict.iter() {
+        let key: String = k.extract().map_err(|_| {
+            crate::errors::to_pyerr(Error::invalid("attribute keys must be strings"))
+        })?;
+        map.insert(key, from_py_at(&v, 1)?);
+    }
+    Ok(Some(map))
+}

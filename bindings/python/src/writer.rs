@@ -1,0 +1,417 @@
+//! `tensorwire._native.Writer`: the native half of `tensorwire.Writer`.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyInt, PyTuple, PyType};
+use tensorwire::zt::{
+    Checksum, ComponentData, Compression, WriteOptions, ZtWriter, DEFAULT_ZSTD_LEVEL,
+};
+use tensorwire::{DType, Error, Layout, Shape};
+
+use crate::arrays::{self, RELEASE_GIL_BYTES};
+use crate::dtypes;
+use crate::errors::{to_pyerr, ResultExt};
+use crate::values;
+
+static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Highest zstd level; larger `compress` values are clamped to it.
+const MAX_ZSTD_LEVEL: i64 = 22;
+
+/// An array ready to write: C-contiguous, little-endian, with its tensorwire dtype.
+struct Prepared<'py> {
+    array: Bound<'py, PyUntypedArray>,
+    dtype: DType,
+}
+
+impl Prepared<'_> {
+    fn shape(&self) -> PyResult<Shape> {
+        Shape::try_from(self.array.shape()).or_raise()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `prepare` made the array C-contiguous, and `self.array` keeps it
+        // alive for the borrow. Another Python thread writing to the array while the
+        // GIL is released would change the values written, never the memory's
+        // validity (we hold a reference, so numpy cannot reallocate it).
+        unsafe { arrays::contiguous_bytes(&self.array) }
+    }
+}
+
+/// Converts `obj` to a C-contiguous, little-endian numpy array (copying only when it
+/// is not one already, e.g. a transposed view or big-endian data, which is byte-swapped).
+fn prepare<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Prepared<'py>> {
+    let py = obj.py();
+    let asarray = ASARRAY.import(py, "numpy", "asarray")?;
+    let array = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        Err(_) => asarray.call1((obj,))?.cast_into::<PyUntypedArray>()?,
+    };
+    let descr = array.dtype();
+    let (dtype, big_endian) = dtypes::from_numpy(&descr)?;
+    if !big_endian && array.is_c_contiguous() {
+        return Ok(Prepared { array, dtype });
+    }
+    let target = if big_endian {
+        descr.call_method1("newbyteorder", ("<",))?
+    } else {
+        descr.into_any()
+    };
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", target)?;
+    kwargs.set_item("order", "C")?;
+    let array = asarray
+        .call((array,), Some(&kwargs))?
+        .cast_into::<PyUntypedArray>()?;
+    Ok(Prepared { array, dtype })
+}
+
+/// ztensor's rules: None/False/0 (or negative) → raw, True → zstd level 3, int > 0 →
+/// that zstd level.
+fn compression(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Compression> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Compression::Raw);
+    };
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(if b.is_true() {
+            Compression::Zstd(DEFAULT_ZSTD_LEVEL)
+        } else {
+            Compression::Raw
+        });
+    }
+    if obj.is_instance_of::<PyInt>() {
+        let level: i64 = obj.extract().unwrap_or(MAX_ZSTD_LEVEL);
+        return Ok(if level <= 0 {
+            Compression::Raw
+        } else {
+            // Clamped to 1..=22, so the cast cannot truncate.
+            Compression::Zstd(level.min(MAX_ZSTD_LEVEL) as i32)
+        });
+    }
+    Err(PyTypeError::new_err("compress must be bool or int"))
+}
+
+fn options(compress: Option<&Bound<'_, PyAny>>, checksum: &str) -> PyResult<WriteOptions> {
+    Ok(WriteOptions {
+        compression: compression(compress)?,
+        checksum: Checksum::from_name(checksum).or_raise()?,
+    })
+}
+
+/// Writes a `.zt` file. Tensors are written as they are added; `finish()` writes the
+/// manifest (a new file appears at `path` only then). Used as a context manager it
+/// finishes on success and discards everything on an exception.
+#[pyclass(module = "tensorwire._native", name = "Writer", subclass)]
+pub struct Writer {
+    inner: Option<ZtWriter<BufWriter<File>>>,
+    path: PathBuf,
+    finished: bool,
+}
+
+impl Writer {
+    fn writer(&mut self) -> PyResult<&mut ZtWriter<BufWriter<File>>> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| to_pyerr(Error::invalid("the writer is already finished")))
+    }
+
+    /// Adds a dense tensor, releasing the GIL when it is large.
+    #[allow(clippy::too_many_arguments)]
+    fn add_dense(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        dtype: DType,
+        shape: &Shape,
+        data: &[u8],
+        attributes: Option<std::collections::BTreeMap<String, tensorwire::Value>>,
+        options: WriteOptions,
+    ) -> PyResult<()> {
+        let expected = shape.byte_len(dtype).or_raise()?;
+        if expected != data.len() as u64 {
+            return Err(Error::invalid(format!(
+                "`{name}`: shape {shape} of {dtype} needs {expected} bytes, the data has {}",
+                data.len()
+            )))
+            .or_raise();
+        }
+        let w = self.writer()?;
+        let run = || w.add_dense_with_attributes(name, dtype, shape, data, attributes, options);
+        if data.len() >= RELEASE_GIL_BYTES {
+            py.detach(run)
+        } else {
+            run()
+        }
+        .or_raise()
+    }
+}
+
+/// The role that carries an object's element type.
+fn primary_role<'a>(format: &str, roles: &[&'a str]) -> Option<&'a str> {
+    let wanted = match format {
+        "dense" => "data",
+        "sparse_csr" | "sparse_coo" => "values",
+        _ => "packed_weight",
+    };
+    roles
+        .iter()
+        .copied()
+        .find(|r| *r == wanted)
+        .or_else(|| roles.first().copied())
+}
+
+#[pymethods]
+impl Writer {
+    /// Creates `path` (mode "w", replacing any file there on finish) or opens an
+    /// existing `.zt` file to add tensors (mode "a").
+    #[new]
+    #[pyo3(signature = (path, mode = "w"))]
+    fn new(py: Python<'_>, path: PathBuf, mode: &str) -> PyResult<Self> {
+        let inner = match mode {
+            "w" => py.detach(|| ZtWriter::create(&path)),
+            "a" => py.detach(|| ZtWriter::append(&path)),
+            _ => Err(Error::invalid(format!(
+                "mode must be \"w\" or \"a\", not {mode:?}"
+            ))),
+        }
+        .or_raise()?;
+        Ok(Writer {
+            inner: Some(inner),
+            path,
+            finished: false,
+        })
+    }
+
+    /// Opens an existing `.zt` file to add tensors (same as `Writer(path, mode="a")`).
+    #[classmethod]
+    fn append<'py>(cls: &Bound<'py, PyType>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+        cls.call1((path, "a"))
+    }
+
+    /// Adds a dense tensor from a numpy array (any layout and byte order; copied to
+    /// C order and little-endian only when needed).
+    ///
+    /// Args:
+    ///     name: tensor name.
+    ///     data: numpy array (numeric, bool, complex, or ml_dtypes bfloat16/float8).
+    ///     compress: None/False/0 raw; True zstd level 3; int > 0 that zstd level.
+    ///     checksum: "none", "crc32c" or "sha256".
+    ///     attributes: optional dict of per-tensor metadata.
+    #[pyo3(signature = (name, data, *, compress = None, checksum = "none", attributes = None))]
+    fn write_numpy(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        data: &Bound<'_, PyAny>,
+        compress: Option<&Bound<'_, PyAny>>,
+        checksum: &str,
+        attributes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let opts = options(compress, checksum)?;
+        let attributes = values::map_from_py(attributes)?;
+        let prepared = prepare(data)?;
+        let shape = prepared.shape()?;
+        self.add_dense(
+            py,
+            name,
+            prepared.dtype,
+            &shape,
+            prepared.bytes(),
+            attributes,
+            opts,
+        )
+    }
+
+    /// Alias of `write_numpy` (ztensor's `add`).
+    #[pyo3(signature = (name, data, compress = None, checksum = "none"))]
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        data: &Bound<'_, PyAny>,
+        compress: Option<&Bound<'_, PyAny>>,
+        checksum: &str,
+    ) -> PyResult<()> {
+        self.write_numpy(py, name, data, compress, checksum, None)
+    }
+
+    /// Adds a dense tensor from raw little-endian bytes (a `uint8` array) of `dtype`
+    /// and `shape`; used by write_torch.
+    #[pyo3(signature = (name, data, dtype, shape, *, compress = None, checksum = "none", attributes = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _write_raw(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        data: &Bound<'_, PyAny>,
+        dtype: &str,
+        shape: Vec<u64>,
+        compress: Option<&Bound<'_, PyAny>>,
+        checksum: &str,
+        attributes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let opts = options(compress, checksum)?;
+        let attributes = values::map_from_py(attributes)?;
+        let dtype: DType = dtype.parse().or_raise()?;
+        let shape = Shape::new(shape).or_raise()?;
+        let prepared = prepare(data)?;
+        self.add_dense(py, name, dtype, &shape, prepared.bytes(), attributes, opts)
+    }
+
+    /// Adds an object of any layout from its components (used by `write`).
+    #[pyo3(signature = (name, components, shape, format = "dense", r#type = None, attributes = None, *, compress = None, checksum = "none"))]
+    #[allow(clippy::too_many_arguments)]
+    fn _write_components(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        components: &Bound<'_, PyDict>,
+        shape: Vec<u64>,
+        format: &str,
+        r#type: Option<&str>,
+        attributes: Option<&Bound<'_, PyAny>>,
+        compress: Option<&Bound<'_, PyAny>>,
+        checksum: &str,
+    ) -> PyResult<()> {
+        let opts = options(compress, checksum)?;
+        let attributes = values::map_from_py(attributes)?;
+        let shape = Shape::new(shape).or_raise()?;
+        let mut parts: Vec<(String, Prepared<'_>)> = Vec::with_capacity(components.len());
+        for (k, v) in components.iter() {
+            parts.push((k.extract()?, prepare(&v)?));
+        }
+        let roles: Vec<&str> = parts.iter().map(|(r, _)| r.as_str()).collect();
+        let primary = primary_role(format, &roles).map(str::to_owned);
+
+        if format == "dense" {
+            let [(role, data)] = parts.as_slice() else {
+                return Err(Error::invalid(format!(
+                    "dense tensor `{name}` needs exactly one component, `data`"
+                )))
+                .or_raise();
+            };
+            if role != "data" {
+                return Err(Error::invalid(format!(
+                    "dense tensor `{name}` needs a `data` component, not `{role}`"
+                )))
+                .or_raise();
+            }
+            let mut dtype = data.dtype;
+            if let Some(t) = r#type {
+                match t.parse::<DType>() {
+                    Ok(logical) if logical.storage().0 == data.dtype.storage().0 => {
+                        dtype = logical;
+                    }
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "type `{t}` does not fit `{name}`'s {} data",
+                            data.dtype
+                        )))
+                        .or_raise()
+                    }
+                }
+            }
+            return self.add_dense(py, name, dtype, &shape, data.bytes(), attributes, opts);
+        }
+
+        let logical: Vec<Option<String>> = parts
+            .iter()
+            .map(|(role, p)| {
+                let (storage, _) = p.dtype.storage();
+                if storage != p.dtype {
+                    Some(p.dtype.name().to_owned())
+                } else if Some(role) == primary.as_ref() {
+                    r#type.map(str::to_owned)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let comps: Vec<ComponentData<'_>> = parts
+            .iter()
+            .zip(&logical)
+            .map(|((role, p), t)| ComponentData {
+                role,
+                dtype: p.dtype.storage().0,
+                logical_type: t.as_deref(),
+                data: p.bytes(),
+            })
+            .collect();
+        let total: usize = comps.iter().map(|c| c.data.len()).sum();
+        let layout = Layout::from_name(format);
+        let w = self.writer()?;
+        let run = || w.add_object(name, &shape, layout, attributes, &comps, opts);
+        if total >= RELEASE_GIL_BYTES {
+            py.detach(run)
+        } else {
+            run()
+        }
+        .or_raise()
+    }
+
+    /// Writes the manifest and footer; returns the file size in bytes.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<u64> {
+        let inner = self
+            .inner
+            .take()
+            .ok_or_else(|| to_pyerr(Error::invalid("the writer is already finished")))?;
+        self.finished = true;
+        py.detach(|| inner.finish()).or_raise()
+    }
+
+    /// Abandons the write: a new file is removed, an append is rolled back.
+    fn discard(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            inner.discard();
+        }
+        self.finished = true;
+    }
+
+    /// True once finished or discarded.
+    #[getter]
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The path being written.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type, *_rest))]
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        exc_type: &Bound<'_, PyAny>,
+        _rest: &Bound<'_, PyTuple>,
+    ) -> PyResult<bool> {
+        if self.inner.is_some() {
+            if exc_type.is_none() {
+                self.finish(py)?;
+            } else {
+                self.discard();
+            }
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.inner.is_some() {
+            "open"
+        } else {
+            "finished"
+        };
+        format!("<tensorwire.Writer ({state}) {:?}>", self.path)
+    }
+}

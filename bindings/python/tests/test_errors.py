@@ -1,0 +1,161 @@
+"""Typed errors for malformed, truncated, corrupted and missing input."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+
+def test_hierarchy():
+    for cls in (tw.BadMagicError, tw.TruncatedError, tw.MalformedError, tw.LimitExceededError,
+                tw.ChecksumError, tw.DecodeError):
+        assert issubclass(cls, tw.FormatError) and issubclass(cls, tw.TensorwireError)
+    assert issubclass(tw.TensorNotFoundError, KeyError)
+    assert issubclass(tw.TensorNotFoundError, tw.TensorwireError)
+    assert issubclass(tw.InvalidArgumentError, ValueError)
+    assert issubclass(tw.UnsupportedError, tw.TensorwireError)
+    assert tw.TensorwireError.__module__ == "tensorwire"
+
+
+def _write(path, **kw):
+    with tw.Writer(path) as w:
+        w.write_numpy("a", np.arange(1000, dtype=np.int32), **kw)
+        w.write_numpy("b", np.arange(10, dtype=np.float64))
+
+
+def test_missing_file_is_oserror(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        tw.Reader(str(tmp_path / "nope.zt"))
+    assert e.value.filename.endswith("nope.zt")
+
+
+def test_bad_magic(tmp_path):
+    p = tmp_path / "x.zt"
+    p.write_bytes(b"NOTATENSORFILE" * 10)
+    with pytest.raises(tw.BadMagicError):
+        tw.Reader(str(p))
+    p.write_bytes(b"")
+    with pytest.raises(tw.FormatError):
+        tw.Reader(str(p))
+
+
+def test_bad_footer_magic(zt_path):
+    _write(zt_path)
+    data = bytearray(open(zt_path, "rb").read())
+    data[-1] ^= 0xFF
+    open(zt_path, "wb").write(bytes(data))
+    with pytest.raises(tw.BadMagicError):
+        tw.Reader(zt_path)
+
+
+@pytest.mark.parametrize("keep", [8, 12, 100, -1])
+def test_truncated(zt_path, keep):
+    _write(zt_path)
+    data = open(zt_path, "rb").read()
+    cut = data[:keep] if keep > 0 else data[:keep] + b""
+    open(zt_path, "wb").write(cut)
+    with pytest.raises(tw.FormatError):
+        tw.Reader(zt_path)
+
+
+def test_truncated_manifest_is_typed(zt_path):
+    _write(zt_path)
+    data = open(zt_path, "rb").read()
+    # Keep the header and footer but claim a manifest longer than the file.
+    import struct
+    bad = data[:-16] [:64] + struct.pack("<Q", 1 << 20) + b"ZTEN1000"
+    open(zt_path, "wb").write(bad)
+    with pytest.raises(tw.TruncatedError):
+        tw.Reader(zt_path)
+
+
+def test_manifest_over_limit(zt_path):
+    import struct
+    open(zt_path, "wb").write(b"ZTEN1000" + struct.pack("<Q", 1 << 40) + b"ZTEN1000")
+    with pytest.raises(tw.LimitExceededError):
+        tw.Reader(zt_path)
+
+
+def test_garbage_manifest_is_malformed(zt_path):
+    import struct
+    manifest = b"\xff" * 10
+    open(zt_path, "wb").write(b"ZTEN1000" + manifest + struct.pack("<Q", 10) + b"ZTEN1000")
+    with pytest.raises(tw.FormatError):
+        tw.Reader(zt_path)
+
+
+@pytest.mark.parametrize("checksum", ["crc32c", "sha256"])
+@pytest.mark.parametrize("compress", [False, True])
+def test_corrupted_checksummed_tensor(zt_path, checksum, compress):
+    _write(zt_path, checksum=checksum, compress=compress)
+    with tw.Reader(zt_path) as r:
+        off = r.metadata("a").components["data"]["offset"]
+    data = bytearray(open(zt_path, "rb").read())
+    data[off + 5] ^= 0x01
+    open(zt_path, "wb").write(bytes(data))
+    r = tw.Reader(zt_path)
+    np.testing.assert_array_equal(r["b"], np.arange(10.0))  # the other tensor is fine
+    for read in (lambda: r["a"], lambda: r.read_numpy("a", copy=True), lambda: r.read("a"),
+                 lambda: r.read_into("a", np.empty(1000, np.int32)), r.verify):
+        with pytest.raises(tw.ChecksumError, match=checksum):
+            read()
+
+
+def test_corrupted_compressed_blob_without_checksum(zt_path):
+    _write(zt_path, compress=True)
+    with tw.Reader(zt_path) as r:
+        c = r.metadata("a").components["data"]
+    data = bytearray(open(zt_path, "rb").read())
+    for i in range(c["length"]):
+        data[c["offset"] + i] = 0xAA
+    open(zt_path, "wb").write(bytes(data))
+    with tw.Reader(zt_path) as r:
+        with pytest.raises(tw.FormatError):
+            r["a"]
+
+
+def test_not_found(zt_path):
+    _write(zt_path)
+    with tw.Reader(zt_path) as r:
+        with pytest.raises(tw.TensorNotFoundError, match="nope"):
+            r["nope"]
+        with pytest.raises(KeyError):
+            r.metadata("nope")
+        with pytest.raises(KeyError):
+            r.read_numpy(["a", "nope"])
+
+
+def test_writer_bad_mode_and_missing_append_target(tmp_path):
+    with pytest.raises(ValueError):
+        tw.Writer(str(tmp_path / "x.zt"), mode="r")
+    with pytest.raises(FileNotFoundError):
+        tw.Writer.append(str(tmp_path / "missing.zt"))
+    with pytest.raises(FileNotFoundError):
+        tw.Writer(str(tmp_path / "no-such-dir" / "x.zt"))
+
+
+def test_ml_dtypes_missing_gives_clear_error(zt_path):
+    pytest.importorskip("ml_dtypes")
+    import ml_dtypes
+
+    with tw.Writer(zt_path) as w:
+        w.write_numpy("bf", np.ones(3, ml_dtypes.bfloat16))
+        w.write_numpy("f", np.ones(3, np.float32))
+    code = f"""
+import sys
+sys.modules["ml_dtypes"] = None  # make `import ml_dtypes` fail
+import tensorwire as tw
+r = tw.Reader({zt_path!r})
+assert r["f"].sum() == 3
+assert r.metadata("bf").dtype == "bfloat16"
+try:
+    r["bf"]
+except tw.UnsupportedError as e:
+    assert "pip install ml_dtypes" in str(e), e
+    print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,136 @@
+"""torch interop (skipped when torch is not installed)."""
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+torch = pytest.importorskip("torch")
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+          torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+          torch.complex64, torch.complex128]
+for _n in ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+           "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _n):
+        DTYPES.append(getattr(torch, _n))
+
+
+def _sample(dtype, shape):
+    g = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype, generator=g)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(0, 100, shape, generator=g).to(dtype)
+
+
+def _bytes(t):
+    flat = t.contiguous().reshape(-1)
+    if flat.dtype.is_complex:
+        flat = torch.view_as_real(flat).reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0, 2), (3, 4)], ids=str)
+def test_write_torch_read_torch(zt_path, dtype, shape):
+    t = _sample(dtype, shape)
+    with tw.Writer(zt_path) as w:
+        w.write_torch("t", t)
+        w.write_torch("tz", t, compress=True, checksum="crc32c")
+    with tw.Reader(zt_path) as r:
+        for name in ("t", "tz"):
+            got = r.read_torch(name)
+            assert got.dtype == dtype and tuple(got.shape) == shape
+            assert _bytes(got) == _bytes(t)
+        if dtype in (torch.float32, torch.int64, torch.bool):
+            np.testing.assert_array_equal(r["t"], t.numpy())
+
+
+def test_read_torch_is_zero_copy(zt_path):
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with tw.Writer(zt_path) as w:
+        w.write_numpy("w", data)
+    r = tw.Reader(zt_path)
+    t1 = r.read_torch("w")
+    arr = r["w"]
+    t2 = r.read_torch("w")
+    assert t1.data_ptr() == t2.data_ptr() == arr.ctypes.data
+    c = r.read_torch("w", copy=True)
+    assert c.data_ptr() != t1.data_ptr()
+    del r
+    import gc
+    gc.collect()
+    assert torch.equal(t1, torch.from_numpy(data))
+
+
+def test_bf16_without_copy_and_device(zt_path):
+    t = torch.arange(10, dtype=torch.bfloat16)
+    with tw.Writer(zt_path) as w:
+        w.write_torch("bf", t)
+    with tw.Reader(zt_path) as r:
+        assert r.metadata("bf").dtype == "bfloat16"
+        got = r.read_torch("bf", device="cpu")
+        assert got.dtype == torch.bfloat16 and torch.equal(got, t)
+        got = r.read_torch(["bf"], device=torch.device("cpu"))["bf"]
+        assert torch.equal(got, t)
+
+
+def test_write_torch_non_contiguous_and_requires_grad(zt_path):
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4).requires_grad_()
+    with tw.Writer(zt_path) as w:
+        w.write_torch("t", base.T)
+    with tw.Reader(zt_path) as r:
+        assert torch.equal(r.read_torch("t"), base.detach().T)
+
+
+def test_read_into_torch(zt_path):
+    data = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(4, dtype=np.int64)}
+    with tw.Writer(zt_path) as w:
+        for k, v in data.items():
+            w.write_numpy(k, v, compress=(k == "b"))
+        w.write_torch("bf", torch.ones(3, dtype=torch.bfloat16))
+    with tw.Reader(zt_path) as r:
+        dst = torch.empty(2, 3)
+        r.read_into("a", dst)
+        assert torch.equal(dst, torch.from_numpy(data["a"]))
+        targets = {"b": torch.empty(4, dtype=torch.int64), "a": np.empty((2, 3), np.float32),
+                   "bf": torch.zeros(3, dtype=torch.bfloat16)}
+        r.read_into(targets)
+        assert torch.equal(targets["b"], torch.arange(4))
+        assert torch.equal(targets["bf"], torch.ones(3, dtype=torch.bfloat16))
+        with pytest.raises(ValueError):
+            r.read_into("a", torch.empty(3, 2))
+        with pytest.raises(ValueError):
+            r.read_into("a", torch.empty(2, 3, dtype=torch.float64))
+        nc = torch.empty(3, 2).T
+        r.read_into("a", nc)  # not contiguous: filled through a copy
+        assert torch.equal(nc, torch.from_numpy(data["a"]))
+
+
+def test_tensor_torch(zt_path):
+    with tw.Writer(zt_path) as w:
+        w.write_torch("bf", torch.ones(3, dtype=torch.bfloat16))
+        w.write_numpy("f", np.ones(3, np.float32))
+    with tw.Reader(zt_path) as r:
+        assert torch.equal(r.read("f").torch(), torch.ones(3))
+        if pytest.importorskip("ml_dtypes"):
+            assert r.read("bf").torch().dtype == torch.bfloat16
+
+
+def test_cuda_device_if_available(zt_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with tw.Writer(zt_path) as w:
+        w.write_numpy("f", np.arange(5, dtype=np.float32))
+    with tw.Reader(zt_path) as r:
+        t = r.read_torch("f", device="cuda")
+        assert t.is_cuda and torch.equal(t.cpu(), torch.arange(5, dtype=torch.float32))
+        dst = torch.empty(5, device="cuda")
+        r.read_into("f", dst)
+        assert torch.equal(dst.cpu(), torch.arange(5, dtype=torch.float32))
+        with tw.Writer(zt_path + "2") as w:
+            w.write_torch("g", t)
