@@ -1,10 +1,8 @@
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
-HAVE_ML_DTYPES = importlib.util.find_spec("ml_dtypes") is not None
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 # name -> numpy dtype (or a callable returning it, for ml_dtypes types)

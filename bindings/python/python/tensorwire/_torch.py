@@ -39,13 +39,11 @@ def bytes_to_torch(raw, dtype_name, shape):
 
 def numpy_to_torch(arr):
     """torch.from_numpy, also for ml_dtypes arrays (bfloat16, float8), sharing memory."""
-    if arr.dtype.kind != "V":
-        return torch.from_numpy(arr)
     name = {"bfloat16": "bf16", "float8_e4m3fn": "f8_e4m3fn", "float8_e5m2": "f8_e5m2",
             "float8_e4m3fnuz": "f8_e4m3fnuz",
             "float8_e5m2fnuz": "f8_e5m2fnuz"}.get(arr.dtype.name)
     if name is None:
-        raise TypeError(f"no torch dtype for numpy dtype {arr.dtype}")
+        return torch.from_numpy(arr)
     raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     return bytes_to_torch(raw, name, arr.shape)
 
