@@ -377,7 +377,10 @@ fn verify_decodes_compressed_components() {
         ("uncompressed_length", int(16)),
         ("encoding", text("zstd")),
     ]);
-    let f = image(&at64(&frame), &manifest(vec![("short", dense(&[16], comp))]));
+    let f = image(
+        &at64(&frame),
+        &manifest(vec![("short", dense(&[16], comp))]),
+    );
     let r = open(f).unwrap();
     assert!(matches!(r.verify(), Err(Error::SizeMismatch { .. })));
     assert!(r.verify().unwrap_err().is_corrupt_data());
