@@ -8,40 +8,88 @@ use crate::error::{Error, Result};
 /// The most dimensions any tensorwire shape may have.
 pub const MAX_NDIM: usize = 64;
 
+/// Ranks up to this many are stored inline (no heap allocation).
+const INLINE: usize = 6;
+
 /// The dimensions of a tensor, outermost first. An empty shape is a 0-d scalar (one
 /// element); any zero dimension makes an empty tensor.
+///
+/// Shapes of rank ≤ 6 are stored inline, so creating and cloning them never allocates
+/// (readers make one per tensor, and one per view).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<u64>);
+pub struct Shape {
+    ndim: usize,
+    /// The dimensions when `ndim <= INLINE`; unused slots stay zero.
+    inline: [u64; INLINE],
+    /// The dimensions when `ndim > INLINE`; empty otherwise.
+    spill: Vec<u64>,
+}
 
 impl Shape {
     /// A shape from its dimensions, checking the rank and that the element count fits
     /// in `u64`.
     pub fn new(dims: impl Into<Vec<u64>>) -> Result<Shape> {
-        let dims = dims.into();
+        Shape::from_vec(dims.into())
+    }
+
+    /// A shape from a slice of dimensions (no allocation for rank ≤ 6).
+    pub fn from_dims(dims: &[u64]) -> Result<Shape> {
         Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
-        let shape = Shape(dims);
+        let shape = if dims.len() <= INLINE {
+            let mut inline = [0u64; INLINE];
+            inline[..dims.len()].copy_from_slice(dims);
+            Shape {
+                ndim: dims.len(),
+                inline,
+                spill: Vec::new(),
+            }
+        } else {
+            Shape {
+                ndim: dims.len(),
+                inline: [0; INLINE],
+                spill: dims.to_vec(),
+            }
+        };
+        shape.numel()?;
+        Ok(shape)
+    }
+
+    fn from_vec(dims: Vec<u64>) -> Result<Shape> {
+        if dims.len() <= INLINE {
+            return Shape::from_dims(&dims);
+        }
+        Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
+        let shape = Shape {
+            ndim: dims.len(),
+            inline: [0; INLINE],
+            spill: dims,
+        };
         shape.numel()?;
         Ok(shape)
     }
 
     /// The 0-d (scalar) shape.
     pub fn scalar() -> Shape {
-        Shape(Vec::new())
+        Shape::default()
     }
 
     /// The dimensions.
     pub fn dims(&self) -> &[u64] {
-        &self.0
+        if self.ndim <= INLINE {
+            &self.inline[..self.ndim]
+        } else {
+            &self.spill
+        }
     }
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
-        self.0.len()
+        self.ndim
     }
 
     /// Number of elements (1 for a scalar), checked for overflow.
     pub fn numel(&self) -> Result<u64> {
-        self.0
+        self.dims()
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d))
             .ok_or(Error::Overflow {
@@ -56,9 +104,9 @@ impl Shape {
 
     /// Row-major (C order) strides in elements.
     pub fn c_strides(&self) -> Vec<u64> {
-        let mut strides = vec![1u64; self.0.len()];
+        let mut strides = vec![1u64; self.ndim];
         let mut acc = 1u64;
-        for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
+        for (s, &d) in strides.iter_mut().zip(self.dims()).rev() {
             *s = acc;
             acc = acc.saturating_mul(d);
         }
@@ -67,7 +115,7 @@ impl Shape {
 
     /// The dimensions as `usize`, failing on a 32-bit host if one does not fit.
     pub fn to_usize_vec(&self) -> Result<Vec<usize>> {
-        self.0
+        self.dims()
             .iter()
             .map(|&d| {
                 usize::try_from(d).map_err(|_| Error::Overflow {
@@ -81,7 +129,7 @@ impl Shape {
 impl fmt::Display for Shape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
+        for (i, d) in self.dims().iter().enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
             }
@@ -128,6 +176,17 @@ mod tests {
             Shape::new(too_deep),
             Err(Error::LimitExceeded { .. })
         ));
+    }
+
+    #[test]
+    fn inline_and_spilled_shapes_compare_by_dims() {
+        let small = Shape::from_dims(&[2, 3]).unwrap();
+        assert_eq!(small, Shape::new(vec![2, 3]).unwrap());
+        let big: Vec<u64> = (1..=9).collect();
+        let spilled = Shape::new(big.clone()).unwrap();
+        assert_eq!(spilled.dims(), &big[..]);
+        assert_eq!(spilled, Shape::from_dims(&big).unwrap());
+        assert_ne!(spilled, small);
     }
 
     #[test]

@@ -58,6 +58,7 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8, CborError> {
         let b = *self
             .input
@@ -67,6 +68,7 @@ impl<'a> Decoder<'a> {
         Ok(b)
     }
 
+    #[inline]
     fn take(&mut self, n: u64) -> Result<&'a [u8], CborError> {
         let remaining = self.input.len() - self.pos;
         let n = usize::try_from(n)
@@ -78,11 +80,13 @@ impl<'a> Decoder<'a> {
         Ok(s)
     }
 
+    #[inline]
     fn be(&mut self, n: usize) -> Result<u64, CborError> {
         let bytes = self.take(n as u64)?;
         Ok(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
     }
 
+    #[inline]
     fn argument(&mut self, info: u8) -> Result<Len, CborError> {
         match info {
             0..=23 => Ok(Some(u64::from(info))),
@@ -96,6 +100,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// True (and consumed) when the next item is `null` or `undefined`.
+    #[inline]
     pub(crate) fn take_null(&mut self) -> bool {
         if matches!(self.input.get(self.pos), Some(0xf6 | 0xf7)) {
             self.pos += 1;
@@ -106,6 +111,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// Consumes a break if one is next (the end of an indefinite container).
+    #[inline]
     pub(crate) fn take_break(&mut self) -> Result<bool, CborError> {
         match self.input.get(self.pos) {
             Some(&BREAK) => {
@@ -117,6 +123,7 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    #[inline]
     fn header(&mut self, want: u8, what: &'static str) -> Result<Len, CborError> {
         let start = self.pos;
         let b = self.byte()?;
@@ -128,12 +135,14 @@ impl<'a> Decoder<'a> {
     }
 
     /// An unsigned integer.
+    #[inline]
     pub(crate) fn u64(&mut self) -> Result<u64, CborError> {
         self.header(0, "expected an unsigned integer")?
             .ok_or_else(|| self.err("indefinite-length integer"))
     }
 
     /// A text string (borrowed unless it was sent in chunks).
+    #[inline]
     pub(crate) fn text(&mut self) -> Result<Cow<'a, str>, CborError> {
         let len = self.header(3, "expected a text string")?;
         let bytes = self.string_body(3, len)?;
@@ -149,11 +158,21 @@ impl<'a> Decoder<'a> {
 
     /// A text string's raw bytes, unvalidated: for map keys that are only compared
     /// with known ASCII names (values and names go through [`Decoder::text`]).
+    #[inline]
     pub(crate) fn key(&mut self) -> Result<Cow<'a, [u8]>, CborError> {
+        // Fast path: a short definite-length text (what every encoder writes for keys).
+        if let Some(&b @ 0x60..=0x77) = self.input.get(self.pos) {
+            let n = usize::from(b & 0x1f);
+            if let Some(s) = self.input.get(self.pos + 1..self.pos + 1 + n) {
+                self.pos += 1 + n;
+                return Ok(Cow::Borrowed(s));
+            }
+        }
         let len = self.header(3, "expected a text key")?;
         self.string_body(3, len)
     }
 
+    #[inline]
     fn string_body(&mut self, major: u8, len: Len) -> Result<Cow<'a, [u8]>, CborError> {
         match len {
             Some(n) => Ok(Cow::Borrowed(self.take(n)?)),
@@ -170,11 +189,13 @@ impl<'a> Decoder<'a> {
     }
 
     /// An array header.
+    #[inline]
     pub(crate) fn array(&mut self) -> Result<Len, CborError> {
         self.header(4, "expected an array")
     }
 
     /// A map header.
+    #[inline]
     pub(crate) fn map(&mut self) -> Result<Len, CborError> {
         self.header(5, "expected a map")
     }
@@ -196,6 +217,7 @@ impl<'a> Decoder<'a> {
 
     /// [`Decoder::each`] for callers with their own error type, converting the
     /// decoder's errors with `convert`.
+    #[inline]
     pub(crate) fn each_with<E>(
         &mut self,
         len: Len,

@@ -8,12 +8,13 @@
 //! `encoding`, `digest`), with maps of names in byte order, so our manifests are
 //! byte-identical to ztensor's.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use ciborium::Value as Cbor;
 
 use crate::cbor::{CborError, Decoder, Len};
-use tensorwire_core::{DType, Error, Layout, Limits, Result, Shape, Value};
+use tensorwire_core::{DType, Error, Layout, Limits, Result, Shape, Value, MAX_NDIM};
 
 use crate::digest::Digest;
 
@@ -41,7 +42,7 @@ impl Encoding {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Component {
     /// Role name (`data`, `values`, `indices`, `scales`, …).
-    pub role: String,
+    pub role: Cow<'static, str>,
     /// Storage dtype (one of the 13 primitives).
     pub dtype: DType,
     /// Logical type as written (`f8_e4m3fn`, `complex64`, or a name we do not know).
@@ -226,20 +227,41 @@ fn check_name(name: &str, d: &Decoder<'_>, ctx: &Ctx<'_>) -> Result<()> {
 
 fn read_shape(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Shape> {
     let len = d.array().map_err(|e| ctx.cbor(e))?;
-    let max = ctx.limits.max_ndim;
+    let max = ctx.limits.max_ndim.min(MAX_NDIM);
     if let Some(n) = len {
         Error::check_limit("number of dimensions", n, max as u64)?;
     }
-    let mut dims = Vec::with_capacity(d.capacity(len).min(max));
+    let mut dims = [0u64; MAX_NDIM];
+    let mut ndim = 0;
     d.each(len, |d| {
-        if dims.len() >= max {
+        if ndim >= max {
             return Err(d.err("too many dimensions"));
         }
-        dims.push(d.u64()?);
+        dims[ndim] = d.u64()?;
+        ndim += 1;
         Ok(())
     })
     .map_err(|e| ctx.cbor(e))?;
-    Shape::new(dims)
+    Shape::from_dims(&dims[..ndim])
+}
+
+/// Role names ztensor uses, shared instead of allocated per component.
+const KNOWN_ROLES: [&str; 8] = [
+    "data",
+    "values",
+    "indices",
+    "indptr",
+    "coords",
+    "packed_weight",
+    "scales",
+    "zeros",
+];
+
+fn role_name(role: &str) -> Cow<'static, str> {
+    match KNOWN_ROLES.iter().find(|&&r| r == role) {
+        Some(&known) => Cow::Borrowed(known),
+        None => Cow::Owned(role.to_owned()),
+    }
 }
 
 fn read_opt_text(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<String>> {
@@ -332,7 +354,7 @@ fn read_component(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str, role: &str) ->
         return Err(ctx.err(d, format!("{}: zstd without uncompressed_length", here())));
     }
     Ok(Component {
-        role: role.to_owned(),
+        role: role_name(role),
         dtype,
         logical_type,
         offset: need(offset, "offset")?,
@@ -360,7 +382,14 @@ fn read_object(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str) -> Result<Object>
                 }
                 b"format" => {
                     first_time(&mut seen, 2, &key, d, ctx)?;
-                    layout = Layout::from_name(&d.text().map_err(|e| ctx.cbor(e))?);
+                    let raw = d.key().map_err(|e| ctx.cbor(e))?;
+                    layout = match raw.as_ref() {
+                        b"dense" => Layout::Dense,
+                        _ => Layout::from_name(
+                            std::str::from_utf8(&raw)
+                                .map_err(|_| ctx.err(d, "invalid UTF-8 in `format`"))?,
+                        ),
+                    };
                 }
                 b"attributes" => {
                     first_time(&mut seen, 4, &key, d, ctx)?;
@@ -405,7 +434,10 @@ fn read_object(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str) -> Result<Object>
 
 /// Sorts objects by name and refuses duplicates.
 fn finish_objects(objects: &mut [Object]) -> Result<()> {
-    objects.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    // Writers emit names in sorted order; sort only when they did not.
+    if !objects.is_sorted_by(|a, b| a.name <= b.name) {
+        objects.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    }
     if let Some(w) = objects.windows(2).find(|w| w[0].name == w[1].name) {
         return Err(Error::Duplicate {
             name: w[0].name.clone(),
@@ -612,7 +644,7 @@ fn read_v01_record(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Object> {
         Encoding::Zstd => Some(shape.byte_len(dtype)?),
     };
     let component = Component {
-        role: "data".to_owned(),
+        role: Cow::Borrowed("data"),
         dtype,
         logical_type: None,
         offset: offset.ok_or_else(|| missing("offset"))?,
@@ -693,7 +725,7 @@ pub(crate) fn encode(manifest: &Manifest) -> Result<Vec<u8>> {
             Cbor::Map(
                 comps
                     .into_iter()
-                    .map(|c| (Cbor::Text(c.role.clone()), component_to_cbor(c)))
+                    .map(|c| (Cbor::Text(c.role.to_string()), component_to_cbor(c)))
                     .collect(),
             ),
         ));

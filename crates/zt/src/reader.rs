@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tensorwire_core::{
-    AlignedBuf, Bytes, Error, Layout, Limits, Result, TensorInfo, TensorSource, TensorView, Value,
+    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, TensorInfo, TensorSource, TensorView,
+    Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -128,10 +129,10 @@ impl ZtReader {
             })
     }
 
-    fn locate(&self, name: &str, role: &str) -> Result<(&Component, usize)> {
-        let obj_idx = self.position(name)?;
-        let obj = &self.manifest.objects[obj_idx];
-        let (ci, comp) = obj
+    /// The object index, component index and component for `name`/`role`.
+    fn locate(&self, name: &str, role: &str) -> Result<(usize, usize, &Component)> {
+        let oi = self.position(name)?;
+        let (ci, comp) = self.manifest.objects[oi]
             .components
             .iter()
             .enumerate()
@@ -139,35 +140,26 @@ impl ZtReader {
             .ok_or_else(|| Error::NotFound {
                 name: format!("{name}/{role}"),
             })?;
-        Ok((comp, self.first_component[obj_idx] + ci))
+        Ok((oi, ci, comp))
     }
 
-    /// The stored (possibly compressed) bytes of a component, zero-copy, after checking
-    /// its digest (once per reader).
-    pub fn stored(&self, name: &str, role: &str) -> Result<Bytes> {
-        let (comp, flat) = self.locate(name, role)?;
+    /// The stored bytes of a located component, digest checked (once per reader).
+    fn stored_at(&self, oi: usize, ci: usize, comp: &Component) -> Result<Bytes> {
         let stored = self.bytes.slice_at(comp.offset, comp.length)?;
-        self.check_digest(comp, flat, &stored, name)?;
+        if let Some(digest) = &comp.digest {
+            let cell = &self.verified[self.first_component[oi] + ci];
+            if cell.get().is_none() {
+                let obj = &self.manifest.objects[oi];
+                digest.verify(&stored, &format!("{}/{}", obj.name, comp.role))?;
+                let _ = cell.set(());
+            }
+        }
         Ok(stored)
     }
 
-    fn check_digest(&self, comp: &Component, flat: usize, stored: &[u8], name: &str) -> Result<()> {
-        let Some(digest) = &comp.digest else {
-            return Ok(());
-        };
-        if self.verified[flat].get().is_some() {
-            return Ok(());
-        }
-        digest.verify(stored, &format!("{name}/{}", comp.role))?;
-        let _ = self.verified[flat].set(());
-        Ok(())
-    }
-
-    /// A component's decoded bytes: a zero-copy view of the file for raw components, a
-    /// fresh 64-byte-aligned buffer for zstd ones. Digests are checked first.
-    pub fn component(&self, name: &str, role: &str) -> Result<Bytes> {
-        let (comp, _) = self.locate(name, role)?;
-        let stored = self.stored(name, role)?;
+    /// The decoded bytes of a located component: zero-copy when raw.
+    fn decoded_at(&self, oi: usize, ci: usize, comp: &Component) -> Result<Bytes> {
+        let stored = self.stored_at(oi, ci, comp)?;
         match comp.encoding {
             Encoding::Raw => Ok(stored),
             Encoding::Zstd => {
@@ -175,16 +167,31 @@ impl ZtReader {
                     what: "decoded length as usize",
                 })?;
                 let mut buf = AlignedBuf::zeroed(n)?;
-                decode_zstd(&stored, buf.as_mut_slice(), &format!("{name}/{role}"))?;
+                let what = format!("{}/{}", self.manifest.objects[oi].name, comp.role);
+                decode_zstd(&stored, buf.as_mut_slice(), &what)?;
                 Ok(buf.into_bytes())
             }
         }
     }
 
+    /// The stored (possibly compressed) bytes of a component, zero-copy, after checking
+    /// its digest (once per reader).
+    pub fn stored(&self, name: &str, role: &str) -> Result<Bytes> {
+        let (oi, ci, comp) = self.locate(name, role)?;
+        self.stored_at(oi, ci, comp)
+    }
+
+    /// A component's decoded bytes: a zero-copy view of the file for raw components, a
+    /// fresh 64-byte-aligned buffer for zstd ones. Digests are checked first.
+    pub fn component(&self, name: &str, role: &str) -> Result<Bytes> {
+        let (oi, ci, comp) = self.locate(name, role)?;
+        self.decoded_at(oi, ci, comp)
+    }
+
     /// Decodes (or copies) a component into `dst`, which must be exactly its decoded
     /// length. Large raw copies run in parallel.
     pub fn component_into(&self, name: &str, role: &str, dst: &mut [u8]) -> Result<()> {
-        let (comp, _) = self.locate(name, role)?;
+        let (oi, ci, comp) = self.locate(name, role)?;
         if dst.len() as u64 != comp.decoded_length() {
             return Err(Error::SizeMismatch {
                 tensor: format!("{name}/{role}"),
@@ -192,7 +199,7 @@ impl ZtReader {
                 found: dst.len() as u64,
             });
         }
-        let stored = self.stored(name, role)?;
+        let stored = self.stored_at(oi, ci, comp)?;
         match comp.encoding {
             Encoding::Raw => {
                 parallel_copy(dst, &stored);
@@ -416,22 +423,7 @@ fn validate_layout(
             }
             spans.push((c.offset, end, oi, ci));
         }
-        if obj.layout == Layout::Dense {
-            let data = obj.component("data").ok_or_else(|| {
-                Error::malformed(
-                    data_end,
-                    format!("dense object `{}` has no `data` component", obj.name),
-                )
-            })?;
-            let expected = obj.shape.byte_len(data.logical_dtype())?;
-            if data.decoded_length() != expected {
-                return Err(Error::SizeMismatch {
-                    tensor: obj.name.clone(),
-                    expected,
-                    found: data.decoded_length(),
-                });
-            }
-        }
+        check_object(obj, data_end)?;
     }
     spans.sort_unstable_by_key(|&(start, end, _, _)| (start, end));
     for pair in spans.windows(2) {
@@ -441,6 +433,49 @@ fn validate_layout(
                 tensor: label(b.2, b.3),
                 other: label(a.2, a.3),
                 offset: b.0,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Per-object rules shared by the reader (on open) and the writer (before writing):
+/// distinct roles, logical types that fit their storage dtype, and for dense objects a
+/// `data` component of exactly shape × dtype bytes. `at` is the offset reported in a
+/// `Malformed` error.
+pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
+    if let Some(w) = obj.components.windows(2).find(|w| w[0].role == w[1].role) {
+        return Err(Error::malformed(
+            at,
+            format!("object `{}` repeats component `{}`", obj.name, w[0].role),
+        ));
+    }
+    for c in &obj.components {
+        if let Some(Ok(logical)) = c.logical_type.as_deref().map(str::parse::<DType>) {
+            if logical.storage().0 != c.dtype {
+                return Err(Error::malformed(
+                    at,
+                    format!(
+                        "object `{}` component `{}`: type `{logical}` cannot be stored as `{}`",
+                        obj.name, c.role, c.dtype
+                    ),
+                ));
+            }
+        }
+    }
+    if obj.layout == Layout::Dense {
+        let data = obj.component("data").ok_or_else(|| {
+            Error::malformed(
+                at,
+                format!("dense object `{}` has no `data` component", obj.name),
+            )
+        })?;
+        let expected = obj.shape.byte_len(data.logical_dtype())?;
+        if data.decoded_length() != expected {
+            return Err(Error::SizeMismatch {
+                tensor: obj.name.clone(),
+                expected,
+                found: data.decoded_length(),
             });
         }
     }
@@ -487,19 +522,25 @@ impl TensorSource for ZtReader {
     }
 
     fn view(&self, name: &str) -> Result<TensorView> {
-        let obj = self.object(name)?;
+        let oi = self.position(name)?;
+        let obj = &self.manifest.objects[oi];
         require_dense(obj)?;
-        let data = obj.component("data").ok_or_else(|| Error::NotFound {
-            name: format!("{name}/data"),
-        })?;
-        let bytes = self.component(name, "data")?;
-        TensorView::new(
-            name,
-            data.logical_dtype(),
-            obj.shape.clone(),
-            bytes,
-            data.encoding == Encoding::Raw,
-        )
+        // Validated on open: a dense object has a `data` component of exactly
+        // shape × dtype bytes.
+        let (ci, data) = obj
+            .components
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.role == "data")
+            .ok_or_else(|| Error::NotFound {
+                name: format!("{name}/data"),
+            })?;
+        Ok(TensorView {
+            dtype: data.logical_dtype(),
+            shape: obj.shape.clone(),
+            bytes: self.decoded_at(oi, ci, data)?,
+            zero_copy: data.encoding == Encoding::Raw,
+        })
     }
 
     /// Checks every digest and that every zstd component decodes to exactly its

@@ -9,7 +9,7 @@ use tensorwire_core::{align_up, DType, Error, Layout, Limits, Result, Shape, Val
 
 use crate::digest::{Checksum, DigestState};
 use crate::manifest::{self, Component, Encoding, Manifest, Object};
-use crate::reader::{ZtReader, ZtVersion};
+use crate::reader::{check_object, ZtReader, ZtVersion};
 use crate::{ALIGNMENT, MAGIC, WRITE_VERSION};
 
 /// How a component is stored.
@@ -271,17 +271,41 @@ impl<W: Write> ZtWriter<W> {
                 });
             }
         }
+        // Check the object as a reader will, before any byte is written, so one bad
+        // call cannot leave a file that does not open.
+        let layout = Layout::from_name(layout.name());
+        let mut planned = Object {
+            name: name.to_owned(),
+            shape: shape.clone(),
+            layout,
+            attributes,
+            components: components
+                .iter()
+                .map(|c| Component {
+                    role: c.role.to_owned().into(),
+                    dtype: c.dtype,
+                    logical_type: c.logical_type.map(str::to_owned),
+                    offset: 0,
+                    length: c.data.len() as u64,
+                    uncompressed_length: None,
+                    encoding: Encoding::Raw,
+                    digest: None,
+                })
+                .collect(),
+        };
+        planned.components.sort_by(|a, b| a.role.cmp(&b.role));
+        check_object(&planned, self.offset).map_err(|e| match e {
+            Error::Malformed { reason, .. } => Error::invalid(reason),
+            other => other,
+        })?;
         let mut written = Vec::with_capacity(components.len());
         for c in components {
             written.push(self.write_component(c, options)?);
         }
         written.sort_by(|a, b| a.role.cmp(&b.role));
         let object = Object {
-            name: name.to_owned(),
-            shape: shape.clone(),
-            layout,
-            attributes,
             components: written,
+            ..planned
         };
         let at = self
             .manifest
@@ -331,7 +355,7 @@ impl<W: Write> ZtWriter<W> {
         } = sink;
         self.offset += written;
         Ok(Component {
-            role: c.role.to_owned(),
+            role: c.role.to_owned().into(),
             dtype: c.dtype,
             logical_type: c.logical_type.map(str::to_owned),
             offset: start,

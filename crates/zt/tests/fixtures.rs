@@ -195,7 +195,7 @@ fn rewriting_a_fixture_reproduces_ztensors_bytes() {
                 .map(|c| reader.component(name, &c.role).unwrap())
                 .collect();
             // The zstd level is recorded per component by make_fixtures.py.
-            let first = &want[obj.components[0].role.as_str()];
+            let first = &want[obj.components[0].role.as_ref()];
             let compression = match obj.components[0].encoding {
                 Encoding::Raw => Compression::Raw,
                 Encoding::Zstd => match first.get("zstd_level").and_then(Json::as_i64) {

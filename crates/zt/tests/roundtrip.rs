@@ -285,3 +285,61 @@ fn sparse_and_quantized_objects_round_trip() {
     assert_eq!(&r.component("csr", "indptr").unwrap()[..], &indptr[..]);
     assert_eq!(r.info("csr").unwrap().dtype, DType::F32);
 }
+
+/// Found by the `zt_roundtrip` fuzz target: objects the reader would refuse must be
+/// refused by the writer before anything is written.
+#[test]
+fn writer_refuses_objects_the_reader_would_refuse() {
+    let shape = Shape::new(vec![2]).unwrap();
+    let comp = |role, dtype, logical_type, data| ComponentData {
+        role,
+        dtype,
+        logical_type,
+        data,
+    };
+    let cases: Vec<(Layout, Vec<ComponentData<'_>>)> = vec![
+        // Two components with one role.
+        (
+            Layout::SparseCoo,
+            vec![
+                comp("values", DType::U8, None, &[1, 2]),
+                comp("values", DType::U8, None, &[3]),
+            ],
+        ),
+        // A logical type that does not fit its storage dtype.
+        (
+            Layout::Dense,
+            vec![comp("data", DType::U8, Some("complex64"), &[0; 16])],
+        ),
+        // Dense without `data`, and with the wrong size; also spelled as Other("dense").
+        (
+            Layout::Dense,
+            vec![comp("values", DType::U8, None, &[1, 2])],
+        ),
+        (
+            Layout::Dense,
+            vec![comp("data", DType::U8, None, &[1, 2, 3])],
+        ),
+        (
+            Layout::Other("dense".into()),
+            vec![comp("data", DType::U8, None, &[1])],
+        ),
+    ];
+    for (layout, comps) in cases {
+        let mut w = ZtWriter::new(Vec::new()).unwrap();
+        let err = w.add_object(
+            "t",
+            &shape,
+            layout.clone(),
+            None,
+            &comps,
+            WriteOptions::default(),
+        );
+        assert!(err.is_err(), "{layout:?} {comps:?} was accepted");
+        w.add_dense("ok", DType::U8, &shape, &[1, 2], WriteOptions::default())
+            .unwrap();
+        let file = w.finish_into().unwrap();
+        let r = ZtReader::from_bytes(Bytes::from_vec(file)).expect("the file still opens");
+        assert_eq!(r.objects().len(), 1);
+    }
+}
