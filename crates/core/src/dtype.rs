@@ -161,9 +161,11 @@ impl DType {
 
     /// Number of bytes `numel` elements occupy (packed types round up), checked.
     pub fn byte_len(self, numel: u64) -> Result<u64, Error> {
-        let bits = numel.checked_mul(self.bits()).ok_or(Error::Overflow {
-            what: "tensor byte length",
-        })?;
+        let bits = numel
+            .checked_mul(self.bits())
+            .ok_or_else(|| Error::Overflow {
+                what: "tensor byte length",
+            })?;
         Ok(bits.div_ceil(8))
     }
 

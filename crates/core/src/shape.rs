@@ -92,7 +92,7 @@ impl Shape {
         self.dims()
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .ok_or(Error::Overflow {
+            .ok_or_else(|| Error::Overflow {
                 what: "element count",
             })
     }

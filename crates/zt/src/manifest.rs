@@ -231,6 +231,14 @@ fn read_shape(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Shape> {
     if let Some(n) = len {
         Error::check_limit("number of dimensions", n, max as u64)?;
     }
+    // Common case: a short definite-length array, read without a large buffer.
+    if let Some(n @ 0..=4) = len {
+        let mut dims = [0u64; 4];
+        for slot in dims.iter_mut().take(n as usize) {
+            *slot = d.u64().map_err(|e| ctx.cbor(e))?;
+        }
+        return Shape::from_dims(&dims[..n as usize]);
+    }
     let mut dims = [0u64; MAX_NDIM];
     let mut ndim = 0;
     d.each(len, |d| {
@@ -257,13 +265,6 @@ const KNOWN_ROLES: [&str; 8] = [
     "zeros",
 ];
 
-fn role_name(role: &str) -> Cow<'static, str> {
-    match KNOWN_ROLES.iter().find(|&&r| r == role) {
-        Some(&known) => Cow::Borrowed(known),
-        None => Cow::Owned(role.to_owned()),
-    }
-}
-
 fn read_opt_text(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<String>> {
     if d.take_null() {
         return Ok(None);
@@ -271,7 +272,12 @@ fn read_opt_text(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<String>> {
     Ok(Some(d.text().map_err(|e| ctx.cbor(e))?.into_owned()))
 }
 
-fn read_component(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str, role: &str) -> Result<Component> {
+fn read_component(
+    d: &mut Decoder<'_>,
+    ctx: &Ctx<'_>,
+    name: &str,
+    role: Cow<'static, str>,
+) -> Result<Component> {
     let here = || format!("object `{name}` component `{role}`");
     let len = d.map().map_err(|e| ctx.cbor(e))?;
     let mut seen = 0u32;
@@ -353,12 +359,13 @@ fn read_component(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str, role: &str) ->
     if encoding == Encoding::Zstd && uncompressed_length.is_none() {
         return Err(ctx.err(d, format!("{}: zstd without uncompressed_length", here())));
     }
+    let (offset, length) = (need(offset, "offset")?, need(length, "length")?);
     Ok(Component {
-        role: role_name(role),
+        role,
         dtype,
         logical_type,
-        offset: need(offset, "offset")?,
-        length: need(length, "length")?,
+        offset,
+        length,
         uncompressed_length,
         encoding,
         digest,
@@ -403,8 +410,19 @@ fn read_object(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str) -> Result<Object>
                         n,
                         |e| ctx.cbor(e),
                         |d| {
-                            let role = d.text().map_err(|e| ctx.cbor(e))?;
-                            comps.push(read_component(d, ctx, name, &role)?);
+                            let raw = d.key().map_err(|e| ctx.cbor(e))?;
+                            let role =
+                                match KNOWN_ROLES.iter().find(|r| r.as_bytes() == raw.as_ref()) {
+                                    Some(&known) => Cow::Borrowed(known),
+                                    None => Cow::Owned(
+                                        std::str::from_utf8(&raw)
+                                            .map_err(|_| {
+                                                ctx.err(d, "invalid UTF-8 in a component role")
+                                            })?
+                                            .to_owned(),
+                                    ),
+                                };
+                            comps.push(read_component(d, ctx, name, role)?);
                             Ok(())
                         },
                     )?;

@@ -390,9 +390,12 @@ fn validate_layout(
             ));
         }
         for (ci, c) in obj.components.iter().enumerate() {
-            let end = c.offset.checked_add(c.length).ok_or(Error::Overflow {
-                what: "component end offset",
-            })?;
+            let end = c
+                .offset
+                .checked_add(c.length)
+                .ok_or_else(|| Error::Overflow {
+                    what: "component end offset",
+                })?;
             if c.offset < 8 || end > data_end {
                 return Err(Error::OutOfBounds {
                     tensor: label(oi, ci),

@@ -327,7 +327,7 @@ impl<W: Write> ZtWriter<W> {
         c: &ComponentData<'_>,
         options: WriteOptions,
     ) -> Result<Component> {
-        let start = align_up(self.offset, ALIGNMENT).ok_or(Error::Overflow {
+        let start = align_up(self.offset, ALIGNMENT).ok_or_else(|| Error::Overflow {
             what: "file offset",
         })?;
         let pad = (start - self.offset) as usize;
