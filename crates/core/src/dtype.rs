@@ -161,12 +161,14 @@ impl DType {
 
     /// Number of bytes `numel` elements occupy (packed types round up), checked.
     pub fn byte_len(self, numel: u64) -> Result<u64, Error> {
-        let bits = numel
-            .checked_mul(self.bits())
-            .ok_or_else(|| Error::Overflow {
+        // A `match` rather than `ok_or`: building the error eagerly costs a drop on
+        // every successful call, and this runs per tensor on open.
+        match numel.checked_mul(self.bits()) {
+            Some(bits) => Ok(bits.div_ceil(8)),
+            None => Err(Error::Overflow {
                 what: "tensor byte length",
-            })?;
-        Ok(bits.div_ceil(8))
+            }),
+        }
     }
 
     /// The storage primitive and the number of storage elements per logical element,

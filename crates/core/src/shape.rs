@@ -89,12 +89,12 @@ impl Shape {
 
     /// Number of elements (1 for a scalar), checked for overflow.
     pub fn numel(&self) -> Result<u64> {
-        self.dims()
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .ok_or_else(|| Error::Overflow {
+        match self.dims().iter().try_fold(1u64, |n, &d| n.checked_mul(d)) {
+            Some(n) => Ok(n),
+            None => Err(Error::Overflow {
                 what: "element count",
-            })
+            }),
+        }
     }
 
     /// Bytes a C-contiguous tensor of this shape and `dtype` occupies, checked.

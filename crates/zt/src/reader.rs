@@ -390,12 +390,11 @@ fn validate_layout(
             ));
         }
         for (ci, c) in obj.components.iter().enumerate() {
-            let end = c
-                .offset
-                .checked_add(c.length)
-                .ok_or_else(|| Error::Overflow {
+            let Some(end) = c.offset.checked_add(c.length) else {
+                return Err(Error::Overflow {
                     what: "component end offset",
-                })?;
+                });
+            };
             if c.offset < 8 || end > data_end {
                 return Err(Error::OutOfBounds {
                     tensor: label(oi, ci),

@@ -327,9 +327,11 @@ impl<W: Write> ZtWriter<W> {
         c: &ComponentData<'_>,
         options: WriteOptions,
     ) -> Result<Component> {
-        let start = align_up(self.offset, ALIGNMENT).ok_or_else(|| Error::Overflow {
-            what: "file offset",
-        })?;
+        let Some(start) = align_up(self.offset, ALIGNMENT) else {
+            return Err(Error::Overflow {
+                what: "file offset",
+            });
+        };
         let pad = (start - self.offset) as usize;
         self.out()?.write_all(&[0u8; ALIGNMENT as usize][..pad])?;
         self.offset = start;
