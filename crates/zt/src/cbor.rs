@@ -46,6 +46,23 @@ impl<'a> Decoder<'a> {
         self.pos
     }
 
+    /// Moves back to an earlier position (to retry a fast path the slow way).
+    pub(crate) fn rewind(&mut self, pos: usize) {
+        self.pos = pos.min(self.pos);
+    }
+
+    /// Consumes `bytes` if the input continues with exactly them.
+    #[inline]
+    pub(crate) fn expect(&mut self, bytes: &[u8]) -> bool {
+        match self.input.get(self.pos..self.pos + bytes.len()) {
+            Some(next) if next == bytes => {
+                self.pos += bytes.len();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// True when every byte has been consumed.
     pub(crate) fn is_done(&self) -> bool {
         self.pos == self.input.len()

@@ -450,6 +450,58 @@ fn read_object(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str) -> Result<Object>
     })
 }
 
+/// Fast path for the object encoding ztensor (and our writer) produce for a plain raw
+/// dense tensor: `{"shape": [..], "format": "dense", "components": {"data": {"dtype",
+/// "offset", "length"}}}` with exactly those keys in that order. Returns `None` (and
+/// leaves the decoder anywhere; the caller rewinds) for anything else, which then takes
+/// the general path with its full error reporting. Accepts nothing the general path
+/// would refuse.
+fn canonical_dense(d: &mut Decoder<'_>, name: &str) -> Option<Object> {
+    if !d.expect(&[0xa3, 0x65]) || !d.expect(b"shape") {
+        return None;
+    }
+    let ndim = match d.array() {
+        Ok(Some(n @ 0..=4)) => n as usize,
+        _ => return None,
+    };
+    let mut dims = [0u64; 4];
+    for slot in dims.iter_mut().take(ndim) {
+        *slot = d.u64().ok()?;
+    }
+    let shape = Shape::from_dims(&dims[..ndim]).ok()?;
+    if !d.expect(b"\x66format\x65dense\x6acomponents\xa1\x64data\xa3\x65dtype") {
+        return None;
+    }
+    let raw = d.key().ok()?;
+    let dtype = *DType::ALL
+        .iter()
+        .find(|t| t.is_primitive() && t.name().as_bytes() == raw.as_ref())?;
+    if !d.expect(b"\x66offset") {
+        return None;
+    }
+    let offset = d.u64().ok()?;
+    if !d.expect(b"\x66length") {
+        return None;
+    }
+    let length = d.u64().ok()?;
+    Some(Object {
+        name: name.to_owned(),
+        shape,
+        layout: Layout::Dense,
+        attributes: None,
+        components: vec![Component {
+            role: Cow::Borrowed("data"),
+            dtype,
+            logical_type: None,
+            offset,
+            length,
+            uncompressed_length: None,
+            encoding: Encoding::Raw,
+            digest: None,
+        }],
+    })
+}
+
 /// Sorts objects by name and refuses duplicates.
 fn finish_objects(objects: &mut [Object]) -> Result<()> {
     // Writers emit names in sorted order; sort only when they did not.
@@ -509,7 +561,15 @@ pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
                             )?;
                             let name = d.text().map_err(|e| ctx.cbor(e))?;
                             check_name(&name, d, ctx)?;
-                            list.push(read_object(d, ctx, &name)?);
+                            let start = d.position();
+                            let object = match canonical_dense(d, &name) {
+                                Some(object) => object,
+                                None => {
+                                    d.rewind(start);
+                                    read_object(d, ctx, &name)?
+                                }
+                            };
+                            list.push(object);
                             Ok(())
                         },
                     )?;
