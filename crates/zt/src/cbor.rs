@@ -17,7 +17,7 @@ pub(crate) struct CborError {
     /// Byte offset inside the CBOR input.
     pub at: usize,
     /// What went wrong.
-    pub reason: Cow<'static, str>,
+    pub reason: &'static str,
 }
 
 /// A length: `Some(n)` or indefinite.
@@ -68,10 +68,11 @@ impl<'a> Decoder<'a> {
         self.pos == self.input.len()
     }
 
-    pub(crate) fn err(&self, reason: impl Into<Cow<'static, str>>) -> CborError {
+    #[cold]
+    pub(crate) fn err(&self, reason: &'static str) -> CborError {
         CborError {
             at: self.pos,
-            reason: reason.into(),
+            reason,
         }
     }
 
@@ -142,13 +143,14 @@ impl<'a> Decoder<'a> {
 
     #[inline]
     fn header(&mut self, want: u8, what: &'static str) -> Result<Len, CborError> {
-        let start = self.pos;
-        let b = self.byte()?;
-        if b >> 5 != want {
-            self.pos = start;
-            return Err(self.err(what));
+        match self.input.get(self.pos) {
+            Some(&b) if b >> 5 == want => {
+                self.pos += 1;
+                self.argument(b & 0x1f)
+            }
+            Some(_) => Err(self.err(what)),
+            None => Err(self.err("unexpected end of CBOR input")),
         }
-        self.argument(b & 0x1f)
     }
 
     /// An unsigned integer.
@@ -264,10 +266,7 @@ impl<'a> Decoder<'a> {
     /// Reads one item as a [`Value`], bounded by the decoder's depth limit.
     pub(crate) fn value(&mut self, depth: usize) -> Result<Value, CborError> {
         if depth > self.max_depth {
-            return Err(self.err(format!(
-                "CBOR nesting deeper than the limit of {}",
-                self.max_depth
-            )));
+            return Err(self.err("CBOR nesting deeper than the depth limit"));
         }
         let b = self.byte()?;
         let (major, info) = (b >> 5, b & 0x1f);
