@@ -1,7 +1,5 @@
 //! Recognising formats by their magic bytes, and opening them.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use tensorwire_core::{Bytes, Error, Limits, Result, TensorSource};
@@ -66,11 +64,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn TensorSource>> {
 /// Opens any supported tensor file with explicit options.
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dyn TensorSource>> {
     let path = path.as_ref();
-    let mut head = Vec::with_capacity(16);
-    File::open(path)
-        .and_then(|f| f.take(16).read_to_end(&mut head))
-        .map_err(|e| Error::from(e).with_path(path))?;
-    sniff(&head).map_err(|e| e.with_path(path))?;
+    // Mapping is lazy, so sniffing the map costs no more than reading the head.
     let bytes = MappedFile::open_bytes(path, options.map_mode)?;
     open_bytes(bytes, &options.limits).map_err(|e| e.with_path(path))
 }
