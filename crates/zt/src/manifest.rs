@@ -253,6 +253,13 @@ fn read_shape(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Shape> {
     Shape::from_dims(&dims[..ndim])
 }
 
+/// The storage dtype named by raw manifest bytes (no UTF-8 check needed to match).
+fn storage_dtype(raw: &[u8]) -> Option<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|t| t.is_primitive() && t.name().as_bytes() == raw)
+}
+
 /// Role names ztensor uses, shared instead of allocated per component.
 const KNOWN_ROLES: [&str; 8] = [
     "data",
@@ -473,9 +480,7 @@ fn canonical_dense(d: &mut Decoder<'_>, name: &str) -> Option<Object> {
         return None;
     }
     let raw = d.key().ok()?;
-    let dtype = *DType::ALL
-        .iter()
-        .find(|t| t.is_primitive() && t.name().as_bytes() == raw.as_ref())?;
+    let dtype = storage_dtype(&raw)?;
     if !d.expect(b"\x66offset") {
         return None;
     }
