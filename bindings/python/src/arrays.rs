@@ -79,7 +79,7 @@ pub fn zero_copy<'py>(
     dims: &[u64],
 ) -> PyResult<Bound<'py, PyAny>> {
     let descr = dtypes::descr(py, dtype)?;
-    let expected = tensorwire::Shape::new(dims.to_vec())
+    let expected = tensorwire::Shape::from_dims(dims)
         .and_then(|s| s.byte_len(dtype))
         .or_raise()?;
     if expected != bytes.len() as u64 {

@@ -18,16 +18,16 @@ use crate::dtypes;
 use crate::errors::{to_pyerr, ResultExt};
 use crate::values;
 
-/// A name or a list of names.
-enum Names {
-    One(String),
+/// A name (borrowed from the Python string when it can be) or a list of names.
+enum Names<'a> {
+    One(std::borrow::Cow<'a, str>),
     Many(Vec<String>),
 }
 
-impl Names {
-    fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Names> {
+impl<'a> Names<'a> {
+    fn extract(obj: &'a Bound<'_, PyAny>) -> PyResult<Names<'a>> {
         if let Ok(s) = obj.cast::<PyString>() {
-            return Ok(Names::One(s.to_cow()?.into_owned()));
+            return Ok(Names::One(s.to_cow()?));
         }
         if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
             return Ok(Names::Many(obj.extract()?));
