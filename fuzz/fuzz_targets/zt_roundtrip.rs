@@ -1,6 +1,7 @@
 //! Writes a small `.zt` file from fuzzer-chosen tensors (names, dtypes, shapes,
-//! layouts, components, compression, digests, attributes) with `ZtWriter` and checks
-//! that `ZtReader` reads back exactly what was written.
+//! layouts, components, compression, digests, attributes) with `ZtWriter`, including
+//! objects the reader would refuse (which `add_object` must refuse too), and checks
+//! that `ZtReader` reads back exactly what was accepted.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -41,7 +42,9 @@ struct TensorSpec {
 enum Kind {
     /// `add_dense` with `DType::ALL[dtype % 23]`.
     Dense { dtype: u8 },
-    /// `add_object` with a non-dense layout and free-form components.
+    /// `add_object` with any layout (dense included) and free-form components:
+    /// repeated roles, logical types that do not fit their storage and dense data of
+    /// the wrong size are generated too, and the writer must refuse them.
     Object {
         layout: LayoutSpec,
         components: Vec<ComponentSpec>,
@@ -50,20 +53,81 @@ enum Kind {
 
 #[derive(Arbitrary, Debug)]
 enum LayoutSpec {
+    Dense,
     SparseCsr,
     SparseCoo,
     QuantizedGroup,
+    /// `Layout::Other("dense")`, which names the dense layout.
+    OtherDense,
+    /// `Layout::Other(s)` as given, not normalized (`s` may name a known layout).
     Other(String),
 }
 
 #[derive(Arbitrary, Debug)]
 struct ComponentSpec {
-    role: String,
+    role: RoleSpec,
     /// Index into the 13 storage primitives.
     dtype: u8,
-    /// Logical type: `None`, or a dtype name whose storage is `dtype`.
-    logical: Option<u8>,
-    elements: u8,
+    /// Logical type (`type`), which need not fit `dtype`.
+    logical: Option<LogicalSpec>,
+    size: SizeSpec,
+}
+
+#[derive(Arbitrary, Debug)]
+enum RoleSpec {
+    Data,
+    Values,
+    Indices,
+    Scales,
+    Other(String),
+}
+
+#[derive(Arbitrary, Debug)]
+enum LogicalSpec {
+    /// Canonical name of `DType::ALL[i % 23]`.
+    Name(u8),
+    /// One of the long spellings `DType::from_str` also accepts.
+    Alias(u8),
+    /// Anything (an unknown name is recorded but names no dtype).
+    Free(String),
+}
+
+/// Spellings that parse to a dtype but are not its canonical name.
+const ALIASES: [&str; 21] = [
+    "float64",
+    "double",
+    "float32",
+    "float",
+    "float16",
+    "half",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "c64",
+    "c128",
+];
+
+#[derive(Arbitrary, Debug)]
+enum SizeSpec {
+    /// `n % 32` elements of the storage dtype.
+    Elements(u8),
+    /// Exactly `shape × dtype` bytes (dtype: the logical type if it fits, else the
+    /// storage dtype), as a dense `data` component needs.
+    Exact,
+    /// `shape × dtype` bytes plus `d % 9` (may go below zero: then empty).
+    Off(i8),
+    /// `n % 64` bytes, possibly not a whole number of elements.
+    Bytes(u8),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -137,6 +201,53 @@ fn fill(n: u64, pattern: &[u8]) -> Vec<u8> {
         return vec![0; n as usize];
     }
     pattern.iter().copied().cycle().take(n as usize).collect()
+}
+
+/// The element type a component's bytes hold: its logical type when that names a
+/// dtype stored as `dtype`, else `dtype`.
+fn logical_dtype(dtype: DType, logical: Option<&str>) -> DType {
+    logical
+        .and_then(|t| t.parse::<DType>().ok())
+        .filter(|t| t.storage().0 == dtype)
+        .unwrap_or(dtype)
+}
+
+/// Why the reader would refuse an object with these components (so `add_object`
+/// must refuse it too), or `None` when it must be accepted. `layout` is the layout
+/// as recorded (`Layout::from_name` of the name).
+fn object_refusal(
+    shape: &Shape,
+    layout: &Layout,
+    comps: &[(String, DType, Option<String>, Vec<u8>)],
+) -> Option<&'static str> {
+    if comps.is_empty() {
+        return Some("no components");
+    }
+    for (i, (role, dtype, logical, bytes)) in comps.iter().enumerate() {
+        if bytes.len() % dtype.size().unwrap() != 0 {
+            return Some("bytes not a whole number of elements");
+        }
+        if comps[..i].iter().any(|c| c.0 == *role) {
+            return Some("repeated role");
+        }
+        if let Some(Ok(t)) = logical.as_deref().map(str::parse::<DType>) {
+            if t.storage().0 != *dtype {
+                return Some("logical type does not fit its storage dtype");
+            }
+        }
+    }
+    if *layout == Layout::Dense {
+        let Some((_, dtype, logical, bytes)) = comps.iter().find(|c| c.0 == "data") else {
+            return Some("dense object without a data component");
+        };
+        let want = shape
+            .byte_len(logical_dtype(*dtype, logical.as_deref()))
+            .unwrap();
+        if bytes.len() as u64 != want {
+            return Some("dense data is not shape x dtype bytes");
+        }
+    }
+    None
 }
 
 /// What was written, to compare against what is read.
@@ -223,31 +334,43 @@ fuzz_target!(|input: Input| {
             }
             Kind::Object { layout, components } => {
                 let layout = match layout {
+                    LayoutSpec::Dense => Layout::Dense,
                     LayoutSpec::SparseCsr => Layout::SparseCsr,
                     LayoutSpec::SparseCoo => Layout::SparseCoo,
                     LayoutSpec::QuantizedGroup => Layout::QuantizedGroup,
-                    // Through from_name: `Other("dense")` is spelled like Dense.
-                    LayoutSpec::Other(s) => Layout::from_name(s),
+                    LayoutSpec::OtherDense => Layout::Other("dense".to_owned()),
+                    LayoutSpec::Other(s) => Layout::Other(s.clone()),
                 };
-                if layout == Layout::Dense {
-                    continue;
-                }
+                // What the file records (and the reader returns).
+                let stored_layout = Layout::from_name(layout.name());
                 let mut comps: Vec<(String, DType, Option<String>, Vec<u8>)> = Vec::new();
                 for c in components.iter().take(4) {
-                    // Roles are map keys in the manifest: the writer does not
-                    // deduplicate them, so only distinct roles are generated here.
-                    if comps.iter().any(|(r, ..)| *r == c.role) {
-                        continue;
-                    }
+                    let role = match &c.role {
+                        RoleSpec::Data => "data".to_owned(),
+                        RoleSpec::Values => "values".to_owned(),
+                        RoleSpec::Indices => "indices".to_owned(),
+                        RoleSpec::Scales => "scales".to_owned(),
+                        RoleSpec::Other(s) => s.clone(),
+                    };
                     let dtype = PRIMITIVES[usize::from(c.dtype) % PRIMITIVES.len()];
-                    // A logical type whose storage is `dtype` (the reader refuses a
-                    // known logical type stored as another primitive).
-                    let logical = c.logical.and_then(|l| {
-                        let t = DType::ALL[usize::from(l) % DType::ALL.len()];
-                        (t.storage().0 == dtype).then(|| t.name().to_owned())
+                    let logical = c.logical.as_ref().map(|l| match l {
+                        LogicalSpec::Name(i) => DType::ALL[usize::from(*i) % DType::ALL.len()]
+                            .name()
+                            .to_owned(),
+                        LogicalSpec::Alias(i) => {
+                            ALIASES[usize::from(*i) % ALIASES.len()].to_owned()
+                        }
+                        LogicalSpec::Free(s) => s.clone(),
                     });
-                    let n = dtype.byte_len(u64::from(c.elements % 32)).unwrap();
-                    comps.push((c.role.clone(), dtype, logical, fill(n, &spec.fill)));
+                    let element = logical_dtype(dtype, logical.as_deref());
+                    let exact = shape.byte_len(element).unwrap();
+                    let n = match c.size {
+                        SizeSpec::Elements(k) => dtype.byte_len(u64::from(k % 32)).unwrap(),
+                        SizeSpec::Exact => exact,
+                        SizeSpec::Off(d) => exact.saturating_add_signed(i64::from(d % 9)),
+                        SizeSpec::Bytes(k) => u64::from(k % 64),
+                    };
+                    comps.push((role, dtype, logical, fill(n, &spec.fill)));
                 }
                 let data: Vec<ComponentData<'_>> = comps
                     .iter()
@@ -266,17 +389,28 @@ fuzz_target!(|input: Input| {
                     &data,
                     options,
                 );
-                if must_fail || comps.is_empty() {
-                    assert!(res.is_err(), "add_object accepted {spec:?}");
+                let refusal = if must_fail {
+                    Some("empty or repeated name")
+                } else {
+                    object_refusal(&shape, &stored_layout, &comps)
+                };
+                if let Some(why) = refusal {
+                    assert!(res.is_err(), "add_object accepted ({why}) {spec:?}");
+                    // A refused object leaves nothing behind.
+                    assert_eq!(writer.contains(&spec.name), duplicate, "refused {spec:?}");
                     continue;
                 }
                 res.unwrap_or_else(|e| panic!("add_object refused {spec:?}: {e}"));
                 comps.sort_by(|a, b| a.0.cmp(&b.0));
+                let dense_dtype = (stored_layout == Layout::Dense).then(|| {
+                    let (_, dtype, logical, _) = comps.iter().find(|c| c.0 == "data").unwrap();
+                    logical_dtype(*dtype, logical.as_deref())
+                });
                 expected.push(Expected {
                     name: spec.name.clone(),
                     shape,
-                    layout,
-                    dense_dtype: None,
+                    layout: stored_layout,
+                    dense_dtype,
                     attributes,
                     components: comps,
                     options,
@@ -301,7 +435,12 @@ fuzz_target!(|input: Input| {
         assert_eq!(obj.shape, e.shape, "{}: shape", e.name);
         assert_eq!(obj.layout, e.layout, "{}: layout", e.name);
         assert_eq!(obj.attributes, e.attributes, "{}: attributes", e.name);
-        assert_eq!(obj.components.len(), e.components.len(), "{}: components", e.name);
+        assert_eq!(
+            obj.components.len(),
+            e.components.len(),
+            "{}: components",
+            e.name
+        );
         for (c, (role, dtype, logical, bytes)) in obj.components.iter().zip(&e.components) {
             assert_eq!(&c.role[..], role.as_str(), "{}: role", e.name);
             assert_eq!(c.dtype, *dtype, "{}/{role}: dtype", e.name);
@@ -334,7 +473,8 @@ fuzz_target!(|input: Input| {
             let view = reader.view(&e.name).unwrap();
             assert_eq!(view.dtype, dtype, "{}: view dtype", e.name);
             assert_eq!(view.shape, e.shape, "{}: view shape", e.name);
-            assert_eq!(view.bytes.as_slice(), &e.components[0].3[..]);
+            let data = &e.components.iter().find(|c| c.0 == "data").unwrap().3;
+            assert_eq!(view.bytes.as_slice(), &data[..], "{}: view bytes", e.name);
             assert_eq!(
                 view.zero_copy,
                 e.options.compression == Compression::Raw,
@@ -342,7 +482,11 @@ fuzz_target!(|input: Input| {
                 e.name
             );
         } else {
-            assert!(reader.view(&e.name).is_err(), "{}: view of a non-dense object", e.name);
+            assert!(
+                reader.view(&e.name).is_err(),
+                "{}: view of a non-dense object",
+                e.name
+            );
         }
     }
     assert_eq!(reader.verify().unwrap(), digests, "verify count");
