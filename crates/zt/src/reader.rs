@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use tensorwire_core::{
@@ -37,6 +38,8 @@ pub struct ZtReader {
     /// been checked, so zero-copy views of verified raw data cost nothing afterwards.
     verified: Vec<OnceLock<()>>,
     first_component: Vec<usize>,
+    /// The object found by the last name lookup (a one-entry cache).
+    last_position: AtomicUsize,
     limits: Limits,
 }
 
@@ -90,6 +93,7 @@ impl ZtReader {
             manifest,
             infos,
             first_component,
+            last_position: AtomicUsize::new(0),
             limits: *limits,
         })
     }
@@ -121,12 +125,25 @@ impl ZtReader {
 
     /// Index of an object (objects are sorted by name).
     fn position(&self, name: &str) -> Result<usize> {
-        self.manifest
+        // Callers often look the same name up twice in a row (info, then view).
+        let last = self.last_position.load(Ordering::Relaxed);
+        if self
+            .manifest
+            .objects
+            .get(last)
+            .is_some_and(|o| o.name == name)
+        {
+            return Ok(last);
+        }
+        let found = self
+            .manifest
             .objects
             .binary_search_by(|o| o.name.as_str().cmp(name))
             .map_err(|_| Error::NotFound {
                 name: name.to_owned(),
-            })
+            })?;
+        self.last_position.store(found, Ordering::Relaxed);
+        Ok(found)
     }
 
     /// The object index, component index and component for `name`/`role`.
