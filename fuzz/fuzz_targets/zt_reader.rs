@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
 
     for (obj, info) in reader.objects().iter().zip(reader.tensors()) {
         assert_eq!(obj.name, info.name);
-        let name = obj.name.as_str();
+        let name: &str = &obj.name;
         assert!(reader.object(name).is_ok(), "object `{name}` not found by name");
         assert!(reader.info(name).is_ok(), "info `{name}` not found by name");
         let _ = obj.dtype();

@@ -425,7 +425,7 @@ fuzz_target!(|input: Input| {
 
     assert_eq!(reader.attributes(), &file_attributes, "file attributes");
     expected.sort_by(|a, b| a.name.cmp(&b.name));
-    let names: Vec<&str> = reader.objects().iter().map(|o| o.name.as_str()).collect();
+    let names: Vec<&str> = reader.objects().iter().map(|o| &*o.name).collect();
     let want: Vec<&str> = expected.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, want, "object names");
 

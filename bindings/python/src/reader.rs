@@ -271,7 +271,7 @@ impl Reader {
 
     /// The tensor names, in file order (sorted by name for `.zt`).
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.src()?.tensors().iter().map(|t| t.name.as_str()))
+        PyList::new(py, self.src()?.tensors().iter().map(|t| &*t.name))
     }
 
     fn __len__(&self) -> PyResult<usize> {
@@ -400,7 +400,7 @@ impl Reader {
         let src = self.src()?;
         let info = src.info(name).or_raise()?;
         let d = PyDict::new(py);
-        d.set_item("name", &info.name)?;
+        d.set_item("name", &*info.name)?;
         d.set_item("shape", info.shape.dims())?;
         d.set_item("format", info.layout.name())?;
         let comps = PyDict::new(py);

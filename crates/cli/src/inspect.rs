@@ -188,7 +188,7 @@ fn attributes_json<'a>(attrs: impl IntoIterator<Item = (&'a String, &'a tensorwi
 
 fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
     let mut obj = json!({
-        "name": t.name,
+        "name": &*t.name,
         "dtype": t.dtype.to_string(),
         "shape": t.shape.dims(),
         "layout": t.layout.to_string(),

@@ -124,7 +124,12 @@ fn contents(path: &Path) -> Vec<(String, DType, Shape, Vec<u8>)> {
         .iter()
         .map(|t| {
             let view = src.view(&t.name).unwrap();
-            (t.name.clone(), view.dtype, view.shape, view.bytes.to_vec())
+            (
+                t.name.to_string(),
+                view.dtype,
+                view.shape,
+                view.bytes.to_vec(),
+            )
         })
         .collect()
 }

@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::bytes::Bytes;
 use crate::dtype::DType;
@@ -59,8 +60,9 @@ impl fmt::Display for Layout {
 /// What a reader knows about one tensor without touching its data.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
-    /// The tensor's name in the file.
-    pub name: String,
+    /// The tensor's name in the file (shared with the reader's own records, so
+    /// listing tensors never copies names).
+    pub name: Arc<str>,
     /// Element type (the logical type: `complex64`, not its `f32` storage).
     pub dtype: DType,
     /// Logical shape.
@@ -144,7 +146,7 @@ pub trait TensorSource: Send + Sync {
     fn info(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors()
             .iter()
-            .find(|t| t.name == name)
+            .find(|t| &*t.name == name)
             .ok_or_else(|| Error::NotFound {
                 name: name.to_owned(),
             })

@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ciborium::Value as Cbor;
 
@@ -82,7 +83,7 @@ impl Component {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Object {
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
     /// Logical shape.
     pub shape: Shape,
     /// Layout.
@@ -448,7 +449,7 @@ fn read_object(d: &mut Decoder<'_>, ctx: &Ctx<'_>, name: &str) -> Result<Object>
         },
     )?;
     Ok(Object {
-        name: name.to_owned(),
+        name: Arc::from(name),
         shape: shape.ok_or_else(|| ctx.err(d, format!("object `{name}` has no shape")))?,
         layout,
         attributes,
@@ -490,7 +491,7 @@ fn canonical_dense(d: &mut Decoder<'_>, name: &str) -> Option<Object> {
     }
     let length = d.u64().ok()?;
     Some(Object {
-        name: name.to_owned(),
+        name: Arc::from(name),
         shape,
         layout: Layout::Dense,
         attributes: None,
@@ -515,7 +516,7 @@ fn finish_objects(objects: &mut [Object]) -> Result<()> {
     }
     if let Some(w) = objects.windows(2).find(|w| w[0].name == w[1].name) {
         return Err(Error::Duplicate {
-            name: w[0].name.clone(),
+            name: w[0].name.to_string(),
         });
     }
     Ok(())
@@ -737,7 +738,7 @@ fn read_v01_record(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Object> {
         digest,
     };
     Ok(Object {
-        name,
+        name: name.into(),
         shape,
         layout: Layout::Dense,
         attributes: None,
@@ -812,7 +813,7 @@ pub(crate) fn encode(manifest: &Manifest) -> Result<Vec<u8>> {
                     .collect(),
             ),
         ));
-        object_entries.push((Cbor::Text(o.name.clone()), Cbor::Map(m)));
+        object_entries.push((Cbor::Text(o.name.to_string()), Cbor::Map(m)));
     }
     let mut root = vec![(
         Cbor::Text("version".into()),

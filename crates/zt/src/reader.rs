@@ -131,14 +131,14 @@ impl ZtReader {
             .manifest
             .objects
             .get(last)
-            .is_some_and(|o| o.name == name)
+            .is_some_and(|o| &*o.name == name)
         {
             return Ok(last);
         }
         let found = self
             .manifest
             .objects
-            .binary_search_by(|o| o.name.as_str().cmp(name))
+            .binary_search_by(|o| (*o.name).cmp(name))
             .map_err(|_| Error::NotFound {
                 name: name.to_owned(),
             })?;
@@ -492,7 +492,7 @@ pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
         let expected = obj.shape.byte_len(data.logical_dtype())?;
         if data.decoded_length() != expected {
             return Err(Error::SizeMismatch {
-                tensor: obj.name.clone(),
+                tensor: obj.name.to_string(),
                 expected,
                 found: data.decoded_length(),
             });

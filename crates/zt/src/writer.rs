@@ -174,7 +174,7 @@ impl<W: Write> ZtWriter<W> {
 
     /// True when a tensor of that name has been written (or existed, when appending).
     pub fn contains(&self, name: &str) -> bool {
-        self.manifest.objects.iter().any(|o| o.name == name)
+        self.manifest.objects.iter().any(|o| &*o.name == name)
     }
 
     /// Adds a dense tensor of `dtype` and `shape` from its little-endian bytes. Logical
@@ -275,7 +275,7 @@ impl<W: Write> ZtWriter<W> {
         // call cannot leave a file that does not open.
         let layout = Layout::from_name(layout.name());
         let mut planned = Object {
-            name: name.to_owned(),
+            name: std::sync::Arc::from(name),
             shape: shape.clone(),
             layout,
             attributes,
@@ -310,7 +310,7 @@ impl<W: Write> ZtWriter<W> {
         let at = self
             .manifest
             .objects
-            .binary_search_by(|o| o.name.as_str().cmp(name))
+            .binary_search_by(|o| (*o.name).cmp(name))
             .unwrap_or_else(|i| i);
         self.manifest.objects.insert(at, object);
         Ok(())
