@@ -51,6 +51,12 @@ fn spec(dtype: DType) -> Result<Spec, Error> {
     })
 }
 
+/// True when numpy has `dtype` built in (no `ml_dtypes` needed), so
+/// `torch.from_numpy` accepts the typed array as it is.
+pub fn numpy_builtin(dtype: DType) -> bool {
+    matches!(spec(dtype), Ok(Spec::Numpy(_)))
+}
+
 fn build<'py>(py: Python<'py>, dtype: DType) -> PyResult<Bound<'py, PyArrayDescr>> {
     match spec(dtype).or_raise()? {
         Spec::Numpy(s) => PyArrayDescr::new(py, s),

@@ -361,6 +361,25 @@ impl Reader {
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
+    /// What read_torch needs, in one call: the typed array when numpy has the dtype
+    /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape)`.
+    #[pyo3(signature = (name, *, copy = false))]
+    fn _read_for_torch<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let src = self.src()?;
+        let info = dense_info(src, name)?;
+        if dtypes::numpy_builtin(info.dtype) {
+            return dense_array(py, src, name, copy, false);
+        }
+        let array = dense_array(py, src, name, copy, true)?;
+        let parts = (array, info.dtype.name(), info.shape.dims().to_vec());
+        Ok(parts.into_pyobject(py)?.into_any())
+    }
+
     /// Copies (or decodes) tensors straight into existing arrays.
     ///
     /// Args:

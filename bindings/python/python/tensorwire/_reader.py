@@ -50,12 +50,16 @@ class Reader(_native.Reader):
         (file-offset order). With copy=False on the CPU the tensors share the file map
         (zero-copy, like read_numpy); ``device`` moves them (e.g. "cuda:0").
         bfloat16 and float8 need no ml_dtypes here."""
+        import torch
+
         from ._torch import bytes_to_torch
 
+        on_cpu = str(device) == "cpu"
+
         def one(n):
-            raw, dtype, shape = self._read_raw(n, copy=copy)
-            t = bytes_to_torch(raw, dtype, shape)
-            return t if str(device) == "cpu" else t.to(device)
+            x = self._read_for_torch(n, copy=copy)
+            t = bytes_to_torch(*x) if isinstance(x, tuple) else torch.from_numpy(x)
+            return t if on_cpu else t.to(device)
 
         if isinstance(name, str):
             return one(name)
