@@ -125,15 +125,19 @@ impl ZtReader {
 
     /// Index of an object (objects are sorted by name).
     fn position(&self, name: &str) -> Result<usize> {
-        // Callers often look the same name up twice in a row (info, then view).
+        // Callers often look the same name up twice in a row (info, then view), and
+        // walk the names in order: try the last hit and the one after it first.
         let last = self.last_position.load(Ordering::Relaxed);
-        if self
-            .manifest
-            .objects
-            .get(last)
-            .is_some_and(|o| &*o.name == name)
-        {
-            return Ok(last);
+        for guess in [last, last + 1] {
+            if self
+                .manifest
+                .objects
+                .get(guess)
+                .is_some_and(|o| &*o.name == name)
+            {
+                self.last_position.store(guess, Ordering::Relaxed);
+                return Ok(guess);
+            }
         }
         let found = self
             .manifest
