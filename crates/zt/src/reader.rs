@@ -246,7 +246,7 @@ impl ZtReader {
 
 /// Copies `src` into `dst` (same length), splitting large copies across threads.
 pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    const CHUNK: usize = 8 << 20;
+    const CHUNK: usize = 1 << 20;
     if src.len() < 2 * CHUNK {
         dst.copy_from_slice(src);
         return;
