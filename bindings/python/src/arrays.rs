@@ -214,8 +214,9 @@ pub const RELEASE_GIL_BYTES: usize = 1 << 16;
 ///
 /// # Safety
 ///
-/// The caller must keep `array` alive while the slice is used, and accept that
-/// another Python thread writing to the array meanwhile changes the bytes read.
+/// `array` must be C-contiguous; the caller must keep it alive while the slice is
+/// used, and accept that another Python thread writing to the array meanwhile
+/// changes the bytes read.
 pub unsafe fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
     let len = array.len() * array.dtype().itemsize();
     if len == 0 {
