@@ -361,6 +361,12 @@ impl Reader {
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
+    /// `(dtype name, shape)` of a dense tensor.
+    fn _dtype_and_shape(&self, name: &str) -> PyResult<(&'static str, Vec<u64>)> {
+        let info = dense_info(self.src()?, name)?;
+        Ok((info.dtype.name(), info.shape.dims().to_vec()))
+    }
+
     /// What read_torch needs, in one call: the typed array when numpy has the dtype
     /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape)`.
     #[pyo3(signature = (name, *, copy = false))]

@@ -52,13 +52,20 @@ class Reader(_native.Reader):
         bfloat16 and float8 need no ml_dtypes here."""
         import torch
 
-        from ._torch import bytes_to_torch
+        from ._torch import bytes_to_torch, torch_dst_bytes, torch_dtype
 
         on_cpu = str(device) == "cpu"
 
         def one(n):
-            x = self._read_for_torch(n, copy=copy)
-            t = bytes_to_torch(*x) if isinstance(x, tuple) else torch.from_numpy(x)
+            if copy:
+                # Fill a torch-allocated tensor natively (parallel, without the GIL).
+                dtype_name, shape = self._dtype_and_shape(n)
+                t = torch.empty(shape, dtype=torch_dtype(dtype_name))
+                if t.numel():
+                    self._read_into_raw(n, torch_dst_bytes(t))
+            else:
+                x = self._read_for_torch(n)
+                t = bytes_to_torch(*x) if isinstance(x, tuple) else torch.from_numpy(x)
             return t if on_cpu else t.to(device)
 
         if isinstance(name, str):
