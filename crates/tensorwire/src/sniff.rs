@@ -14,6 +14,8 @@ pub enum FileFormat {
     Zt,
     /// `.zt` version 0.1 (`ZTEN0001`).
     Zt01,
+    /// A tenso tensor packet (`TNSO`).
+    Packet,
 }
 
 impl FileFormat {
@@ -22,6 +24,7 @@ impl FileFormat {
         match self {
             FileFormat::Zt => "zt",
             FileFormat::Zt01 => "zt-0.1",
+            FileFormat::Packet => "tenso-packet",
         }
     }
 }
@@ -29,8 +32,12 @@ impl FileFormat {
 /// Recognises a format from the first bytes of a file (at least 8 are needed).
 pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     match head.get(..8) {
-        Some(m) if m == tensorwire_zt::MAGIC => Ok(FileFormat::Zt),
-        Some(m) if m == tensorwire_zt::MAGIC_V01 => Ok(FileFormat::Zt01),
+        Some(m) if m == tensorwire_zt::MAGIC => return Ok(FileFormat::Zt),
+        Some(m) if m == tensorwire_zt::MAGIC_V01 => return Ok(FileFormat::Zt01),
+        _ => {}
+    }
+    match head.get(..4) {
+        Some(m) if m == tensorwire_packet::MAGIC => Ok(FileFormat::Packet),
         _ => Err(Error::UnknownFormat {
             head: head.iter().take(16).copied().collect(),
         }),
@@ -75,6 +82,16 @@ pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>
         FileFormat::Zt | FileFormat::Zt01 => {
             Ok(Box::new(ZtReader::from_bytes_with(bytes, limits)?))
         }
+        FileFormat::Packet => {
+            let packet_limits = tensorwire_packet::PacketLimits {
+                max_ndim: limits.max_ndim.min(32),
+                ..Default::default()
+            };
+            Ok(Box::new(tensorwire_packet::PacketSource::from_bytes(
+                bytes,
+                &packet_limits,
+            )?))
+        }
     }
 }
 
@@ -91,5 +108,17 @@ mod tests {
             Err(Error::UnknownFormat { .. })
         ));
         assert!(matches!(sniff(b""), Err(Error::UnknownFormat { .. })));
+    }
+
+    #[test]
+    fn opens_a_tenso_packet_file() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/packet/worked_example_integrity.tnso");
+        let src = open(&path).unwrap();
+        assert_eq!(src.format(), "tenso-packet");
+        let view = src.view(tensorwire_packet::PACKET_TENSOR_NAME).unwrap();
+        assert_eq!(view.dtype, tensorwire_core::DType::F32);
+        assert_eq!(&view.bytes[..4], &1.0f32.to_le_bytes());
+        assert!(src.view("other").is_err());
     }
 }

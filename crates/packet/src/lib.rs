@@ -1,0 +1,64 @@
+//! Tensor packets, byte-compatible with the `tenso` wire format: protocol v4 written and
+//! read, v3 read.
+//!
+//! A dense packet is a 10-byte header (`"TNSO"`, version 4, flags `u16`, dtype code,
+//! ndim, a reserved byte), `ndim` little-endian `u32` dimensions, an alignment exponent
+//! byte when the alignment is not the default 64, zero padding so the body starts at a
+//! multiple of the alignment counted from the packet start, the body, and an optional
+//! XXH3-64 footer of the body. See `docs/formats/packet.md`.
+//!
+//! [`decode`] validates a packet against [`PacketLimits`] and returns a zero-copy
+//! [`TensorView`](tensorwire_core::TensorView) of the body; [`encode`] /
+//! [`encode_into`] write the bytes tenso 0.24 writes for the same array and options,
+//! and [`encode_parts`] returns the header and footer around the caller's own body
+//! bytes, so large tensors can be sent with vectored writes and no copy.
+//!
+//! Not in scope yet: bundles, sparse, string, ragged, quantized and GPU-reference
+//! packets, LZ4 bodies and streaming (they are refused with
+//! [`Error::Unsupported`](tensorwire_core::Error::Unsupported)).
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod codec;
+mod dtype;
+mod source;
+
+pub use crate::codec::{
+    decode, decode_with, encode, encode_into, encode_parts, packet_info, EncodeOptions, PacketInfo,
+    PacketLimits, PacketParts,
+};
+pub use crate::dtype::{dtype_code, dtype_from_code};
+pub use crate::source::{PacketSource, PACKET_TENSOR_NAME};
+
+/// The four magic bytes at the start of every packet.
+pub const MAGIC: &[u8; 4] = b"TNSO";
+/// The protocol version this crate writes.
+pub const VERSION: u8 = 4;
+/// The default body alignment.
+pub const DEFAULT_ALIGNMENT: usize = 64;
+
+/// Packet flags (a `u16` in v4, a `u8` in v3).
+pub mod flags {
+    /// Body aligned to 64 bytes.
+    pub const ALIGNED: u16 = 0x01;
+    /// An XXH3-64 footer of the body follows it.
+    pub const INTEGRITY: u16 = 0x02;
+    /// The body is an LZ4 frame.
+    pub const COMPRESSED: u16 = 0x04;
+    /// Sparse COO tensor.
+    pub const SPARSE_COO: u16 = 0x08;
+    /// A bundle (dict) of packets.
+    pub const BUNDLE: u16 = 0x10;
+    /// Sparse CSR tensor.
+    pub const SPARSE_CSR: u16 = 0x20;
+    /// Sparse CSC tensor.
+    pub const SPARSE_CSC: u16 = 0x40;
+    /// Custom alignment: an exponent byte follows the shape.
+    pub const CUSTOM_ALIGNMENT: u16 = 0x80;
+    /// Variable-length string tensor.
+    pub const STRING: u16 = 0x100;
+    /// Ragged array.
+    pub const RAGGED: u16 = 0x200;
+    /// Reference to a GPU IPC allocation.
+    pub const GPU_IPC: u16 = 0x400;
+}
