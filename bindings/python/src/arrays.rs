@@ -217,6 +217,8 @@ pub const RELEASE_GIL_BYTES: usize = 1 << 16;
 /// `array` must be C-contiguous; the caller must keep it alive while the slice is
 /// used, and accept that another Python thread writing to the array meanwhile
 /// changes the bytes read.
+// SAFETY: an `unsafe fn` because validity depends on the caller's promises listed in
+// `# Safety`; each call site states why they hold.
 pub unsafe fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
     let len = array.len() * array.dtype().itemsize();
     if len == 0 {
@@ -239,6 +241,8 @@ pub unsafe fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a 
 // The slice is numpy's buffer, not memory inside the `Bound` handle, so handing
 // out `&mut` from `&` aliases nothing Rust owns; exclusivity is the caller's promise.
 #[allow(clippy::mut_from_ref)]
+// SAFETY: an `unsafe fn` because validity depends on the caller's promises listed in
+// `# Safety`; each call site states why they hold.
 pub unsafe fn contiguous_bytes_mut<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
     let len = array.len() * array.dtype().itemsize();
     if len == 0 {

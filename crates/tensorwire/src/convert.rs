@@ -100,12 +100,7 @@ pub fn convert_source(
                 .components
                 .iter()
                 .zip(&datas)
-                .map(|(c, d)| ComponentData {
-                    role: &c.role,
-                    dtype: c.dtype,
-                    logical_type: c.logical_type.as_deref(),
-                    data: d,
-                })
+                .map(|(c, d)| c.with_data(d))
                 .collect();
             writer.add_object(
                 &info.name,

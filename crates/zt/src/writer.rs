@@ -45,6 +45,19 @@ pub struct ComponentData<'a> {
     pub data: &'a [u8],
 }
 
+impl Component {
+    /// This component's role, dtype and logical type with `data` as its bytes, ready
+    /// to write again (converting or copying an object).
+    pub fn with_data<'a>(&'a self, data: &'a [u8]) -> ComponentData<'a> {
+        ComponentData {
+            role: &self.role,
+            dtype: self.dtype,
+            logical_type: self.logical_type.as_deref(),
+            data,
+        }
+    }
+}
+
 /// Where the writer's bytes go and how to finish them.
 enum Target {
     /// A new file written under a temporary name and renamed into place on finish,

@@ -213,12 +213,7 @@ fn rewriting_a_fixture_reproduces_ztensors_bytes() {
             let comps: Vec<ComponentData<'_>> = components
                 .iter()
                 .zip(&datas)
-                .map(|(c, d)| ComponentData {
-                    role: &c.role,
-                    dtype: c.dtype,
-                    logical_type: c.logical_type.as_deref(),
-                    data: d,
-                })
+                .map(|(c, d)| c.with_data(d))
                 .collect();
             w.add_object(
                 name,
