@@ -16,6 +16,12 @@ pub struct PacketLimits {
     pub max_elements: u64,
     /// Largest alignment exponent accepted (2^20 = 1 MiB).
     pub max_alignment_exponent: u8,
+    /// Deepest nesting of bundles and sparse sub-packets (64).
+    pub max_nesting: usize,
+    /// Most entries in one bundle (255, what the `u8` count field can hold).
+    pub max_bundle_entries: usize,
+    /// Largest packet, in bytes, a stream reader accepts (16 GiB); it never buffers more.
+    pub max_packet_bytes: u64,
 }
 
 impl Default for PacketLimits {
@@ -24,6 +30,9 @@ impl Default for PacketLimits {
             max_ndim: 32,
             max_elements: 1_000_000_000,
             max_alignment_exponent: 20,
+            max_nesting: 64,
+            max_bundle_entries: 255,
+            max_packet_bytes: 16 << 30,
         }
     }
 }
