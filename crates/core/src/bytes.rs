@@ -215,34 +215,44 @@ impl From<Vec<u8>> for Bytes {
     }
 }
 
-/// One 64-byte, 64-aligned block; the unit of [`AlignedBuf`].
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
-struct Block([u8; 64]);
+/// The alignment of [`AlignedBuf`]'s first byte.
+const ALIGN: usize = 64;
 
 /// A zero-initialised heap buffer whose first byte is 64-byte aligned, so typed views
 /// of any dtype (and SIMD loads) are aligned. Used for decoded (decompressed) tensors
 /// and for copies.
+///
+/// The storage is a zeroed `Vec<u8>` 63 bytes longer than asked for, viewed from its
+/// first 64-aligned byte: `vec![0; n]` comes from `calloc`, so a large buffer is backed
+/// by the kernel's zero pages and costs no pass over memory before it is written.
 pub struct AlignedBuf {
-    blocks: Vec<Block>,
+    storage: Vec<u8>,
+    start: usize,
     len: usize,
 }
 
 impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes. Fails with [`Error::LimitExceeded`]-free
-    /// [`Error::Io`] (out of memory) rather than aborting when the allocation cannot be
-    /// made.
+    /// A zeroed buffer of `len` bytes. Fails with [`Error::Io`] (out of memory) rather
+    /// than aborting when the allocation cannot be made.
     pub fn zeroed(len: usize) -> Result<AlignedBuf> {
-        let n = len.div_ceil(64);
-        let mut blocks = Vec::new();
-        blocks.try_reserve_exact(n).map_err(|_| {
+        let oom = || {
             Error::Io(std::io::Error::new(
                 std::io::ErrorKind::OutOfMemory,
                 format!("cannot allocate {len} bytes"),
             ))
-        })?;
-        blocks.resize(n, Block([0; 64]));
-        Ok(AlignedBuf { blocks, len })
+        };
+        let padded = len.checked_add(ALIGN - 1).ok_or_else(oom)?;
+        // Probe the allocation first so a huge request is an error, not an abort.
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(padded).map_err(|_| oom())?;
+        drop(probe);
+        let storage = vec![0u8; padded];
+        let start = (ALIGN - storage.as_ptr() as usize % ALIGN) % ALIGN;
+        Ok(AlignedBuf {
+            storage,
+            start,
+            len,
+        })
     }
 
     /// A 64-aligned copy of `data`.
@@ -254,14 +264,12 @@ impl AlignedBuf {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        let all: &[u8] = bytemuck::cast_slice(&self.blocks);
-        &all[..self.len]
+        &self.storage[self.start..self.start + self.len]
     }
 
     /// The bytes, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        let all: &mut [u8] = bytemuck::cast_slice_mut(&mut self.blocks);
-        &mut all[..self.len]
+        &mut self.storage[self.start..self.start + self.len]
     }
 
     /// Length in bytes.
@@ -301,6 +309,22 @@ mod tests {
         fn drop(&mut self) {
             self.1.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    #[test]
+    fn aligned_buf_is_aligned_zeroed_and_exact() {
+        for len in [0, 1, 63, 64, 65, 1000, 3 << 20] {
+            let mut buf = AlignedBuf::zeroed(len).unwrap();
+            assert_eq!(buf.len(), len);
+            assert_eq!(buf.as_slice().as_ptr() as usize % 64, 0, "len {len}");
+            assert!(buf.as_slice().iter().all(|&b| b == 0));
+            buf.as_mut_slice().fill(7);
+            let bytes = buf.into_bytes();
+            assert!(bytes.is_aligned(64));
+            assert_eq!(bytes.len(), len);
+        }
+        assert!(AlignedBuf::zeroed(usize::MAX).is_err());
+        assert!(AlignedBuf::zeroed(usize::MAX - 100).is_err());
     }
 
     #[test]
