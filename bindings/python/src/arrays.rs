@@ -9,7 +9,9 @@ use numpy::npyffi::{
 };
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use tensorwire::{Bytes, DType, Error};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+use tensorwire::{Bytes, DType, Error, Shape};
 
 use crate::dtypes;
 use crate::errors::ResultExt;
@@ -258,4 +260,67 @@ pub unsafe fn contiguous_bytes_mut<'a>(array: &'a Bound<'_, PyUntypedArray>) -> 
 /// True when the array's descriptor is exactly `descr` (same type and byte order).
 pub fn same_dtype(array: &Bound<'_, PyUntypedArray>, descr: &Bound<'_, PyArrayDescr>) -> bool {
     array.dtype().is_equiv_to(descr)
+}
+
+/// Runs `f` without the GIL when `nbytes` is large enough to be worth it.
+pub fn maybe_detach<T: Send>(py: Python<'_>, nbytes: usize, f: impl FnOnce() -> T + Send) -> T {
+    if nbytes >= RELEASE_GIL_BYTES {
+        py.detach(f)
+    } else {
+        f()
+    }
+}
+
+static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// An array ready to write: C-contiguous, little-endian, with its tensorwire dtype.
+pub struct Prepared<'py> {
+    /// The array (a converted copy when the input was not C-contiguous little-endian).
+    pub array: Bound<'py, PyUntypedArray>,
+    /// Its tensorwire dtype.
+    pub dtype: DType,
+}
+
+impl Prepared<'_> {
+    /// The array's shape.
+    pub fn shape(&self) -> PyResult<Shape> {
+        Shape::try_from(self.array.shape()).or_raise()
+    }
+
+    /// The array's bytes, C order.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `prepare` made the array C-contiguous, and `self.array` keeps it
+        // alive for the borrow. Another Python thread writing to the array while the
+        // GIL is released would change the values written, never the memory's
+        // validity (we hold a reference, so numpy cannot reallocate it).
+        unsafe { contiguous_bytes(&self.array) }
+    }
+}
+
+/// Converts `obj` to a C-contiguous, little-endian numpy array (copying only when it
+/// is not one already, e.g. a transposed view or big-endian data, which is byte-swapped).
+pub fn prepare<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Prepared<'py>> {
+    let py = obj.py();
+    let asarray = ASARRAY.import(py, "numpy", "asarray")?;
+    let array = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        Err(_) => asarray.call1((obj,))?.cast_into::<PyUntypedArray>()?,
+    };
+    let descr = array.dtype();
+    let (dtype, big_endian) = dtypes::from_numpy(&descr)?;
+    if !big_endian && array.is_c_contiguous() {
+        return Ok(Prepared { array, dtype });
+    }
+    let target = if big_endian {
+        descr.call_method1("newbyteorder", ("<",))?
+    } else {
+        descr.into_any()
+    };
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("dtype", target)?;
+    kwargs.set_item("order", "C")?;
+    let array = asarray
+        .call((array,), Some(&kwargs))?
+        .cast_into::<PyUntypedArray>()?;
+    Ok(Prepared { array, dtype })
 }

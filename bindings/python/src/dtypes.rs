@@ -147,7 +147,7 @@ pub fn from_numpy(descr: &Bound<'_, PyArrayDescr>) -> PyResult<(DType, bool)> {
     });
     let Some(dtype) = dtype else {
         return Err(crate::errors::to_pyerr(Error::unsupported(format!(
-            "numpy dtype {} cannot be stored in a .zt file",
+            "numpy dtype {} is not supported by tensorwire",
             descr.str()?
         ))));
     };

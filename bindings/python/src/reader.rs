@@ -13,7 +13,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use tensorwire::zt::{Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
 
-use crate::arrays::{self, RELEASE_GIL_BYTES};
+use crate::arrays::{self, maybe_detach};
 use crate::dtypes;
 use crate::errors::{to_pyerr, ResultExt};
 use crate::values;
@@ -66,15 +66,6 @@ fn dense_info<'a>(src: &'a dyn TensorSource, name: &str) -> PyResult<&'a TensorI
         .or_raise();
     }
     Ok(info)
-}
-
-/// Runs `f` without the GIL when `nbytes` is large enough to be worth it.
-fn maybe_detach<T: Send>(py: Python<'_>, nbytes: usize, f: impl FnOnce() -> T + Send) -> T {
-    if nbytes >= RELEASE_GIL_BYTES {
-        py.detach(f)
-    } else {
-        f()
-    }
 }
 
 /// Copies (or decodes) a dense tensor's bytes into `dst` (exactly its size).

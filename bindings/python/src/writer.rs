@@ -4,73 +4,20 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyInt, PyTuple, PyType};
 use tensorwire::zt::{
     Checksum, ComponentData, Compression, WriteOptions, ZtWriter, DEFAULT_ZSTD_LEVEL,
 };
 use tensorwire::{DType, Error, Layout, Shape};
 
-use crate::arrays::{self, RELEASE_GIL_BYTES};
-use crate::dtypes;
+use crate::arrays::{prepare, Prepared, RELEASE_GIL_BYTES};
 use crate::errors::{to_pyerr, ResultExt};
 use crate::values;
 
-static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
 /// Highest zstd level; larger `compress` values are clamped to it.
 const MAX_ZSTD_LEVEL: i64 = 22;
-
-/// An array ready to write: C-contiguous, little-endian, with its tensorwire dtype.
-struct Prepared<'py> {
-    array: Bound<'py, PyUntypedArray>,
-    dtype: DType,
-}
-
-impl Prepared<'_> {
-    fn shape(&self) -> PyResult<Shape> {
-        Shape::try_from(self.array.shape()).or_raise()
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `prepare` made the array C-contiguous, and `self.array` keeps it
-        // alive for the borrow. Another Python thread writing to the array while the
-        // GIL is released would change the values written, never the memory's
-        // validity (we hold a reference, so numpy cannot reallocate it).
-        unsafe { arrays::contiguous_bytes(&self.array) }
-    }
-}
-
-/// Converts `obj` to a C-contiguous, little-endian numpy array (copying only when it
-/// is not one already, e.g. a transposed view or big-endian data, which is byte-swapped).
-fn prepare<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Prepared<'py>> {
-    let py = obj.py();
-    let asarray = ASARRAY.import(py, "numpy", "asarray")?;
-    let array = match obj.cast::<PyUntypedArray>() {
-        Ok(a) => a.clone(),
-        Err(_) => asarray.call1((obj,))?.cast_into::<PyUntypedArray>()?,
-    };
-    let descr = array.dtype();
-    let (dtype, big_endian) = dtypes::from_numpy(&descr)?;
-    if !big_endian && array.is_c_contiguous() {
-        return Ok(Prepared { array, dtype });
-    }
-    let target = if big_endian {
-        descr.call_method1("newbyteorder", ("<",))?
-    } else {
-        descr.into_any()
-    };
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("dtype", target)?;
-    kwargs.set_item("order", "C")?;
-    let array = asarray
-        .call((array,), Some(&kwargs))?
-        .cast_into::<PyUntypedArray>()?;
-    Ok(Prepared { array, dtype })
-}
 
 /// ztensor's rules: None/False/0 (or negative) → raw, True → zstd level 3, int > 0 →
 /// that zstd level.
