@@ -22,6 +22,7 @@
 mod codec;
 mod dtype;
 mod source;
+mod stream;
 
 pub use crate::codec::{
     decode, decode_with, encode, encode_into, encode_parts, packet_info, EncodeOptions, PacketInfo,
@@ -29,6 +30,9 @@ pub use crate::codec::{
 };
 pub use crate::dtype::{dtype_code, dtype_from_code};
 pub use crate::source::{PacketSource, PACKET_TENSOR_NAME};
+#[cfg(feature = "tokio")]
+pub use crate::stream::{AsyncPacketReader, AsyncPacketWriter};
+pub use crate::stream::{Framing, PacketFramer, PacketReader, PacketWriter, READ_CHUNK};
 
 /// The four magic bytes at the start of every packet.
 pub const MAGIC: &[u8; 4] = b"TNSO";
