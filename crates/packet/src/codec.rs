@@ -37,13 +37,22 @@ impl Default for PacketLimits {
     }
 }
 
-/// How [`encode`] lays a packet out.
+/// How [`encode`] and [`encode_packet`](crate::encode_packet) lay a packet out. Bundle
+/// members inherit the options, as in tenso; see `docs/formats/packet.md` for the
+/// kinds that ignore some of them (tenso does too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EncodeOptions {
     /// Body alignment in bytes, a power of two (64 by default, as in tenso).
     pub alignment: usize,
     /// Append an XXH3-64 footer of the body.
     pub integrity: bool,
+    /// LZ4-compress dense bodies (one LZ4 frame each, flag 0x04).
+    pub compress: bool,
+    /// Pad bundle members (and sparse parts) so their bodies are aligned counted from
+    /// the outermost packet's start, not only from their own packet's start. Off by
+    /// default: the output is then byte-identical to tenso's. tenso 0.24 still reads
+    /// such packets (the padding sits after a member, inside its length).
+    pub aligned_bundle: bool,
 }
 
 impl Default for EncodeOptions {
@@ -51,6 +60,8 @@ impl Default for EncodeOptions {
         EncodeOptions {
             alignment: DEFAULT_ALIGNMENT,
             integrity: false,
+            compress: false,
+            aligned_bundle: false,
         }
     }
 }
@@ -248,7 +259,8 @@ pub struct PacketParts {
 }
 
 /// The header and footer of a dense packet for `body` (little-endian elements of
-/// `dtype` in row-major order, exactly `shape × dtype` bytes).
+/// `dtype` in row-major order, exactly `shape × dtype` bytes). The body is sent as it
+/// is, so `options.compress` is refused; `aligned_bundle` does not apply.
 pub fn encode_parts(
     dtype: DType,
     shape: &Shape,
@@ -258,6 +270,11 @@ pub fn encode_parts(
     let code = dtype_code(dtype)
         .filter(|c| *c <= 15)
         .ok_or_else(|| Error::unsupported(format!("{dtype} in a dense packet")))?;
+    if options.compress {
+        return Err(Error::invalid(
+            "encode_parts sends the body as it is; compress with encode_packet",
+        ));
+    }
     let limits = PacketLimits::default();
     Error::check_limit(
         "number of dimensions",
@@ -322,6 +339,14 @@ pub fn encode_into(
     options: EncodeOptions,
     out: &mut Vec<u8>,
 ) -> Result<()> {
+    if options.compress {
+        let packet = crate::PacketRef::Dense {
+            dtype,
+            shape: shape.clone(),
+            body,
+        };
+        return crate::encode_packet_into(&packet, &options, out);
+    }
     let parts = encode_parts(dtype, shape, body, options)?;
     out.reserve(parts.header.len() + body.len() + 8);
     out.extend_from_slice(&parts.header);

@@ -21,18 +21,28 @@
 
 mod codec;
 mod dtype;
+mod lz4;
+mod read;
 mod source;
 mod stream;
+mod value;
+mod write;
 
 pub use crate::codec::{
     decode, decode_with, encode, encode_into, encode_parts, packet_info, EncodeOptions, PacketInfo,
     PacketLimits, PacketParts,
 };
 pub use crate::dtype::{dtype_code, dtype_from_code};
+pub use crate::read::{decode_packet, decode_packet_with};
 pub use crate::source::{PacketSource, PACKET_TENSOR_NAME};
 #[cfg(feature = "tokio")]
 pub use crate::stream::{AsyncPacketReader, AsyncPacketWriter};
 pub use crate::stream::{Framing, PacketFramer, PacketReader, PacketWriter, READ_CHUNK};
+pub use crate::value::{
+    Bundle, IpcRef, Packet, QuantScheme, QuantizedPacket, RaggedFraming, RaggedPacket,
+    SparseFormat, SparsePacket, StringPacket,
+};
+pub use crate::write::{encode_packet, encode_packet_into, PacketRef};
 
 /// The four magic bytes at the start of every packet.
 pub const MAGIC: &[u8; 4] = b"TNSO";

@@ -1,46 +1,237 @@
-//! A packet file as a [`TensorSource`] (one tensor).
+//! A packet file as a [`TensorSource`].
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tensorwire_core::{Bytes, Error, Layout, Result, TensorInfo, TensorSource, TensorView, Value};
 
-use crate::codec::{decode_with, packet_info, PacketLimits};
+use crate::codec::PacketLimits;
+use crate::read::decode_packet_with;
+use crate::value::{Packet, RaggedFraming};
 
-/// The name a single-packet source gives its tensor.
+/// The name a single-packet source gives its tensor (and the prefix of the parts of a
+/// top-level sparse, string, ragged or quantized packet).
 pub const PACKET_TENSOR_NAME: &str = "tensor";
 
-/// One dense packet (a `.tnso` file, a shm segment) seen as a source of one tensor
-/// named [`PACKET_TENSOR_NAME`]. The packet is validated (integrity included) on open.
+/// One packet (a `.tnso` file, a shm segment) seen as a source of tensors. The packet
+/// is decoded and validated (integrity included) on open.
+///
+/// Names: a dense packet is one tensor named [`PACKET_TENSOR_NAME`]; bundle members are
+/// named by their keys, nested ones with dots (`a`, `bb.c`); a sparse matrix `m` gives
+/// `m.data` plus `m.row`/`m.col` (COO) or `m.indices`/`m.indptr` (CSR, CSC); strings
+/// give `s.offsets` (u64) and `s.payload` (u8); a ragged array `r.offsets` and
+/// `r.flat`; a quantized tensor one tensor of its quantized dtype (layout `quantized`,
+/// the packed body) with its scheme, axis, group size, scales and zero points as
+/// attributes. A GPU IPC reference has no tensor, only attributes. Every container is
+/// also described in the source attributes, under its name.
 #[derive(Debug)]
 pub struct PacketSource {
-    view: TensorView,
-    infos: [TensorInfo; 1],
+    packet: Packet,
+    infos: Vec<TensorInfo>,
+    views: Vec<TensorView>,
+    index: HashMap<Arc<str>, usize>,
     attributes: BTreeMap<String, Value>,
 }
 
-impl PacketSource {
-    /// Decodes `bytes` (exactly one packet).
-    pub fn from_bytes(bytes: Bytes, limits: &PacketLimits) -> Result<PacketSource> {
-        let info = packet_info(&bytes, limits)?;
-        let view = decode_with(&bytes, limits)?;
-        let tensor = TensorInfo {
-            name: Arc::from(PACKET_TENSOR_NAME),
+struct Builder<'a> {
+    input: &'a Bytes,
+    infos: Vec<TensorInfo>,
+    views: Vec<TensorView>,
+    index: HashMap<Arc<str>, usize>,
+    attributes: BTreeMap<String, Value>,
+}
+
+fn floats(v: &[f32]) -> Value {
+    Value::List(v.iter().map(|&x| Value::Float(x.into())).collect())
+}
+
+fn bundle_summary(b: &crate::value::Bundle) -> String {
+    let n = b.entries.len();
+    format!("bundle of {n} entr{}", if n == 1 { "y" } else { "ies" })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Builder<'_> {
+    fn add(
+        &mut self,
+        name: String,
+        view: &TensorView,
+        layout: Layout,
+        attributes: BTreeMap<String, Value>,
+    ) -> Result<()> {
+        let name: Arc<str> = Arc::from(name);
+        if self.index.contains_key(&name) {
+            return Err(Error::Duplicate {
+                name: name.to_string(),
+            });
+        }
+        // A zero-copy view lies inside the input: its offset is the distance between
+        // the two (plain address arithmetic, no pointer is dereferenced).
+        let offset = if view.zero_copy {
+            (view.bytes.as_ptr() as usize).wrapping_sub(self.input.as_ptr() as usize) as u64
+        } else {
+            0
+        };
+        let nbytes = view.bytes.len() as u64;
+        self.index.insert(name.clone(), self.infos.len());
+        self.infos.push(TensorInfo {
+            name,
             dtype: view.dtype,
             shape: view.shape.clone(),
-            layout: Layout::Dense,
-            nbytes: info.body_len as u64,
-            stored_bytes: info.total_len as u64,
-            offset: info.body_offset as u64,
-            encoding: None,
+            layout,
+            nbytes,
+            stored_bytes: nbytes,
+            offset,
+            encoding: (!view.zero_copy).then(|| "lz4".to_owned()),
+            attributes,
+        });
+        self.views.push(view.clone());
+        Ok(())
+    }
+
+    fn part(&mut self, base: &str, part: &str, view: &TensorView, of: &str) -> Result<()> {
+        let attributes = BTreeMap::from([("part_of".to_owned(), Value::Str(of.to_owned()))]);
+        self.add(format!("{base}.{part}"), view, Layout::Dense, attributes)
+    }
+
+    fn describe(&mut self, name: &str, what: String) {
+        self.attributes.insert(name.to_owned(), Value::Str(what));
+    }
+
+    fn walk(&mut self, packet: &Packet, name: Option<&str>) -> Result<()> {
+        let base = name.unwrap_or(PACKET_TENSOR_NAME);
+        match packet {
+            Packet::Dense(v) => self.add(base.to_owned(), v, Layout::Dense, BTreeMap::new())?,
+            Packet::Bundle(b) => {
+                if let Some(name) = name {
+                    self.describe(name, bundle_summary(b));
+                }
+                for (key, member) in &b.entries {
+                    let child = match name {
+                        Some(prefix) => format!("{prefix}.{key}"),
+                        None => key.clone(),
+                    };
+                    self.walk(member, Some(&child))?;
+                }
+            }
+            Packet::Sparse(s) => {
+                let of = format!("sparse_{}", s.format.name());
+                self.describe(
+                    base,
+                    format!(
+                        "sparse {} matrix {}, {} stored values",
+                        s.format.name(),
+                        s.shape,
+                        s.data.shape.dims()[0]
+                    ),
+                );
+                let [d, i, p] = s.format.part_names();
+                self.part(base, d, &s.data, &of)?;
+                self.part(base, i, &s.indices, &of)?;
+                self.part(base, p, &s.pointers, &of)?;
+            }
+            Packet::Strings(s) => {
+                self.describe(base, format!("{} strings", s.count()));
+                self.part(base, "offsets", &s.offsets, "strings")?;
+                self.part(base, "payload", &s.payload, "strings")?;
+            }
+            Packet::Ragged(r) => {
+                let framing = match r.framing {
+                    RaggedFraming::Bundle => "bundle framing",
+                    RaggedFraming::Flag => "flag 0x200",
+                };
+                self.describe(
+                    base,
+                    format!(
+                        "ragged array of {} rows of {} ({framing})",
+                        r.count(),
+                        r.flat.dtype
+                    ),
+                );
+                self.part(base, "offsets", &r.offsets, "ragged")?;
+                self.part(base, "flat", &r.flat, "ragged")?;
+            }
+            Packet::Quantized(q) => {
+                self.describe(
+                    base,
+                    format!(
+                        "quantized {} {}, axis {}, group size {}, {} scales",
+                        q.dtype,
+                        q.scheme.name(),
+                        q.axis,
+                        q.group_size,
+                        q.scales.len()
+                    ),
+                );
+                let attributes = BTreeMap::from([
+                    ("scheme".to_owned(), Value::Str(q.scheme.name().to_owned())),
+                    ("axis".to_owned(), Value::Int(q.axis.into())),
+                    ("group_size".to_owned(), Value::Int(q.group_size.into())),
+                    ("scales".to_owned(), floats(&q.scales)),
+                    ("zero_points".to_owned(), floats(&q.zero_points)),
+                ]);
+                let view = q.view()?;
+                let layout = Layout::Other("quantized".to_owned());
+                self.add(base.to_owned(), &view, layout, attributes)?;
+            }
+            Packet::IpcRef(r) => {
+                let name = name.unwrap_or("ipc_ref");
+                self.attributes.insert(
+                    name.to_owned(),
+                    Value::Map(vec![
+                        ("kind".to_owned(), Value::Str("gpu_ipc_ref".to_owned())),
+                        ("handle".to_owned(), Value::Str(hex(&r.handle))),
+                        ("byte_offset".to_owned(), Value::Int(r.byte_offset.into())),
+                        ("nbytes".to_owned(), Value::Int(r.nbytes.into())),
+                        ("device_uuid".to_owned(), Value::Str(hex(&r.device_uuid))),
+                    ]),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PacketSource {
+    /// Decodes `bytes` (exactly one packet of any kind).
+    pub fn from_bytes(bytes: Bytes, limits: &PacketLimits) -> Result<PacketSource> {
+        let packet = decode_packet_with(&bytes, limits)?;
+        let mut b = Builder {
+            input: &bytes,
+            infos: Vec::new(),
+            views: Vec::new(),
+            index: HashMap::new(),
             attributes: BTreeMap::new(),
         };
+        if let Packet::Bundle(bundle) = &packet {
+            let summary = bundle_summary(bundle);
+            b.attributes
+                .insert("packet".to_owned(), Value::Str(summary));
+        }
+        b.walk(&packet, None)?;
+        let Builder {
+            infos,
+            views,
+            index,
+            attributes,
+            ..
+        } = b;
         Ok(PacketSource {
-            view,
-            infos: [tensor],
-            attributes: BTreeMap::new(),
+            packet,
+            infos,
+            views,
+            index,
+            attributes,
         })
+    }
+
+    /// The decoded packet.
+    pub fn packet(&self) -> &Packet {
+        &self.packet
     }
 }
 
@@ -58,13 +249,13 @@ impl TensorSource for PacketSource {
     }
 
     fn view(&self, name: &str) -> Result<TensorView> {
-        if name == PACKET_TENSOR_NAME {
-            Ok(self.view.clone())
-        } else {
-            Err(Error::NotFound {
+        self.index
+            .get(name)
+            .and_then(|&i| self.views.get(i))
+            .cloned()
+            .ok_or_else(|| Error::NotFound {
                 name: name.to_owned(),
             })
-        }
     }
 
     fn as_any(&self) -> &dyn Any {

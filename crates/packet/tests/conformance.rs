@@ -18,7 +18,7 @@ fn tenso_packets_decode_and_reencode_byte_for_byte() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let cases = expected.as_object().unwrap();
     assert!(cases.len() >= 25, "fixture set incomplete: {}", cases.len());
-    for (name, want) in cases {
+    for (name, want) in cases.iter().filter(|(_, w)| w.get("kind").is_none()) {
         let file = std::fs::read(dir.join(format!("{name}.tnso"))).unwrap();
         let view = decode(&Bytes::from_vec(file.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
         let dtype: DType = want["dtype"].as_str().unwrap().parse().unwrap();
@@ -45,6 +45,7 @@ fn tenso_packets_decode_and_reencode_byte_for_byte() {
         let options = EncodeOptions {
             alignment,
             integrity: want["integrity"].as_bool().unwrap(),
+            ..EncodeOptions::default()
         };
         let ours = encode(dtype, &Shape::new(dims).unwrap(), &view.bytes, options).unwrap();
         assert!(ours == file, "{name}: our packet differs from tenso's");

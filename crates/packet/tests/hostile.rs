@@ -142,7 +142,7 @@ proptest! {
         let body: Vec<u8> = (0..shape.byte_len(DType::I16).unwrap() as usize)
             .map(|i| (i as u8).wrapping_add(seed))
             .collect();
-        let options = EncodeOptions { alignment: 1 << exp, integrity };
+        let options = EncodeOptions { alignment: 1 << exp, integrity, ..EncodeOptions::default() };
         let p = encode(DType::I16, &shape, &body, options).unwrap();
         let info = tensorwire_packet::packet_info(&p, &Default::default()).unwrap();
         prop_assert_eq!(info.body_offset % (1usize << exp), 0);

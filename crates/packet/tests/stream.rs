@@ -796,6 +796,7 @@ fn writer_round_trips_through_partial_vectored_writes() {
             let options = EncodeOptions {
                 alignment,
                 integrity,
+                ..EncodeOptions::default()
             };
             let want = dense(&values, options);
             let body: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
