@@ -562,6 +562,8 @@ impl Reader<'_> {
         let axis = meta[1];
         let group_size = u32_le(&meta[2..6]);
         let num_scales = to_usize(u64::from(u32_le(&meta[6..10])), "number of scales")?;
+        check_scale_count(&shape, scheme, axis, group_size, num_scales)
+            .map_err(|reason| Error::malformed(meta_at as u64 + 6, reason))?;
         let floats_at = meta_at + 10;
         // Both arrays must be in the input before anything is allocated for them.
         let floats_len = num_scales
@@ -621,6 +623,48 @@ impl Reader<'_> {
         };
         Ok((Packet::IpcRef(r), head.start + IPC_PACKET_LEN))
     }
+}
+
+/// How many scales a scheme needs, as tenso's `QuantizedTensor.quantize` writes them:
+/// one per tensor, one per slice along `axis` (a signed byte: 255 is the last axis), or
+/// one per `group_size` elements.
+pub(crate) fn check_scale_count(
+    shape: &Shape,
+    scheme: QuantScheme,
+    axis: u8,
+    group_size: u32,
+    num_scales: usize,
+) -> std::result::Result<(), String> {
+    let want = match scheme {
+        QuantScheme::PerTensor => 1,
+        QuantScheme::PerChannel => {
+            let ndim = shape.ndim() as i64;
+            let a = i64::from(axis as i8);
+            let a = if a < 0 { a + ndim } else { a };
+            if !(0..ndim).contains(&a) {
+                return Err(format!(
+                    "per-channel axis {axis} outside the {ndim} dimensions"
+                ));
+            }
+            shape.dims()[a as usize]
+        }
+        QuantScheme::PerGroup => {
+            if group_size == 0 {
+                return Err("per-group quantization with group size 0".to_owned());
+            }
+            shape
+                .numel()
+                .map_err(|e| e.to_string())?
+                .div_ceil(u64::from(group_size))
+        }
+    };
+    if want != num_scales as u64 {
+        return Err(format!(
+            "{num_scales} scales for {} quantization of {shape} (expected {want})",
+            scheme.name()
+        ));
+    }
+    Ok(())
 }
 
 fn is_index(dtype: DType) -> bool {

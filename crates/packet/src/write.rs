@@ -7,7 +7,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::codec::{encode_parts, EncodeOptions, PacketLimits};
 use crate::dtype::dtype_code;
-use crate::read::{check_sparse_parts, IPC_DISCRIMINATOR, RAGGED_KEYS, STRING_CODE};
+use crate::read::{
+    check_scale_count, check_sparse_parts, IPC_DISCRIMINATOR, RAGGED_KEYS, STRING_CODE,
+};
 use crate::value::{IpcRef, Packet, QuantScheme, RaggedFraming, SparseFormat};
 use crate::{flags, DEFAULT_ALIGNMENT, MAGIC, VERSION};
 
@@ -621,6 +623,7 @@ impl Writer<'_> {
         let num_scales =
             u32::try_from(scales.len() / 4).map_err(|_| invalid("more than 2^32 - 1 scales"))?;
         Error::check_limit("element count", shape.numel()?, self.limits.max_elements)?;
+        check_scale_count(shape, scheme, axis, group_size, num_scales as usize).map_err(invalid)?;
         let expected = shape.byte_len(dtype)?;
         if expected != data.len() as u64 {
             return Err(Error::SizeMismatch {
