@@ -60,6 +60,11 @@ cargo clippy --quiet --workspace --all-targets -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace
 
+# The async packet stream (tokio feature) is off in the workspace-wide runs above.
+step "cargo clippy + test -p tensorwire-packet --features tokio"
+cargo clippy --quiet -p tensorwire-packet --all-targets --features tokio -- -D warnings
+cargo test -p tensorwire-packet --features tokio
+
 # ---------------------------------------------------------------- Python
 BINDINGS_MANIFEST="bindings/python/Cargo.toml"
 

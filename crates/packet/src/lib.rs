@@ -13,8 +13,16 @@
 //! and [`encode_parts`] returns the header and footer around the caller's own body
 //! bytes, so large tensors can be sent with vectored writes and no copy.
 //!
+//! Streams of packets back to back (what `tenso.write_stream` writes): [`PacketReader`]
+//! reads one packet at a time from a `std::io::Read` (raw bytes or decoded), framed by
+//! [`PacketFramer`] for every kind, LZ4 bodies included, with every announced length
+//! checked against [`PacketLimits`] and a 64-aligned buffer that grows by at most
+//! [`READ_CHUNK`] past the bytes received; [`PacketWriter`] writes packets, dense
+//! bodies with vectored writes and no copy. The `tokio` feature adds
+//! `AsyncPacketReader` / `AsyncPacketWriter` with the same framing and limits.
+//!
 //! Not in scope yet: bundles, sparse, string, ragged, quantized and GPU-reference
-//! packets, LZ4 bodies and streaming (they are refused with
+//! packets and LZ4 bodies (they are refused with
 //! [`Error::Unsupported`](tensorwire_core::Error::Unsupported)).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

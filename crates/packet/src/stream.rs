@@ -15,7 +15,10 @@ use std::io::{self, IoSlice, Read, Write};
 
 use tensorwire_core::{Bytes, DType, Error, Result, Shape, TensorView};
 
-use crate::codec::{decode_with, encode_parts, EncodeOptions, PacketLimits};
+use crate::codec::{encode_parts, EncodeOptions, PacketLimits};
+use crate::read::decode_packet_with;
+use crate::value::Packet;
+use crate::write::{encode_packet, PacketRef};
 
 #[cfg(feature = "tokio")]
 mod async_io;
@@ -152,8 +155,8 @@ impl ReadState {
         e
     }
 
-    pub(crate) fn decode(&self, packet: &Bytes) -> Result<TensorView> {
-        decode_with(packet, self.framer.limits())
+    pub(crate) fn decode(&self, packet: &Bytes) -> Result<Packet> {
+        decode_packet_with(packet, self.framer.limits())
     }
 }
 
@@ -186,7 +189,10 @@ impl ReadState {
 /// let stream = w.into_inner();
 ///
 /// let mut r = PacketReader::new(Cursor::new(stream));
-/// let bodies: Vec<Vec<u8>> = r.by_ref().map(|p| p.unwrap().bytes.to_vec()).collect();
+/// let bodies: Vec<Vec<u8>> = r
+///     .by_ref()
+///     .map(|p| p.unwrap().as_dense().unwrap().bytes.to_vec())
+///     .collect();
 /// assert_eq!(bodies, [vec![1, 2], vec![3, 4]]);
 /// assert_eq!(r.packets_read(), 2);
 /// ```
@@ -237,9 +243,10 @@ impl<R: Read> PacketReader<R> {
         }
     }
 
-    /// The next packet, decoded to a zero-copy view of its body; `Ok(None)` at a clean
-    /// end of the stream.
-    pub fn read_packet(&mut self) -> Result<Option<TensorView>> {
+    /// The next packet, decoded ([`decode_packet_with`](crate::decode_packet_with) under
+    /// the reader's limits: bodies and members borrow the packet buffer); `Ok(None)` at
+    /// a clean end of the stream.
+    pub fn read_packet(&mut self) -> Result<Option<Packet>> {
         match self.read_packet_bytes()? {
             Some(bytes) => self.state.decode(&bytes).map(Some),
             None => Ok(None),
@@ -300,7 +307,7 @@ impl<R> PacketReader<R> {
 /// Decoded packets until the stream ends. An error that puts the stream out of sync is
 /// yielded once, then the iterator ends.
 impl<R: Read> Iterator for PacketReader<R> {
-    type Item = Result<TensorView>;
+    type Item = Result<Packet>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.state.failed {
@@ -370,6 +377,20 @@ impl<W: Write> PacketWriter<W> {
     /// Writes a view (for example one read from another stream) as a dense packet.
     pub fn write_view(&mut self, view: &TensorView, options: EncodeOptions) -> Result<u64> {
         self.write_dense(view.dtype, &view.shape, &view.bytes, options)
+    }
+
+    /// Encodes a packet of any kind with [`encode_packet`](crate::encode_packet) and
+    /// writes it; an uncompressed dense packet goes out without a copy of its body.
+    pub fn write_packet(&mut self, packet: &PacketRef<'_>, options: &EncodeOptions) -> Result<u64> {
+        match packet {
+            PacketRef::Dense { dtype, shape, body } if !options.compress => {
+                self.write_dense(*dtype, shape, body, *options)
+            }
+            _ => {
+                let bytes = encode_packet(packet, options)?;
+                self.write_parts(&mut [IoSlice::new(&bytes)])
+            }
+        }
     }
 
     fn write_parts(&mut self, parts: &mut [IoSlice<'_>]) -> Result<u64> {

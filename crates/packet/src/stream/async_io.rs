@@ -4,6 +4,9 @@
 use std::io::{self, IoSlice};
 
 use tensorwire_core::{Bytes, DType, Result, Shape, TensorView};
+
+use crate::value::Packet;
+use crate::write::{encode_packet, PacketRef};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{check_one_packet, Next, PacketFramer, ReadState};
@@ -70,8 +73,9 @@ impl<R: AsyncRead + Unpin> AsyncPacketReader<R> {
         }
     }
 
-    /// The next packet, decoded; `Ok(None)` at a clean end of the stream.
-    pub async fn read_packet(&mut self) -> Result<Option<TensorView>> {
+    /// The next packet, decoded under the reader's limits; `Ok(None)` at a clean end
+    /// of the stream.
+    pub async fn read_packet(&mut self) -> Result<Option<Packet>> {
         match self.read_packet_bytes().await? {
             Some(bytes) => self.state.decode(&bytes).map(Some),
             None => Ok(None),
@@ -181,6 +185,24 @@ impl<W: AsyncWrite + Unpin> AsyncPacketWriter<W> {
     pub async fn write_view(&mut self, view: &TensorView, options: EncodeOptions) -> Result<u64> {
         self.write_dense(view.dtype, &view.shape, &view.bytes, options)
             .await
+    }
+
+    /// Encodes a packet of any kind and writes it; an uncompressed dense packet goes
+    /// out without a copy of its body.
+    pub async fn write_packet(
+        &mut self,
+        packet: &PacketRef<'_>,
+        options: &EncodeOptions,
+    ) -> Result<u64> {
+        match packet {
+            PacketRef::Dense { dtype, shape, body } if !options.compress => {
+                self.write_dense(*dtype, shape, body, *options).await
+            }
+            _ => {
+                let bytes = encode_packet(packet, options)?;
+                self.write_parts(&mut [IoSlice::new(&bytes)]).await
+            }
+        }
     }
 
     async fn write_parts(&mut self, parts: &mut [IoSlice<'_>]) -> Result<u64> {

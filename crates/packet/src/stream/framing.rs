@@ -198,7 +198,7 @@ impl PacketFramer {
     /// a new stream): [`Error::BadMagic`], [`Error::Unsupported`] for an unknown
     /// protocol version, [`Error::LimitExceeded`] for ndim, element, bundle-entry,
     /// nesting, alignment or packet-size limits, [`Error::Malformed`] for an unknown
-    /// dtype, a sub-packet that disagrees with its length prefix or a bad LZ4 frame,
+    /// dtype, a sub-packet longer than its length prefix or a bad LZ4 frame,
     /// [`Error::Overflow`]. Offsets in errors count from the packet's first byte.
     pub fn advance(&mut self, prefix: &[u8]) -> Result<Framing> {
         let have = prefix.len() as u64;
@@ -211,6 +211,8 @@ impl PacketFramer {
             };
             // `need!(end)`: returns `Incomplete` unless the prefix holds `end` bytes,
             // after checking `end` against this frame's length prefix and the limits.
+            // A step that returns `Incomplete` reruns from its start on the next call,
+            // so each step changes `frame` only after its last `need!`.
             macro_rules! need {
                 ($end:expr) => {{
                     let end: u64 = $end;
@@ -352,8 +354,9 @@ impl PacketFramer {
                             what: "packet body offset",
                         })?;
                     let footer = if flags & flags::INTEGRITY != 0 { 8 } else { 0 };
-                    frame.pos = body_start;
-                    frame.state = match body {
+                    // Nothing changes before the last `need!`: the step reruns whole
+                    // when it returns `Incomplete`.
+                    let next = match body {
                         Body::Fixed(len) => State::Until {
                             end: add(body_start, len)?,
                         },
@@ -368,6 +371,8 @@ impl PacketFramer {
                             None => State::Lz4Header { raw_len, footer },
                         },
                     };
+                    frame.pos = body_start;
+                    frame.state = next;
                 }
                 State::Offsets { count, footer } => {
                     let table = mul(add(count, 1)?, 8)?;
@@ -478,20 +483,10 @@ impl PacketFramer {
                 }
                 State::Until { end } => {
                     need!(end);
-                    let bound = frame.bound;
+                    // A member may end before its length prefix says (padding after it,
+                    // as `EncodeOptions::aligned_bundle` writes and tenso reads); its
+                    // parent goes on at the prefix's end.
                     self.stack.pop();
-                    if let Some(bound) = bound {
-                        if bound != end {
-                            return Err(Error::malformed(
-                                start,
-                                format!(
-                                    "sub-packet is {} bytes, its length prefix says {}",
-                                    end - start,
-                                    bound - start
-                                ),
-                            ));
-                        }
-                    }
                     if self.stack.is_empty() {
                         self.reset();
                         return Ok(Framing::Complete { len: end });
