@@ -21,6 +21,7 @@ PY_DEPS=(
     "numpy>=2,<3"
     "pytest>=8,<10"
     "ml_dtypes>=0.5,<1"
+    "scipy>=1.10,<2"
 )
 
 step() { printf '\n==> %s\n' "$*"; }

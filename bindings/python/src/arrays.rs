@@ -196,6 +196,20 @@ pub struct FreshBuf {
 }
 
 impl FreshBuf {
+    /// Address of the first byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The part `start..start + len` of the buffer (clamped to it).
+    pub fn subslice(self, start: usize, len: usize) -> FreshBuf {
+        let start = start.min(self.len);
+        FreshBuf {
+            ptr: self.ptr.wrapping_add(start),
+            len: len.min(self.len - start),
+        }
+    }
+
     /// The buffer as a mutable slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         if self.len == 0 {

@@ -14,6 +14,7 @@
 mod arrays;
 mod dtypes;
 mod errors;
+mod packet;
 mod reader;
 mod values;
 mod writer;
@@ -28,5 +29,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::BytesOwner>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_function(wrap_pyfunction!(packet::packet_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(packet::packet_loads, m)?)?;
+    m.add_function(wrap_pyfunction!(packet::packet_dense_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(packet::packet_read_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(packet::packet_frame_need, m)?)?;
+    m.add_function(wrap_pyfunction!(packet::packet_length, m)?)?;
     Ok(())
 }

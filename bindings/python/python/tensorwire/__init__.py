@@ -11,6 +11,8 @@ or as torch tensors; write .zt files ztensor 1.2.3 reads. The API follows ztenso
         weight = r["weight"]              # zero-copy numpy array
         state = r.read_numpy(r.keys())    # {name: array}, file-offset order
 
+Tensor packets (the tenso wire format, with tenso's API) are in ``tensorwire.packet``.
+
 Errors derive from ``TensorwireError`` (``TensorNotFoundError`` is also a KeyError,
 ``InvalidArgumentError`` a ValueError); I/O errors are OSError.
 """
@@ -33,6 +35,7 @@ from ._native import (
 from ._reader import Reader
 from ._types import Tensor, TensorMetadata
 from ._writer import Writer
+from . import packet
 
 
 def open(path):
@@ -59,4 +62,5 @@ __all__ = [
     "Writer",
     "__version__",
     "open",
+    "packet",
 ]

@@ -1,0 +1,689 @@
+//! The native half of `tensorwire.packet`: tenso-compatible packets to and from numpy.
+//!
+//! Python normalises what it is given into tagged tuples (`("dense", array)`,
+//! `("bundle", [(key, spec), ...])`, ...) and hands decoded values that numpy has no
+//! type for (sparse, strings, ragged, quantized, IPC references) to factories it
+//! passes in, so this module holds no Python class of its own.
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use tensorwire::core::Owner;
+use tensorwire::packet::{
+    self, EncodeOptions, Framing, IpcRef, Packet, PacketFramer, PacketLimits, PacketReader,
+    PacketRef, QuantScheme, RaggedFraming, SparseFormat,
+};
+use tensorwire::{Bytes, DType, Error, Shape, TensorView};
+
+use crate::arrays::{self, RELEASE_GIL_BYTES};
+use crate::errors::{to_pyerr, ResultExt};
+
+/// A numpy `uint8` array lent to Rust as the owner of [`Bytes`]: decoded tensors
+/// borrow it, and the array (and so the caller's buffer: `bytes`, `bytearray`,
+/// `mmap`, ...) stays alive while any of them does.
+struct ArrayOwner {
+    /// Keeps the array, and through its `base` the caller's buffer, alive.
+    _array: Py<PyAny>,
+    /// Address of the array's first byte (a `usize` so the owner is `Send + Sync`).
+    addr: usize,
+    len: usize,
+}
+
+impl Owner for ArrayOwner {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `addr` is the data pointer of a C-contiguous uint8 array of `len`
+        // elements (checked in `lend`), and `_array` holds a reference to it for as long
+        // as this owner lives, so numpy cannot free or reallocate the buffer (`resize`
+        // refuses arrays that are referenced; `bytearray`/`mmap` refuse to resize or
+        // close while numpy holds their buffer export). The bytes are only read here.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+}
+
+/// The bytes of a 1-D contiguous uint8 array, shared without copying.
+fn lend(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
+    if !buffer.is_c_contiguous() || buffer.dtype().itemsize() != 1 {
+        return Err(PyTypeError::new_err(
+            "packet buffer must be a contiguous uint8 array",
+        ));
+    }
+    // SAFETY: the array is C-contiguous (checked) and alive (we hold `buffer`); the
+    // slice is used only to read its address and length.
+    let bytes = unsafe { arrays::contiguous_bytes(buffer) };
+    Ok(Bytes::from_owner(ArrayOwner {
+        _array: buffer.clone().into_any().unbind(),
+        addr: bytes.as_ptr() as usize,
+        len: bytes.len(),
+    }))
+}
+
+/// The bundle keys tenso writes a ragged array under.
+const RAGGED_OFFSETS: &str = "__ragged_offsets__";
+const RAGGED_FLAT: &str = "__ragged_flat__";
+const RAGGED_COUNT: &str = "__ragged_count__";
+
+/// Builds Python values from decoded packets.
+struct Decoder<'py> {
+    py: Python<'py>,
+    copy: bool,
+    make_sparse: Bound<'py, PyAny>,
+    make_strings: Bound<'py, PyAny>,
+    make_ragged: Bound<'py, PyAny>,
+    make_quantized: Bound<'py, PyAny>,
+    make_ipc_ref: Bound<'py, PyAny>,
+}
+
+impl<'py> Decoder<'py> {
+    fn new(factories: &Bound<'py, PyTuple>, copy: bool) -> PyResult<Self> {
+        let (make_sparse, make_strings, make_ragged, make_quantized, make_ipc_ref) =
+            factories.extract()?;
+        Ok(Decoder {
+            py: factories.py(),
+            copy,
+            make_sparse,
+            make_strings,
+            make_ragged,
+            make_quantized,
+            make_ipc_ref,
+        })
+    }
+
+    /// A numpy array for a decoded tensor: a read-only view of the packet when the
+    /// body is element-aligned in memory and no copy was asked for, else a copy
+    /// (writeable only when `copy` was asked for).
+    fn array(&self, view: &TensorView) -> PyResult<Bound<'py, PyAny>> {
+        let dims = view.shape.dims();
+        if !self.copy && view.bytes.is_aligned(view.dtype.alignment()) {
+            return arrays::zero_copy(self.py, &view.bytes, view.dtype, dims);
+        }
+        let (array, mut buf) = arrays::fresh(self.py, view.dtype, dims)?;
+        let src = view.bytes.as_slice();
+        let dst = buf.as_mut_slice();
+        arrays::maybe_detach(self.py, src.len(), || dst.copy_from_slice(src));
+        if !self.copy {
+            array.getattr("flags")?.setattr("writeable", false)?;
+        }
+        Ok(array)
+    }
+
+    fn value(&self, packet: &Packet) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        match packet {
+            Packet::Dense(view) => self.array(view),
+            Packet::Bundle(bundle) => {
+                let dict = PyDict::new(py);
+                for (key, member) in &bundle.entries {
+                    dict.set_item(key, self.value(member)?)?;
+                }
+                Ok(dict.into_any())
+            }
+            Packet::Sparse(sparse) => {
+                let format = match sparse.format {
+                    SparseFormat::Coo => "coo",
+                    SparseFormat::Csr => "csr",
+                    SparseFormat::Csc => "csc",
+                };
+                let shape = PyTuple::new(py, sparse.shape.dims())?;
+                self.make_sparse.call1((
+                    format,
+                    shape,
+                    self.array(&sparse.data)?,
+                    self.array(&sparse.indices)?,
+                    self.array(&sparse.pointers)?,
+                ))
+            }
+            Packet::Strings(strings) => {
+                let offsets = self.array(&strings.offsets)?;
+                let payload = self.array(&strings.payload)?;
+                self.make_strings.call1((offsets, payload))
+            }
+            // tenso hands back the bundle it wrote as a dict; RaggedArray.loads wraps it.
+            Packet::Ragged(ragged) if ragged.framing == RaggedFraming::Bundle => {
+                let dict = PyDict::new(py);
+                dict.set_item(RAGGED_OFFSETS, self.array(&ragged.offsets)?)?;
+                dict.set_item(RAGGED_FLAT, self.array(&ragged.flat)?)?;
+                let count = vec![ragged.count() as u64];
+                dict.set_item(RAGGED_COUNT, numpy::PyArray1::from_vec(py, count))?;
+                Ok(dict.into_any())
+            }
+            Packet::Ragged(ragged) => self
+                .make_ragged
+                .call1((self.array(&ragged.offsets)?, self.array(&ragged.flat)?)),
+            Packet::Quantized(q) => {
+                let data = TensorView {
+                    dtype: DType::U8,
+                    shape: Shape::from_dims(&[q.data.len() as u64]).or_raise()?,
+                    bytes: q.data.clone(),
+                    zero_copy: true,
+                };
+                let (scheme, axis, group_size) = match q.scheme {
+                    QuantScheme::PerTensor => (0u8, 0u8, q.group_size),
+                    QuantScheme::PerChannel => (1, q.axis, q.group_size),
+                    QuantScheme::PerGroup => (2, q.axis, q.group_size),
+                };
+                let code = packet::dtype_code(q.dtype).ok_or_else(|| {
+                    to_pyerr(Error::unsupported(format!("{} quantized", q.dtype)))
+                })?;
+                self.make_quantized.call1((
+                    self.array(&data)?,
+                    q.scales.clone(),
+                    q.zero_points.clone(),
+                    PyTuple::new(py, q.shape.dims())?,
+                    code,
+                    scheme,
+                    group_size,
+                    axis,
+                ))
+            }
+            Packet::IpcRef(r) => self.make_ipc_ref.call1((
+                PyBytes::new(py, &r.handle),
+                r.byte_offset,
+                r.nbytes,
+                PyBytes::new(py, &r.device_uuid),
+            )),
+            #[allow(unreachable_patterns)]
+            _ => Err(to_pyerr(Error::unsupported("this packet kind"))),
+        }
+    }
+}
+
+/// `loads`: decode the one packet in `buffer` (a 1-D uint8 array over the caller's
+/// bytes).
+#[pyfunction]
+pub fn packet_loads<'py>(
+    buffer: &Bound<'py, PyUntypedArray>,
+    copy: bool,
+    factories: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = buffer.py();
+    let bytes = lend(buffer)?;
+    let decoded = if bytes.len() >= RELEASE_GIL_BYTES {
+        py.detach(|| packet::decode_packet(&bytes))
+    } else {
+        packet::decode_packet(&bytes)
+    }
+    .or_raise()?;
+    Decoder::new(factories, copy)?.value(&decoded)
+}
+
+/// An array from a spec, ready to encode: C-contiguous and little-endian.
+fn spec_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<arrays::Prepared<'py>> {
+    arrays::prepare(obj)
+}
+
+/// The Python-side arrays a spec refers to, kept alive (and their bytes borrowed)
+/// while the packet is encoded.
+struct Held<'py> {
+    arrays: Vec<arrays::Prepared<'py>>,
+}
+
+/// What a spec tuple describes, with arrays as indexes into [`Held`].
+enum Spec {
+    Dense(usize),
+    Bundle(Vec<(String, Spec)>),
+    Sparse {
+        format: SparseFormat,
+        shape: Shape,
+        parts: [usize; 3],
+    },
+    Strings {
+        offsets: usize,
+        payload: usize,
+    },
+    Quantized {
+        dtype: DType,
+        shape: Shape,
+        scheme: QuantScheme,
+        axis: u8,
+        group_size: u32,
+        scales: usize,
+        zero_points: usize,
+        data: usize,
+    },
+    IpcRef(IpcRef),
+}
+
+fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
+    let dims: Vec<u64> = obj.extract()?;
+    Shape::new(dims).or_raise()
+}
+
+impl<'py> Held<'py> {
+    fn hold(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<usize> {
+        self.arrays.push(spec_array(obj)?);
+        Ok(self.arrays.len() - 1)
+    }
+
+    fn parse(&mut self, spec: &Bound<'py, PyAny>, depth: usize) -> PyResult<Spec> {
+        if depth > PacketLimits::default().max_nesting {
+            return Err(to_pyerr(Error::LimitExceeded {
+                what: "bundle nesting",
+                found: depth as u64,
+                limit: PacketLimits::default().max_nesting as u64,
+            }));
+        }
+        let spec = spec.cast::<PyTuple>()?;
+        let tag: String = spec.get_item(0)?.extract()?;
+        Ok(match tag.as_str() {
+            "dense" => Spec::Dense(self.hold(&spec.get_item(1)?)?),
+            "bundle" => {
+                let entries = spec.get_item(1)?;
+                let entries = entries.cast::<PyList>()?;
+                let mut out = Vec::with_capacity(entries.len());
+                for entry in entries.iter() {
+                    let (key, value): (String, Bound<'py, PyAny>) = entry.extract()?;
+                    out.push((key, self.parse(&value, depth + 1)?));
+                }
+                Spec::Bundle(out)
+            }
+            "sparse" => {
+                let format = match spec.get_item(1)?.extract::<String>()?.as_str() {
+                    "coo" => SparseFormat::Coo,
+                    "csr" => SparseFormat::Csr,
+                    "csc" => SparseFormat::Csc,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "unknown sparse format {other:?}"
+                        )))
+                    }
+                };
+                Spec::Sparse {
+                    format,
+                    shape: shape_of(&spec.get_item(2)?)?,
+                    parts: [
+                        self.hold(&spec.get_item(3)?)?,
+                        self.hold(&spec.get_item(4)?)?,
+                        self.hold(&spec.get_item(5)?)?,
+                    ],
+                }
+            }
+            "strings" => Spec::Strings {
+                offsets: self.hold(&spec.get_item(1)?)?,
+                payload: self.hold(&spec.get_item(2)?)?,
+            },
+            "quantized" => {
+                let code: u8 = spec.get_item(1)?.extract()?;
+                let dtype = packet::dtype_from_code(code)
+                    .filter(|d| {
+                        matches!(
+                            d,
+                            DType::QInt8 | DType::QUInt8 | DType::QInt4 | DType::QUInt4
+                        )
+                    })
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!("not a quantized dtype code: {code}"))
+                    })?;
+                let scheme = match spec.get_item(3)?.extract::<u8>()? {
+                    0 => QuantScheme::PerTensor,
+                    1 => QuantScheme::PerChannel,
+                    2 => QuantScheme::PerGroup,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "unknown quantization scheme {other}"
+                        )))
+                    }
+                };
+                Spec::Quantized {
+                    dtype,
+                    shape: shape_of(&spec.get_item(2)?)?,
+                    scheme,
+                    axis: spec.get_item(4)?.extract()?,
+                    group_size: spec.get_item(5)?.extract()?,
+                    scales: self.hold(&spec.get_item(6)?)?,
+                    zero_points: self.hold(&spec.get_item(7)?)?,
+                    data: self.hold(&spec.get_item(8)?)?,
+                }
+            }
+            "ipcref" => {
+                let handle: Vec<u8> = spec.get_item(1)?.extract()?;
+                let uuid: Vec<u8> = spec.get_item(4)?.extract()?;
+                Spec::IpcRef(IpcRef {
+                    handle: handle
+                        .try_into()
+                        .map_err(|_| PyValueError::new_err("an IPC handle is 64 bytes"))?,
+                    byte_offset: spec.get_item(2)?.extract()?,
+                    nbytes: spec.get_item(3)?.extract()?,
+                    device_uuid: uuid
+                        .try_into()
+                        .map_err(|_| PyValueError::new_err("a device UUID is 16 bytes"))?,
+                })
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown packet spec {other:?}"
+                )))
+            }
+        })
+    }
+
+    fn bytes(&self, index: usize) -> &[u8] {
+        self.arrays[index].bytes()
+    }
+
+    fn dense(&self, index: usize) -> PyResult<PacketRef<'_>> {
+        let prepared = &self.arrays[index];
+        Ok(PacketRef::Dense {
+            dtype: prepared.dtype,
+            shape: prepared.shape()?,
+            body: prepared.bytes(),
+        })
+    }
+
+    /// The spec as the encoder's borrowed packet.
+    fn packet_ref<'s>(&'s self, spec: &'s Spec) -> PyResult<PacketRef<'s>> {
+        Ok(match spec {
+            Spec::Dense(i) => self.dense(*i)?,
+            Spec::Bundle(entries) => PacketRef::Bundle(
+                entries
+                    .iter()
+                    .map(|(k, v)| Ok((k.as_str(), self.packet_ref(v)?)))
+                    .collect::<PyResult<Vec<_>>>()?,
+            ),
+            Spec::Sparse {
+                format,
+                shape,
+                parts,
+            } => PacketRef::Sparse {
+                format: *format,
+                shape: shape.clone(),
+                data: Box::new(self.dense(parts[0])?),
+                indices: Box::new(self.dense(parts[1])?),
+                pointers: Box::new(self.dense(parts[2])?),
+            },
+            Spec::Strings { offsets, payload } => PacketRef::Strings {
+                offsets: self.bytes(*offsets),
+                payload: self.bytes(*payload),
+            },
+            Spec::Quantized {
+                dtype,
+                shape,
+                scheme,
+                axis,
+                group_size,
+                scales,
+                zero_points,
+                data,
+            } => PacketRef::Quantized {
+                dtype: *dtype,
+                shape: shape.clone(),
+                scheme: *scheme,
+                axis: *axis,
+                group_size: *group_size,
+                scales: self.bytes(*scales),
+                zero_points: self.bytes(*zero_points),
+                data: self.bytes(*data),
+            },
+            Spec::IpcRef(r) => PacketRef::IpcRef(r.clone()),
+        })
+    }
+}
+
+/// A new numpy uint8 array of `len` bytes whose first byte is 64-aligned (a slice of a
+/// slightly larger one: numpy's allocator, unlike a plain `malloc`, asks the kernel
+/// for huge pages, which makes first-touching a large buffer several times cheaper),
+/// and its bytes to fill.
+fn aligned_output(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyAny>, arrays::FreshBuf)> {
+    let padded = len.checked_add(63).ok_or_else(|| {
+        to_pyerr(Error::Overflow {
+            what: "packet length",
+        })
+    })?;
+    let (whole, buf) = arrays::fresh(py, DType::U8, &[padded as u64])?;
+    let start = (64 - buf.as_ptr() as usize % 64) % 64;
+    let slice = pyo3::types::PySlice::new(py, start as isize, (start + len) as isize, 1);
+    let array = whole.get_item(slice)?;
+    let buf = buf.subslice(start, len);
+    Ok((array, buf))
+}
+
+/// Copies `parts` back to back into a new 64-aligned, read-only numpy uint8 array.
+fn assemble<'py>(py: Python<'py>, parts: &[&[u8]]) -> PyResult<Bound<'py, PyAny>> {
+    let total = parts
+        .iter()
+        .try_fold(0usize, |n, p| n.checked_add(p.len()))
+        .ok_or_else(|| {
+            to_pyerr(Error::Overflow {
+                what: "packet length",
+            })
+        })?;
+    let (array, mut buf) = aligned_output(py, total)?;
+    let out = buf.as_mut_slice();
+    arrays::maybe_detach(py, total, || {
+        let mut at = 0;
+        for part in parts {
+            out[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+    });
+    array.getattr("flags")?.setattr("writeable", false)?;
+    Ok(array)
+}
+
+/// `dumps`: the packet for a spec, as a read-only uint8 array over a 64-aligned buffer.
+#[pyfunction]
+pub fn packet_dumps<'py>(
+    spec: &Bound<'py, PyAny>,
+    integrity: bool,
+    compress: bool,
+    alignment: usize,
+    aligned_bundle: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = spec.py();
+    let options = EncodeOptions {
+        alignment,
+        integrity,
+        compress,
+        aligned_bundle,
+    };
+    let mut held = Held { arrays: Vec::new() };
+    let parsed = held.parse(spec, 0)?;
+    // A plain dense tensor is copied once, straight into the output buffer.
+    if let (Spec::Dense(i), false) = (&parsed, compress) {
+        let prepared = &held.arrays[*i];
+        let body = prepared.bytes();
+        let parts =
+            packet::encode_parts(prepared.dtype, &prepared.shape()?, body, options).or_raise()?;
+        let footer = parts.footer.unwrap_or_default();
+        let footer: &[u8] = if parts.footer.is_some() { &footer } else { &[] };
+        return assemble(py, &[&parts.header, body, footer]);
+    }
+    let packet_ref = held.packet_ref(&parsed)?;
+    let encoded = py
+        .detach(|| packet::encode_packet(&packet_ref, &options))
+        .or_raise()?;
+    assemble(py, &[&encoded])
+}
+
+/// `iter_dumps` of a dense array: `(header, body array, footer)`, the body being the
+/// (contiguous, little-endian) array itself.
+#[pyfunction]
+pub fn packet_dense_parts<'py>(
+    array: &Bound<'py, PyAny>,
+    integrity: bool,
+    alignment: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyAny>, Bound<'py, PyBytes>)> {
+    let py = array.py();
+    let prepared = spec_array(array)?;
+    let options = EncodeOptions {
+        alignment,
+        integrity,
+        ..EncodeOptions::default()
+    };
+    let parts = packet::encode_parts(
+        prepared.dtype,
+        &prepared.shape()?,
+        prepared.bytes(),
+        options,
+    )
+    .or_raise()?;
+    let footer = parts.footer.map(|f| f.to_vec()).unwrap_or_default();
+    Ok((
+        PyBytes::new(py, &parts.header),
+        prepared.array.into_any(),
+        PyBytes::new(py, &footer),
+    ))
+}
+
+/// A Python file or socket as a [`std::io::Read`]: `readinto`, `recv_into`, `read` or
+/// `recv`, whichever the object has (in that order). Each call reads into a small
+/// Python-visible buffer and copies out, so Python never sees Rust memory.
+struct PyReader<'py> {
+    source: Bound<'py, PyAny>,
+    method: ReadMethod,
+    /// The Python exception behind the last failed read, re-raised as it was.
+    error: Option<PyErr>,
+}
+
+#[derive(Clone, Copy)]
+enum ReadMethod {
+    ReadInto,
+    RecvInto,
+    Read,
+    Recv,
+}
+
+impl<'py> PyReader<'py> {
+    fn new(source: Bound<'py, PyAny>) -> PyResult<Self> {
+        let method = [
+            ("readinto", ReadMethod::ReadInto),
+            ("recv_into", ReadMethod::RecvInto),
+            ("read", ReadMethod::Read),
+            ("recv", ReadMethod::Recv),
+        ]
+        .into_iter()
+        .find(|(name, _)| source.hasattr(*name).unwrap_or(false))
+        .map(|(_, m)| m)
+        .ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "{} has no readinto, recv_into, read or recv method",
+                source
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        Ok(PyReader {
+            source,
+            method,
+            error: None,
+        })
+    }
+
+    fn read_py(&mut self, out: &mut [u8]) -> PyResult<usize> {
+        let py = self.source.py();
+        let want = out.len();
+        match self.method {
+            ReadMethod::ReadInto | ReadMethod::RecvInto => {
+                let name = if matches!(self.method, ReadMethod::ReadInto) {
+                    "readinto"
+                } else {
+                    "recv_into"
+                };
+                let scratch = pyo3::types::PyByteArray::new(py, &vec![0u8; want]);
+                let got = self.source.call_method1(name, (&scratch,))?;
+                // Non-blocking files return None when no data is ready.
+                let n: usize = if got.is_none() { 0 } else { got.extract()? };
+                let n = n.min(want);
+                // SAFETY: we hold the only reference to `scratch` besides the call that
+                // just returned, and no Python code runs while the slice is used.
+                out[..n].copy_from_slice(unsafe { &scratch.as_bytes()[..n] });
+                Ok(n)
+            }
+            ReadMethod::Read | ReadMethod::Recv => {
+                let name = if matches!(self.method, ReadMethod::Read) {
+                    "read"
+                } else {
+                    "recv"
+                };
+                let got = self.source.call_method1(name, (want,))?;
+                if got.is_none() {
+                    return Ok(0);
+                }
+                let chunk: &[u8] = got.extract()?;
+                if chunk.len() > want {
+                    return Err(PyValueError::new_err(format!(
+                        "{name}({want}) returned {} bytes",
+                        chunk.len()
+                    )));
+                }
+                out[..chunk.len()].copy_from_slice(chunk);
+                Ok(chunk.len())
+            }
+        }
+    }
+}
+
+impl std::io::Read for PyReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // Ask for at most 8 MiB per call: the Python-side scratch buffer is that big.
+        let cap = buf.len().min(8 << 20);
+        self.read_py(&mut buf[..cap]).map_err(|e| {
+            let message = e.to_string();
+            self.error = Some(e);
+            std::io::Error::other(message)
+        })
+    }
+}
+
+/// `read_stream`: read one packet from a Python file or socket and decode it; None at
+/// a clean end of stream.
+#[pyfunction]
+pub fn packet_read_stream<'py>(
+    source: &Bound<'py, PyAny>,
+    copy: bool,
+    factories: &Bound<'py, PyTuple>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    // The reader never reads past the packet, so a fresh one per call loses nothing.
+    let mut reader = PacketReader::new(PyReader::new(source.clone())?);
+    let read = reader.read_packet_bytes();
+    if let Some(err) = reader.get_mut().error.take() {
+        return Err(err);
+    }
+    let Some(bytes) = read.or_raise()? else {
+        return Ok(None);
+    };
+    let decoded = arrays::maybe_detach(source.py(), bytes.len(), || packet::decode_packet(&bytes))
+        .or_raise()?;
+    Decoder::new(factories, copy)?.value(&decoded).map(Some)
+}
+
+/// How many more bytes the packet at the front of `buffer` needs: 0 when `buffer`
+/// holds all of it (and no more), else at least one. Errors name what is wrong.
+#[pyfunction]
+pub fn packet_frame_need(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
+    let bytes = lend(buffer)?;
+    let have = bytes.len() as u64;
+    match PacketFramer::new(PacketLimits::default())
+        .advance(&bytes)
+        .or_raise()?
+    {
+        Framing::Incomplete { need } => Ok(need.saturating_sub(have).max(1)),
+        Framing::Complete { len } if len == have => Ok(0),
+        Framing::Complete { len } => Err(to_pyerr(Error::malformed(
+            len,
+            format!("{} bytes after the packet", have - len),
+        ))),
+    }
+}
+
+/// The length of the packet at the front of `buffer` (which may hold more after it).
+#[pyfunction]
+pub fn packet_length(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
+    let bytes = lend(buffer)?;
+    match PacketFramer::new(PacketLimits::default())
+        .advance(&bytes)
+        .or_raise()?
+    {
+        Framing::Complete { len } => Ok(len),
+        Framing::Incomplete { need } => Err(to_pyerr(Error::Truncated {
+            offset: 0,
+            needed: need,
+            available: bytes.len() as u64,
+        })),
+    }
+}
