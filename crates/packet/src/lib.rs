@@ -21,9 +21,35 @@
 //! bodies with vectored writes and no copy. The `tokio` feature adds
 //! `AsyncPacketReader` / `AsyncPacketWriter` with the same framing and limits.
 //!
-//! Not in scope yet: bundles, sparse, string, ragged, quantized and GPU-reference
-//! packets and LZ4 bodies (they are refused with
-//! [`Error::Unsupported`](tensorwire_core::Error::Unsupported)).
+//! Every other kind: [`decode_packet`] returns a [`Packet`] — dense (LZ4 bodies
+//! decompressed into an exactly sized 64-aligned buffer, never past the size the header
+//! declares), [`Bundle`], [`SparsePacket`] (COO/CSR/CSC), [`StringPacket`],
+//! [`RaggedPacket`] (tenso's `__ragged_*__` bundle or a flag-0x200 packet),
+//! [`QuantizedPacket`] (qint8/quint8/qint4/quint4, per tensor/channel/group) or
+//! [`IpcRef`] — with bundle members, sparse parts and string components borrowed from
+//! the input. [`encode_packet`] writes one from borrowed [`PacketRef`] parts, byte for
+//! byte what tenso 0.24 writes for the same value and [`EncodeOptions`] (including which
+//! options each kind ignores, as tenso does); `aligned_bundle` additionally pads bundle
+//! members so their bodies are aligned counted from the outer packet (tenso still reads
+//! the result). [`Packet::encode`] re-encodes a decoded value. [`PacketSource`] serves
+//! any packet as named tensors (`a`, `bb.c`, `m.indptr`, …).
+//!
+//! Not in scope: decompressing or validating data on a GPU (an [`IpcRef`] is only its
+//! wire payload), and checking sparse index values against the matrix shape.
+//!
+//! ```
+//! use tensorwire_core::{Bytes, DType, Shape};
+//! use tensorwire_packet::{decode_packet, encode_packet, EncodeOptions, Packet, PacketRef};
+//!
+//! let body = [1u8, 2, 3];
+//! let member = PacketRef::Dense { dtype: DType::U8, shape: Shape::from_dims(&[3])?, body: &body };
+//! let bundle = PacketRef::Bundle(vec![("x", member)]);
+//! let options = EncodeOptions { integrity: true, ..EncodeOptions::default() };
+//! let bytes = Bytes::from_vec(encode_packet(&bundle, &options)?);
+//! let Packet::Bundle(b) = decode_packet(&bytes)? else { unreachable!() };
+//! assert_eq!(&b.entries[0].1.as_dense().unwrap().bytes[..], &body);
+//! # Ok::<(), tensorwire_core::Error>(())
+//! ```
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

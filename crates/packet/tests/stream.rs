@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 use tensorwire_core::{Bytes, DType, Error, Shape};
 use tensorwire_packet::{
-    decode, decode_packet, encode, flags, packet_info, EncodeOptions, Framing, PacketFramer,
-    PacketLimits, PacketReader, PacketWriter, READ_CHUNK,
+    decode_packet, encode, flags, packet_info, EncodeOptions, Framing, PacketFramer, PacketLimits,
+    PacketReader, PacketWriter, READ_CHUNK,
 };
 
 fn fixture_dir() -> PathBuf {
@@ -991,7 +991,7 @@ mod async_streams {
         for (p, (offset, len)) in got.iter().zip(listing) {
             assert_eq!(&p[..], &data[*offset..offset + len]);
         }
-        let last = decode(got.last().unwrap()).unwrap();
+        let last = tensorwire_packet::decode(got.last().unwrap()).unwrap();
         assert_eq!(last.shape.dims(), &[10, 100]);
     }
 
