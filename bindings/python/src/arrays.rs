@@ -80,7 +80,6 @@ pub fn zero_copy<'py>(
     dtype: DType,
     dims: &[u64],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let descr = dtypes::descr(py, dtype)?;
     let expected = tensorwire::Shape::from_dims(dims)
         .and_then(|s| s.byte_len(dtype))
         .or_raise()?;
@@ -92,8 +91,6 @@ pub fn zero_copy<'py>(
         })
         .or_raise();
     }
-    let mut npy = npy_dims(dims)?;
-    let nd = ndim(&npy)?;
     let (data, mut flags) = match bytes.writable_ptr() {
         Some(p) => (p, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE),
         None => (bytes.as_ptr().cast_mut(), NPY_ARRAY_C_CONTIGUOUS),
@@ -108,13 +105,38 @@ pub fn zero_copy<'py>(
         },
     )?;
     // SAFETY: `data` points at `bytes.len()` bytes, which is exactly `dims × dtype`
-    // (checked above), laid out C-contiguously; the strides are left to numpy (NULL =
-    // C order). `PyArray_NewFromDescr` steals the descriptor reference we hand over
-    // with `into_ptr`. The memory stays valid for the array's lifetime because the
-    // array's `base` becomes `base`, which owns a clone of `bytes` (and so the `Arc`
-    // of the map or buffer); nothing reallocates it. The array is writable only when
-    // the owner reports a private copy-on-write map, whose pages belong to this
-    // process alone: writes never reach the file or another mapping.
+    // (checked above). They stay valid while `base` lives, since it owns a clone of
+    // `bytes` (and so the `Arc` of the map or buffer) and nothing reallocates them.
+    // The array is writable only when the owner reports a private copy-on-write map,
+    // whose pages belong to this process alone: writes never reach the file or
+    // another mapping.
+    unsafe { array_over(py, data, flags, dtype, dims, base.into_any()) }
+}
+
+/// A C-contiguous array of `dtype` and `dims` over `data`, whose numpy `base` is `base`.
+///
+/// # Safety
+///
+/// `data` must point at `dims × dtype` bytes that stay valid (and are not moved) for as
+/// long as `base` is alive, and may be written through the array only when `flags`
+/// has `NPY_ARRAY_WRITEABLE` and nothing else reads or writes them meanwhile.
+// SAFETY: an `unsafe fn` because validity depends on the caller's promises listed in
+// `# Safety`; each call site states why they hold.
+unsafe fn array_over<'py>(
+    py: Python<'py>,
+    data: *mut u8,
+    flags: c_int,
+    dtype: DType,
+    dims: &[u64],
+    base: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let descr = dtypes::descr(py, dtype)?;
+    let mut npy = npy_dims(dims)?;
+    let nd = ndim(&npy)?;
+    // SAFETY: `data` points at `dims × dtype` C-contiguous bytes valid while `base`
+    // lives (the caller's promise); the strides are left to numpy (NULL = C order).
+    // `PyArray_NewFromDescr` steals the descriptor reference handed over with
+    // `into_ptr`.
     let array = unsafe {
         let raw = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -130,18 +152,97 @@ pub fn zero_copy<'py>(
         Bound::from_owned_ptr_or_err(py, raw)?
     };
     // SAFETY: `array` is a fresh ndarray with no base yet; `PyArray_SetBaseObject`
-    // steals the reference passed with `into_ptr` (also on failure).
+    // steals the reference passed with `into_ptr` (also on failure). From here the
+    // array keeps `base`, and so the memory, alive.
     let status = unsafe {
         PY_ARRAY_API.PyArray_SetBaseObject(
             py,
             array.as_ptr().cast::<PyArrayObject>(),
-            base.into_any().into_ptr(),
+            base.into_ptr(),
         )
     };
     if status < 0 {
         return Err(PyErr::fetch(py));
     }
     Ok(array)
+}
+
+/// One big uint8 numpy array that many small copies are carved from: one allocation
+/// (and one round of page faults) instead of one per tensor. Each piece is a
+/// 64-aligned, C-contiguous array whose `base` is the arena.
+pub struct Arena<'py> {
+    array: Bound<'py, PyAny>,
+    buf: FreshBuf,
+    used: usize,
+    writable: bool,
+}
+
+impl<'py> Arena<'py> {
+    /// An arena of `len` bytes (pieces are rounded up to 64 bytes each); its pieces are
+    /// writable when `writable`.
+    pub fn new(py: Python<'py>, len: usize, writable: bool) -> PyResult<Self> {
+        let (array, buf) = fresh(py, DType::U8, &[len.saturating_add(64) as u64])?;
+        let start = (64 - buf.as_ptr() as usize % 64) % 64;
+        Ok(Arena {
+            array,
+            used: start,
+            buf,
+            writable,
+        })
+    }
+
+    /// Bytes a piece of `len` bytes takes in an arena.
+    pub fn footprint(len: usize) -> usize {
+        len.div_ceil(64) * 64
+    }
+
+    /// A copy of `src` as an array of `dtype` and `dims` (`src` must be exactly
+    /// `dims × dtype` bytes), or None when the arena is too small.
+    pub fn copy(
+        &mut self,
+        src: &[u8],
+        dtype: DType,
+        dims: &[u64],
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let expected = Shape::from_dims(dims)
+            .and_then(|s| s.byte_len(dtype))
+            .or_raise()?;
+        if expected != src.len() as u64 {
+            return Err(Error::SizeMismatch {
+                tensor: String::new(),
+                expected,
+                found: src.len() as u64,
+            })
+            .or_raise();
+        }
+        let take = Self::footprint(src.len());
+        if self.used + take > self.buf.len {
+            return Ok(None);
+        }
+        let piece = &mut self.buf.as_mut_slice()[self.used..self.used + src.len()];
+        maybe_detach(self.array.py(), src.len(), || piece.copy_from_slice(src));
+        let data = piece.as_mut_ptr();
+        self.used += take;
+        let mut flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
+        if self.writable {
+            flags |= NPY_ARRAY_WRITEABLE;
+        }
+        // SAFETY: `data` is `src.len()` = `dims × dtype` bytes inside the arena's own
+        // numpy buffer, which lives while the arena array (the new array's base) does
+        // and is never reallocated. Pieces do not overlap (`used` only grows), so a
+        // writable piece is written only through its own array.
+        unsafe {
+            array_over(
+                self.array.py(),
+                data,
+                flags,
+                dtype,
+                dims,
+                self.array.clone(),
+            )
+        }
+        .map(Some)
+    }
 }
 
 /// A new, uninitialised C-contiguous array of `dtype` and `dims`, and its data as a

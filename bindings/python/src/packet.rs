@@ -66,10 +66,37 @@ const RAGGED_OFFSETS: &str = "__ragged_offsets__";
 const RAGGED_FLAT: &str = "__ragged_flat__";
 const RAGGED_COUNT: &str = "__ragged_count__";
 
+/// Whether a tensor's bytes must be copied rather than viewed.
+fn needs_copy(bytes: &[u8], dtype: DType, copy: bool) -> bool {
+    copy || (bytes.as_ptr() as usize) % dtype.alignment() != 0
+}
+
+/// Arena bytes the copies of `packet`'s tensors take.
+fn copy_footprint(packet: &Packet, copy: bool) -> usize {
+    let view = |v: &TensorView| {
+        if needs_copy(v.bytes.as_slice(), v.dtype, copy) {
+            arrays::Arena::footprint(v.bytes.len())
+        } else {
+            0
+        }
+    };
+    match packet {
+        Packet::Dense(v) => view(v),
+        Packet::Bundle(b) => b.entries.iter().map(|(_, p)| copy_footprint(p, copy)).sum(),
+        Packet::Sparse(s) => view(&s.data) + view(&s.indices) + view(&s.pointers),
+        Packet::Strings(s) => view(&s.offsets) + view(&s.payload),
+        Packet::Ragged(r) => view(&r.offsets) + view(&r.flat),
+        Packet::Quantized(q) if copy => arrays::Arena::footprint(q.data.len()),
+        _ => 0,
+    }
+}
+
 /// Builds Python values from decoded packets.
 struct Decoder<'py> {
     py: Python<'py>,
     copy: bool,
+    /// Where copies go (tensors not aligned in memory, or all with `copy`).
+    arena: Option<arrays::Arena<'py>>,
     make_sparse: Bound<'py, PyAny>,
     make_strings: Bound<'py, PyAny>,
     make_ragged: Bound<'py, PyAny>,
@@ -78,12 +105,21 @@ struct Decoder<'py> {
 }
 
 impl<'py> Decoder<'py> {
-    fn new(factories: &Bound<'py, PyTuple>, copy: bool) -> PyResult<Self> {
+    /// A decoder for `packet`, with one arena sized for every copy it will make.
+    fn new(factories: &Bound<'py, PyTuple>, copy: bool, packet: &Packet) -> PyResult<Self> {
         let (make_sparse, make_strings, make_ragged, make_quantized, make_ipc_ref) =
             factories.extract()?;
+        let py = factories.py();
+        let copied = copy_footprint(packet, copy);
+        let arena = if copied > 0 {
+            Some(arrays::Arena::new(py, copied, copy)?)
+        } else {
+            None
+        };
         Ok(Decoder {
-            py: factories.py(),
+            py,
             copy,
+            arena,
             make_sparse,
             make_strings,
             make_ragged,
@@ -93,13 +129,19 @@ impl<'py> Decoder<'py> {
     }
 
     /// A numpy array for a decoded tensor: a read-only view of the packet when the
-    /// body is element-aligned in memory and no copy was asked for, else a copy
-    /// (writeable only when `copy` was asked for).
-    fn array(&self, view: &TensorView) -> PyResult<Bound<'py, PyAny>> {
+    /// body is element-aligned in memory and no copy was asked for, else a copy in the
+    /// arena (writeable only when `copy` was asked for).
+    fn array(&mut self, view: &TensorView) -> PyResult<Bound<'py, PyAny>> {
         let dims = view.shape.dims();
-        if !self.copy && view.bytes.is_aligned(view.dtype.alignment()) {
+        if !needs_copy(view.bytes.as_slice(), view.dtype, self.copy) {
             return arrays::zero_copy(self.py, &view.bytes, view.dtype, dims);
         }
+        if let Some(arena) = self.arena.as_mut() {
+            if let Some(array) = arena.copy(view.bytes.as_slice(), view.dtype, dims)? {
+                return Ok(array);
+            }
+        }
+        // Not reached when the footprint pass and this pass agree; kept as a fallback.
         let (array, mut buf) = arrays::fresh(self.py, view.dtype, dims)?;
         let src = view.bytes.as_slice();
         let dst = buf.as_mut_slice();
@@ -110,7 +152,7 @@ impl<'py> Decoder<'py> {
         Ok(array)
     }
 
-    fn value(&self, packet: &Packet) -> PyResult<Bound<'py, PyAny>> {
+    fn value(&mut self, packet: &Packet) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
         match packet {
             Packet::Dense(view) => self.array(view),
@@ -128,13 +170,13 @@ impl<'py> Decoder<'py> {
                     SparseFormat::Csc => "csc",
                 };
                 let shape = PyTuple::new(py, sparse.shape.dims())?;
-                self.make_sparse.call1((
-                    format,
-                    shape,
+                let parts = (
                     self.array(&sparse.data)?,
                     self.array(&sparse.indices)?,
                     self.array(&sparse.pointers)?,
-                ))
+                );
+                self.make_sparse
+                    .call1((format, shape, parts.0, parts.1, parts.2))
             }
             Packet::Strings(strings) => {
                 let offsets = self.array(&strings.offsets)?;
@@ -150,9 +192,11 @@ impl<'py> Decoder<'py> {
                 dict.set_item(RAGGED_COUNT, numpy::PyArray1::from_vec(py, count))?;
                 Ok(dict.into_any())
             }
-            Packet::Ragged(ragged) => self
-                .make_ragged
-                .call1((self.array(&ragged.offsets)?, self.array(&ragged.flat)?)),
+            Packet::Ragged(ragged) => {
+                let offsets = self.array(&ragged.offsets)?;
+                let flat = self.array(&ragged.flat)?;
+                self.make_ragged.call1((offsets, flat))
+            }
             Packet::Quantized(q) => {
                 let data = TensorView {
                     dtype: DType::U8,
@@ -168,8 +212,9 @@ impl<'py> Decoder<'py> {
                 let code = packet::dtype_code(q.dtype).ok_or_else(|| {
                     to_pyerr(Error::unsupported(format!("{} quantized", q.dtype)))
                 })?;
+                let data = self.array(&data)?;
                 self.make_quantized.call1((
-                    self.array(&data)?,
+                    data,
                     q.scales.clone(),
                     q.zero_points.clone(),
                     PyTuple::new(py, q.shape.dims())?,
@@ -207,7 +252,7 @@ pub fn packet_loads<'py>(
         packet::decode_packet(&bytes)
     }
     .or_raise()?;
-    Decoder::new(factories, copy)?.value(&decoded)
+    Decoder::new(factories, copy, &decoded)?.value(&decoded)
 }
 
 /// An array from a spec, ready to encode: C-contiguous and little-endian.
@@ -364,6 +409,33 @@ impl<'py> Held<'py> {
         self.arrays[index].bytes()
     }
 
+    /// At least the encoded length of `spec` (LZ4's worst case and every padding
+    /// included), so the output buffer is allocated once.
+    fn size_bound(&self, spec: &Spec, alignment: usize) -> usize {
+        // Header, the largest shape, exponent byte, padding (twice: the packet's own
+        // and an aligned bundle's), footer, length prefix.
+        let overhead = 10 + 4 * 32 + 1 + 2 * alignment.max(64) + 8 + 4;
+        let body = |i: &usize| {
+            let n = self.bytes(*i).len();
+            n + n / 128 + 64 + overhead
+        };
+        match spec {
+            Spec::Dense(i) => body(i),
+            Spec::Bundle(entries) => entries.iter().fold(overhead, |n, (k, v)| {
+                n.saturating_add(k.len() + 8 + self.size_bound(v, alignment))
+            }),
+            Spec::Sparse { parts, .. } => overhead + parts.iter().map(body).sum::<usize>(),
+            Spec::Strings { offsets, payload } => body(offsets) + body(payload),
+            Spec::Quantized {
+                scales,
+                zero_points,
+                data,
+                ..
+            } => body(scales) + body(zero_points) + body(data),
+            Spec::IpcRef(_) => overhead + 96,
+        }
+    }
+
     fn dense(&self, index: usize) -> PyResult<PacketRef<'_>> {
         let prepared = &self.arrays[index];
         Ok(PacketRef::Dense {
@@ -492,10 +564,19 @@ pub fn packet_dumps<'py>(
         return assemble(py, &[&parts.header, body, footer]);
     }
     let packet_ref = held.packet_ref(&parsed)?;
+    // Encode straight into a buffer with room for the whole packet (so it never
+    // regrows), starting at its first 64-aligned byte, and hand that buffer to numpy.
+    let capacity = held.size_bound(&parsed, alignment).saturating_add(64);
     let encoded = py
-        .detach(|| packet::encode_packet(&packet_ref, &options))
+        .detach(|| {
+            let mut out = tensorwire::mmap::huge_page_vec(capacity);
+            let start = (64 - out.as_ptr() as usize % 64) % 64;
+            out.resize(start, 0);
+            packet::encode_packet_into(&packet_ref, &options, &mut out)?;
+            Bytes::from_vec(out).slice(start..)
+        })
         .or_raise()?;
-    assemble(py, &[&encoded])
+    arrays::zero_copy(py, &encoded, DType::U8, &[encoded.len() as u64])
 }
 
 /// `iter_dumps` of a dense array: `(header, body array, footer)`, the body being the
@@ -649,7 +730,9 @@ pub fn packet_read_stream<'py>(
     };
     let decoded = arrays::maybe_detach(source.py(), bytes.len(), || packet::decode_packet(&bytes))
         .or_raise()?;
-    Decoder::new(factories, copy)?.value(&decoded).map(Some)
+    Decoder::new(factories, copy, &decoded)?
+        .value(&decoded)
+        .map(Some)
 }
 
 /// How many more bytes the packet at the front of `buffer` needs: 0 when `buffer`
