@@ -5,7 +5,7 @@
 //! ├── TensorNotFoundError(TensorwireError, KeyError)
 //! ├── InvalidArgumentError(TensorwireError, ValueError)
 //! ├── UnsupportedError
-//! └── FormatError                      the file is not a valid tensor file
+//! └── FormatError(TensorwireError, ValueError)   the data is not a valid file or packet
 //!     ├── BadMagicError                not a recognised format
 //!     ├── TruncatedError               the file ends early
 //!     ├── MalformedError               inconsistent metadata (bounds, sizes, overlap…)
@@ -36,61 +36,30 @@ create_exception!(
     TensorwireError,
     "The operation is valid but not supported for this tensor (for example reading a sparse tensor as one array, or bfloat16 without ml_dtypes)."
 );
-create_exception!(
-    tensorwire,
-    FormatError,
-    TensorwireError,
-    "The file is not a valid tensor file."
-);
-create_exception!(
-    tensorwire,
-    BadMagicError,
-    FormatError,
-    "The file does not start (or end) with the magic bytes of a supported format."
-);
-create_exception!(
-    tensorwire,
-    TruncatedError,
-    FormatError,
-    "The file ends before a structure it declares."
-);
-create_exception!(
-    tensorwire,
-    MalformedError,
-    FormatError,
-    "The file's metadata is inconsistent (out-of-bounds or overlapping ranges, sizes that do not match shapes, misalignment)."
-);
-create_exception!(
-    tensorwire,
-    LimitExceededError,
-    FormatError,
-    "A size or count declared by the file is above a parser limit."
-);
-create_exception!(
-    tensorwire,
-    ChecksumError,
-    FormatError,
-    "A stored crc32c or sha256 digest does not match the tensor's bytes."
-);
-create_exception!(
-    tensorwire,
-    DecodeError,
-    FormatError,
-    "A compressed tensor could not be decoded."
-);
+/// The exception classes made at run time with `type()`: those with two bases
+/// (`create_exception!` takes one) and the `FormatError` family below one of them.
+struct Classes {
+    not_found: Py<PyType>,
+    invalid_argument: Py<PyType>,
+    format: Py<PyType>,
+    bad_magic: Py<PyType>,
+    truncated: Py<PyType>,
+    malformed: Py<PyType>,
+    limit_exceeded: Py<PyType>,
+    checksum: Py<PyType>,
+    decode: Py<PyType>,
+}
 
-static NOT_FOUND: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static INVALID_ARGUMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
 
-/// A subclass of both `TensorwireError` and a builtin exception, made with `type()`
-/// because `create_exception!` takes a single base.
-fn dual_base<'py>(
+/// `class name(*bases)` in module `tensorwire`, with a docstring.
+fn make_class<'py>(
     py: Python<'py>,
     name: &str,
-    builtin: Bound<'py, PyType>,
+    bases: &[Bound<'py, PyType>],
     doc: &str,
 ) -> PyResult<Py<PyType>> {
-    let bases = PyTuple::new(py, [py.get_type::<TensorwireError>(), builtin])?;
+    let bases = PyTuple::new(py, bases)?;
     let dict = PyDict::new(py);
     dict.set_item(intern!(py, "__module__"), "tensorwire")?;
     dict.set_item(intern!(py, "__doc__"), doc)?;
@@ -98,39 +67,61 @@ fn dual_base<'py>(
     Ok(ty.cast_into::<PyType>()?.unbind())
 }
 
-/// `TensorNotFoundError`: no tensor of that name (also a `KeyError`).
-pub fn not_found_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    NOT_FOUND
-        .get_or_try_init(py, || {
-            dual_base(
+fn classes(py: Python<'_>) -> PyResult<&Classes> {
+    CLASSES.get_or_try_init(py, || {
+        let base = py.get_type::<TensorwireError>();
+        let format = make_class(
+            py,
+            "FormatError",
+            &[base.clone(), py.get_type::<PyValueError>()],
+            "The file or packet is not valid (also a ValueError).",
+        )?;
+        let sub = |name: &str, doc: &str| make_class(py, name, &[format.bind(py).clone()], doc);
+        Ok(Classes {
+            not_found: make_class(
                 py,
                 "TensorNotFoundError",
-                py.get_type::<PyKeyError>(),
+                &[base.clone(), py.get_type::<PyKeyError>()],
                 "No tensor of that name (also a KeyError).",
-            )
-        })
-        .map(|t| t.bind(py))
-}
-
-/// `InvalidArgumentError`: a bad argument value (also a `ValueError`).
-pub fn invalid_argument_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    INVALID_ARGUMENT
-        .get_or_try_init(py, || {
-            dual_base(
+            )?,
+            invalid_argument: make_class(
                 py,
                 "InvalidArgumentError",
-                py.get_type::<PyValueError>(),
+                &[base.clone(), py.get_type::<PyValueError>()],
                 "An argument has a wrong value: a dtype or shape that does not match, a duplicate name, a closed reader or writer (also a ValueError).",
-            )
+            )?,
+            bad_magic: sub(
+                "BadMagicError",
+                "The data does not start (or end) with the magic bytes of a supported format.",
+            )?,
+            truncated: sub(
+                "TruncatedError",
+                "The data ends before a structure it declares.",
+            )?,
+            malformed: sub(
+                "MalformedError",
+                "The metadata is inconsistent (out-of-bounds or overlapping ranges, sizes that do not match shapes, misalignment).",
+            )?,
+            limit_exceeded: sub(
+                "LimitExceededError",
+                "A size or count the data declares is above a parser limit.",
+            )?,
+            checksum: sub(
+                "ChecksumError",
+                "A stored digest (crc32c, sha256, XXH3) does not match the bytes.",
+            )?,
+            decode: sub("DecodeError", "A compressed tensor could not be decoded.")?,
+            format,
         })
-        .map(|t| t.bind(py))
+    })
 }
 
-fn from_type(ty: PyResult<&Bound<'_, PyType>>, msg: String) -> PyErr {
-    match ty {
-        Ok(ty) => PyErr::from_type(ty.clone(), msg),
+/// An exception of one of the run-time classes.
+fn raise(pick: fn(&Classes) -> &Py<PyType>, msg: String) -> PyErr {
+    Python::attach(|py| match classes(py) {
+        Ok(c) => PyErr::from_type(pick(c).bind(py).clone(), msg),
         Err(e) => e,
-    }
+    })
 }
 
 /// Converts a tensorwire error into the matching Python exception. This is the only
@@ -155,19 +146,19 @@ pub fn to_pyerr(err: Error) -> PyErr {
                 (None, _) => PyOSError::new_err(msg),
             }
         }
-        Error::NotFound { .. } => Python::attach(|py| from_type(not_found_type(py), msg)),
+        Error::NotFound { .. } => raise(|c| &c.not_found, msg),
         Error::InvalidArgument { .. } | Error::Duplicate { .. } => {
-            Python::attach(|py| from_type(invalid_argument_type(py), msg))
+            raise(|c| &c.invalid_argument, msg)
         }
-        Error::BadMagic { .. } | Error::UnknownFormat { .. } => BadMagicError::new_err(msg),
-        Error::Truncated { .. } => TruncatedError::new_err(msg),
-        Error::LimitExceeded { .. } => LimitExceededError::new_err(msg),
-        Error::DigestMismatch { .. } => ChecksumError::new_err(msg),
-        Error::Decode { .. } => DecodeError::new_err(msg),
+        Error::BadMagic { .. } | Error::UnknownFormat { .. } => raise(|c| &c.bad_magic, msg),
+        Error::Truncated { .. } => raise(|c| &c.truncated, msg),
+        Error::LimitExceeded { .. } => raise(|c| &c.limit_exceeded, msg),
+        Error::DigestMismatch { .. } => raise(|c| &c.checksum, msg),
+        Error::Decode { .. } => raise(|c| &c.decode, msg),
         Error::Unsupported { .. } => UnsupportedError::new_err(msg),
         // Malformed, OutOfBounds, Overlap, Misaligned, SizeMismatch, Overflow,
-        // UnknownDType and any variant added later: the file is inconsistent.
-        _ => MalformedError::new_err(msg),
+        // UnknownDType and any variant added later: the data is inconsistent.
+        _ => raise(|c| &c.malformed, msg),
     }
 }
 
@@ -188,14 +179,19 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("TensorwireError", py.get_type::<TensorwireError>())?;
     m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
-    m.add("FormatError", py.get_type::<FormatError>())?;
-    m.add("BadMagicError", py.get_type::<BadMagicError>())?;
-    m.add("TruncatedError", py.get_type::<TruncatedError>())?;
-    m.add("MalformedError", py.get_type::<MalformedError>())?;
-    m.add("LimitExceededError", py.get_type::<LimitExceededError>())?;
-    m.add("ChecksumError", py.get_type::<ChecksumError>())?;
-    m.add("DecodeError", py.get_type::<DecodeError>())?;
-    m.add("TensorNotFoundError", not_found_type(py)?)?;
-    m.add("InvalidArgumentError", invalid_argument_type(py)?)?;
+    let c = classes(py)?;
+    for (name, ty) in [
+        ("FormatError", &c.format),
+        ("BadMagicError", &c.bad_magic),
+        ("TruncatedError", &c.truncated),
+        ("MalformedError", &c.malformed),
+        ("LimitExceededError", &c.limit_exceeded),
+        ("ChecksumError", &c.checksum),
+        ("DecodeError", &c.decode),
+        ("TensorNotFoundError", &c.not_found),
+        ("InvalidArgumentError", &c.invalid_argument),
+    ] {
+        m.add(name, ty.bind(py))?;
+    }
     Ok(())
 }

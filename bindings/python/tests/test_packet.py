@@ -294,6 +294,13 @@ def test_hostile_inputs_raise_typed_errors():
         packet.loads(huge)
 
 
+def test_format_errors_are_value_errors_like_tensos():
+    with pytest.raises(ValueError):
+        packet.loads(b"TNSO\x04" + bytes(3))
+    assert issubclass(tensorwire.ChecksumError, ValueError)
+    assert issubclass(tensorwire.FormatError, tensorwire.TensorwireError)
+
+
 def test_unknown_version_is_unsupported():
     with pytest.raises(tensorwire.UnsupportedError):
         packet.loads(b"TNSO\x09" + bytes(20))

@@ -20,9 +20,8 @@ Differences from tenso, all deliberate:
 * ``dumps(..., aligned_bundle=True)`` lays bundle members out so each body is
   aligned in the packet, making bundle members zero-copy too.
 * A bad packet raises tensorwire's typed exceptions (``FormatError`` and its
-  subclasses: ``TruncatedError``, ``ChecksumError``, ``LimitExceededError``, ...)
-  where tenso raises ``ValueError``; bad arguments still raise ``ValueError`` /
-  ``TypeError``.
+  subclasses: ``TruncatedError``, ``ChecksumError``, ``LimitExceededError``, ...),
+  which are ``ValueError`` subclasses, so code written for tenso still catches them.
 """
 
 from __future__ import annotations
