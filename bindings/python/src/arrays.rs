@@ -14,7 +14,7 @@ use pyo3::types::PyDict;
 use tensorwire::{Bytes, DType, Error, Shape};
 
 use crate::dtypes;
-use crate::errors::ResultExt;
+use crate::errors::{to_pyerr, ResultExt};
 
 /// The owner of a zero-copy array's memory: the numpy `base` of every array tensorwire
 /// hands out without copying. It holds a clone of the [`Bytes`] handle, so the file map
@@ -167,70 +167,108 @@ unsafe fn array_over<'py>(
     Ok(array)
 }
 
-/// One big uint8 numpy array that many small copies are carved from: one allocation
-/// (and one round of page faults) instead of one per tensor. Each piece is a
-/// 64-aligned, C-contiguous array whose `base` is the arena.
+/// One big uint8 numpy array that many copies are carved from: one allocation (and one
+/// round of page faults, on huge pages) instead of one per tensor, filled in parallel
+/// with the GIL released. Each piece is a 64-aligned, C-contiguous array whose `base`
+/// is the arena.
+///
+/// Use: [`Arena::new`] with the sources in the order they will be asked for, then
+/// [`Arena::take`] for each of them in that order.
 pub struct Arena<'py> {
     array: Bound<'py, PyAny>,
-    buf: FreshBuf,
-    used: usize,
+    /// `(source address, offset in the arena, length)` of each piece, in order.
+    pieces: Vec<(usize, usize, usize)>,
+    next: usize,
+    base: *mut u8,
     writable: bool,
 }
 
-impl<'py> Arena<'py> {
-    /// An arena of `len` bytes (pieces are rounded up to 64 bytes each); its pieces are
-    /// writable when `writable`.
-    pub fn new(py: Python<'py>, len: usize, writable: bool) -> PyResult<Self> {
-        let (array, buf) = fresh(py, DType::U8, &[len.saturating_add(64) as u64])?;
-        let start = (64 - buf.as_ptr() as usize % 64) % 64;
-        Ok(Arena {
-            array,
-            used: start,
-            buf,
-            writable,
-        })
-    }
+/// Bytes copied per parallel task.
+const COPY_CHUNK: usize = 1 << 20;
 
+impl<'py> Arena<'py> {
     /// Bytes a piece of `len` bytes takes in an arena.
     pub fn footprint(len: usize) -> usize {
         len.div_ceil(64) * 64
     }
 
-    /// A copy of `src` as an array of `dtype` and `dims` (`src` must be exactly
-    /// `dims × dtype` bytes), or None when the arena is too small.
-    pub fn copy(
+    /// An arena holding copies of `sources` (filled now); its pieces are writable
+    /// when `writable`.
+    pub fn new(py: Python<'py>, sources: &[&[u8]], writable: bool) -> PyResult<Self> {
+        let total = sources
+            .iter()
+            .try_fold(0usize, |n, s| n.checked_add(Self::footprint(s.len())))
+            .ok_or_else(|| {
+                to_pyerr(Error::Overflow {
+                    what: "copy arena size",
+                })
+            })?;
+        let (array, mut buf) = fresh(py, DType::U8, &[total.saturating_add(64) as u64])?;
+        let start = (64 - buf.as_ptr() as usize % 64) % 64;
+        let mut pieces = Vec::with_capacity(sources.len());
+        let mut jobs: Vec<(&[u8], &mut [u8])> = Vec::new();
+        let mut rest = &mut buf.as_mut_slice()[start..];
+        let mut at = start;
+        for src in sources {
+            let take = Self::footprint(src.len());
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(take);
+            rest = tail;
+            pieces.push((src.as_ptr() as usize, at, src.len()));
+            at += take;
+            for (s, d) in src.chunks(COPY_CHUNK).zip(piece.chunks_mut(COPY_CHUNK)) {
+                jobs.push((s, &mut d[..s.len()]));
+            }
+        }
+        let copy_all = move || {
+            use rayon::prelude::*;
+            jobs.into_par_iter().for_each(|(s, d)| d.copy_from_slice(s));
+        };
+        maybe_detach(py, total, copy_all);
+        Ok(Arena {
+            array,
+            pieces,
+            next: 0,
+            base: buf.as_ptr().cast_mut(),
+            writable,
+        })
+    }
+
+    /// The copy of `src` (the next source given to [`Arena::new`]) as an array of
+    /// `dtype` and `dims`, or None when `src` is not that source.
+    pub fn take(
         &mut self,
         src: &[u8],
         dtype: DType,
         dims: &[u64],
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(&(addr, offset, len)) = self.pieces.get(self.next) else {
+            return Ok(None);
+        };
+        if addr != src.as_ptr() as usize || len != src.len() {
+            return Ok(None);
+        }
         let expected = Shape::from_dims(dims)
             .and_then(|s| s.byte_len(dtype))
             .or_raise()?;
-        if expected != src.len() as u64 {
+        if expected != len as u64 {
             return Err(Error::SizeMismatch {
                 tensor: String::new(),
                 expected,
-                found: src.len() as u64,
+                found: len as u64,
             })
             .or_raise();
         }
-        let take = Self::footprint(src.len());
-        if self.used + take > self.buf.len {
-            return Ok(None);
-        }
-        let piece = &mut self.buf.as_mut_slice()[self.used..self.used + src.len()];
-        maybe_detach(self.array.py(), src.len(), || piece.copy_from_slice(src));
-        let data = piece.as_mut_ptr();
-        self.used += take;
+        self.next += 1;
         let mut flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
         if self.writable {
             flags |= NPY_ARRAY_WRITEABLE;
         }
-        // SAFETY: `data` is `src.len()` = `dims × dtype` bytes inside the arena's own
-        // numpy buffer, which lives while the arena array (the new array's base) does
-        // and is never reallocated. Pieces do not overlap (`used` only grows), so a
-        // writable piece is written only through its own array.
+        let data = self.base.wrapping_add(offset);
+        // SAFETY: `data` is `len` = `dims × dtype` bytes inside the arena's own numpy
+        // buffer (offset and length recorded by `new`, which filled them), and that
+        // buffer lives while the arena array, the new array's base, does; numpy never
+        // reallocates it. Pieces do not overlap and each is handed out once (`next`
+        // only grows), so a writable piece is written only through its own array.
         unsafe {
             array_over(
                 self.array.py(),

@@ -71,23 +71,36 @@ fn needs_copy(bytes: &[u8], dtype: DType, copy: bool) -> bool {
     copy || (bytes.as_ptr() as usize) % dtype.alignment() != 0
 }
 
-/// Arena bytes the copies of `packet`'s tensors take.
-fn copy_footprint(packet: &Packet, copy: bool) -> usize {
-    let view = |v: &TensorView| {
+/// The bytes of `packet`'s tensors that [`Decoder`] will copy, in the order it asks
+/// for them.
+fn copy_sources<'a>(packet: &'a Packet, copy: bool, out: &mut Vec<&'a [u8]>) {
+    let mut view = |v: &'a TensorView| {
         if needs_copy(v.bytes.as_slice(), v.dtype, copy) {
-            arrays::Arena::footprint(v.bytes.len())
-        } else {
-            0
+            out.push(v.bytes.as_slice());
         }
     };
     match packet {
         Packet::Dense(v) => view(v),
-        Packet::Bundle(b) => b.entries.iter().map(|(_, p)| copy_footprint(p, copy)).sum(),
-        Packet::Sparse(s) => view(&s.data) + view(&s.indices) + view(&s.pointers),
-        Packet::Strings(s) => view(&s.offsets) + view(&s.payload),
-        Packet::Ragged(r) => view(&r.offsets) + view(&r.flat),
-        Packet::Quantized(q) if copy => arrays::Arena::footprint(q.data.len()),
-        _ => 0,
+        Packet::Sparse(s) => {
+            view(&s.data);
+            view(&s.indices);
+            view(&s.pointers);
+        }
+        Packet::Strings(s) => {
+            view(&s.offsets);
+            view(&s.payload);
+        }
+        Packet::Ragged(r) => {
+            view(&r.offsets);
+            view(&r.flat);
+        }
+        Packet::Quantized(q) if copy => out.push(q.data.as_slice()),
+        Packet::Bundle(b) => {
+            for (_, member) in &b.entries {
+                copy_sources(member, copy, out);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -110,11 +123,12 @@ impl<'py> Decoder<'py> {
         let (make_sparse, make_strings, make_ragged, make_quantized, make_ipc_ref) =
             factories.extract()?;
         let py = factories.py();
-        let copied = copy_footprint(packet, copy);
-        let arena = if copied > 0 {
-            Some(arrays::Arena::new(py, copied, copy)?)
-        } else {
+        let mut sources = Vec::new();
+        copy_sources(packet, copy, &mut sources);
+        let arena = if sources.is_empty() {
             None
+        } else {
+            Some(arrays::Arena::new(py, &sources, copy)?)
         };
         Ok(Decoder {
             py,
@@ -137,11 +151,11 @@ impl<'py> Decoder<'py> {
             return arrays::zero_copy(self.py, &view.bytes, view.dtype, dims);
         }
         if let Some(arena) = self.arena.as_mut() {
-            if let Some(array) = arena.copy(view.bytes.as_slice(), view.dtype, dims)? {
+            if let Some(array) = arena.take(view.bytes.as_slice(), view.dtype, dims)? {
                 return Ok(array);
             }
         }
-        // Not reached when the footprint pass and this pass agree; kept as a fallback.
+        // Not reached while `copy_sources` and this pass agree; a safe fallback.
         let (array, mut buf) = arrays::fresh(self.py, view.dtype, dims)?;
         let src = view.bytes.as_slice();
         let dst = buf.as_mut_slice();

@@ -185,6 +185,23 @@ def test_bundle_round_trip_nested_and_ordered():
     assert info["entry_count"] == 3 and info["flags"] & 0x10
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_bundle_members_copied_into_one_arena_are_right(copy):
+    # Default (tenso) layout: member bodies sit at arbitrary offsets, so most are
+    # copied (into one shared arena); every one must still be exact and aligned.
+    obj = {"k" * (i % 7 + 1) + str(i): sample(DTYPES[i % len(DTYPES)], (i % 5, 3), seed=i)
+           for i in range(60)}
+    out = packet.loads(packet.dumps(obj), copy=copy)
+    for key, value in obj.items():
+        assert_same(out[key], value)
+        assert out[key].ctypes.data % out[key].dtype.alignment == 0
+        assert out[key].flags.writeable is copy
+    if copy:
+        first, second = list(out)[:2]
+        out[first][...] = 0
+        assert_same(out[second], obj[second])
+
+
 def test_aligned_bundle_members_are_zero_copy():
     obj = {f"t{i}": sample("float32", (i + 1, 3), seed=i) for i in range(20)}
     data = packet.dumps(obj, aligned_bundle=True)
