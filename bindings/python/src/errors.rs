@@ -11,7 +11,9 @@
 //!     ├── MalformedError               inconsistent metadata (bounds, sizes, overlap…)
 //!     ├── LimitExceededError           a declared size is above a parser limit
 //!     ├── ChecksumError                a stored digest does not match
-//!     └── DecodeError                  a compressed blob does not decode
+//!     ├── DecodeError                  a compressed blob does not decode
+//!     └── UnsafePickleError            a checkpoint's pickle names a refused global
+//!                                      (also a pickle.UnpicklingError, as torch raises)
 //! ```
 //!
 //! Operating-system errors become the matching `OSError` subclass
@@ -48,6 +50,7 @@ struct Classes {
     limit_exceeded: Py<PyType>,
     checksum: Py<PyType>,
     decode: Py<PyType>,
+    unsafe_pickle: Py<PyType>,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -111,6 +114,17 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
                 "A stored digest (crc32c, sha256, XXH3) does not match the bytes.",
             )?,
             decode: sub("DecodeError", "A compressed tensor could not be decoded.")?,
+            unsafe_pickle: make_class(
+                py,
+                "UnsafePickleError",
+                &[
+                    format.bind(py).clone(),
+                    py.import("pickle")?
+                        .getattr("UnpicklingError")?
+                        .cast_into::<PyType>()?,
+                ],
+                "A checkpoint's pickle names a global outside the allowlist (loading it could run code); nothing from it was run. Also a pickle.UnpicklingError, as torch.load(weights_only=True) raises.",
+            )?,
             format,
         })
     })
@@ -155,6 +169,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::LimitExceeded { .. } => raise(|c| &c.limit_exceeded, msg),
         Error::DigestMismatch { .. } => raise(|c| &c.checksum, msg),
         Error::Decode { .. } => raise(|c| &c.decode, msg),
+        Error::RefusedGlobal { .. } => raise(|c| &c.unsafe_pickle, msg),
         Error::Unsupported { .. } => UnsupportedError::new_err(msg),
         // Malformed, OutOfBounds, Overlap, Misaligned, SizeMismatch, Overflow,
         // UnknownDType and any variant added later: the data is inconsistent.
@@ -188,6 +203,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("LimitExceededError", &c.limit_exceeded),
         ("ChecksumError", &c.checksum),
         ("DecodeError", &c.decode),
+        ("UnsafePickleError", &c.unsafe_pickle),
         ("TensorNotFoundError", &c.not_found),
         ("InvalidArgumentError", &c.invalid_argument),
     ] {

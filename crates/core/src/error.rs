@@ -185,6 +185,15 @@ pub enum Error {
         what: String,
     },
 
+    /// A pickle names a global outside the allowlist (loading it could run code).
+    #[error("refused pickle global `{global}` at offset {offset}: loading it could run code; only torch's tensor-rebuild functions, storage and dtype classes, OrderedDict and plain containers are allowed")]
+    RefusedGlobal {
+        /// `module.name` of the global.
+        global: String,
+        /// Offset of the opcode that named it.
+        offset: u64,
+    },
+
     /// A caller passed an invalid argument.
     #[error("invalid argument: {reason}")]
     InvalidArgument {
@@ -233,6 +242,7 @@ impl Error {
                 | Error::UnknownDType { .. }
                 | Error::Duplicate { .. }
                 | Error::Decode { .. }
+                | Error::RefusedGlobal { .. }
         )
     }
 

@@ -32,6 +32,7 @@ mod sniff;
 pub use tensorwire_core as core;
 pub use tensorwire_mmap as mmap;
 pub use tensorwire_packet as packet;
+pub use tensorwire_pytorch as pytorch;
 pub use tensorwire_range as range;
 pub use tensorwire_zt as zt;
 

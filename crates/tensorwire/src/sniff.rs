@@ -4,6 +4,7 @@ use std::path::Path;
 
 use tensorwire_core::{Bytes, Error, Limits, Result, TensorSource};
 use tensorwire_mmap::{MapMode, MappedFile};
+use tensorwire_pytorch::PtReader;
 use tensorwire_zt::ZtReader;
 
 /// A file format tensorwire recognises.
@@ -16,6 +17,8 @@ pub enum FileFormat {
     Zt01,
     /// A tenso tensor packet (`TNSO`).
     Packet,
+    /// A PyTorch checkpoint: a ZIP archive (`PK\x03\x04`) or the legacy pickle format.
+    PyTorch,
 }
 
 impl FileFormat {
@@ -25,11 +28,13 @@ impl FileFormat {
             FileFormat::Zt => "zt",
             FileFormat::Zt01 => "zt-0.1",
             FileFormat::Packet => "tenso-packet",
+            FileFormat::PyTorch => "pytorch",
         }
     }
 }
 
-/// Recognises a format from the first bytes of a file (at least 8 are needed).
+/// Recognises a format from the first bytes of a file (at least 8 are needed; 32 for
+/// legacy PyTorch checkpoints).
 pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     match head.get(..8) {
         Some(m) if m == tensorwire_zt::MAGIC => return Ok(FileFormat::Zt),
@@ -37,11 +42,15 @@ pub fn sniff(head: &[u8]) -> Result<FileFormat> {
         _ => {}
     }
     match head.get(..4) {
-        Some(m) if m == tensorwire_packet::MAGIC => Ok(FileFormat::Packet),
-        _ => Err(Error::UnknownFormat {
-            head: head.iter().take(16).copied().collect(),
-        }),
+        Some(m) if m == tensorwire_packet::MAGIC => return Ok(FileFormat::Packet),
+        _ => {}
     }
+    if tensorwire_pytorch::sniff(head) {
+        return Ok(FileFormat::PyTorch);
+    }
+    Err(Error::UnknownFormat {
+        head: head.iter().take(16).copied().collect(),
+    })
 }
 
 /// How [`open_with`] maps and checks a file.
@@ -92,6 +101,7 @@ pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>
                 &packet_limits,
             )?))
         }
+        FileFormat::PyTorch => Ok(Box::new(PtReader::from_bytes(bytes, limits)?)),
     }
 }
 
@@ -103,8 +113,9 @@ mod tests {
     fn sniffs_by_magic() {
         assert_eq!(sniff(b"ZTEN1000....").unwrap(), FileFormat::Zt);
         assert_eq!(sniff(b"ZTEN0001").unwrap(), FileFormat::Zt01);
+        assert_eq!(sniff(b"PK\x03\x04....").unwrap(), FileFormat::PyTorch);
         assert!(matches!(
-            sniff(b"PK\x03\x04"),
+            sniff(b"PK\x05\x06...."),
             Err(Error::UnknownFormat { .. })
         ));
         assert!(matches!(sniff(b""), Err(Error::UnknownFormat { .. })));

@@ -29,6 +29,7 @@ from ._native import (
     TensorNotFoundError,
     TensorwireError,
     TruncatedError,
+    UnsafePickleError,
     UnsupportedError,
     __version__,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "TensorNotFoundError",
     "TensorwireError",
     "TruncatedError",
+    "UnsafePickleError",
     "UnsupportedError",
     "Writer",
     "__version__",

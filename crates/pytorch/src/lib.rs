@@ -1,0 +1,49 @@
+//! PyTorch checkpoints (`.pt`, `.pth`, `.bin` from `torch.save`) read safely, lazily
+//! and zero-copy, with no Python, no torch and no code execution.
+//!
+//! Both containers are read: the ZIP archive of torch ≥ 1.6 (ZIP64 included) and the
+//! legacy format (a sequence of pickles followed by raw storages). The object pickle
+//! runs on a [`pickle`] machine that only builds values: globals resolve against an
+//! allowlist modelled on `torch.load(weights_only=True)` and anything else is refused
+//! with [`tensorwire_core::Error::RefusedGlobal`]. Nested dicts, lists and
+//! `OrderedDict`s of tensors are flattened to dotted names (`model.layers.0.weight`);
+//! their other values become metadata ([`TensorSource::attributes`]).
+//!
+//! ```no_run
+//! use tensorwire_core::TensorSource;
+//! use tensorwire_pytorch::PtReader;
+//! # fn main() -> tensorwire_core::Result<()> {
+//! let ckpt = PtReader::open("model.pt")?;
+//! for info in ckpt.tensors() {
+//!     let view = ckpt.view(&info.name)?; // zero-copy when contiguous
+//!     println!("{} {} {} zero-copy={}", info.name, view.dtype, view.shape, view.zero_copy);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Not in scope: writing checkpoints; quantized, sparse and nested torch tensors
+//! (refused by name); the pre-0.1.10 TAR container.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod flatten;
+pub mod globals;
+mod input;
+mod legacy;
+pub mod pickle;
+mod reader;
+mod tensor;
+mod zip;
+
+pub use crate::flatten::ROOT_TENSOR_NAME;
+pub use crate::input::Input;
+pub use crate::reader::{PtFormat, PtReader, StridedView};
+pub use crate::tensor::{StorageRef, TensorRecord};
+
+/// True when `head` (a file's first bytes, 32 are enough) looks like a torch
+/// checkpoint: a ZIP archive or the legacy format's magic-number pickle.
+///
+/// A ZIP archive is only a candidate: [`PtReader`] then requires `<folder>/data.pkl`.
+pub fn sniff(head: &[u8]) -> bool {
+    head.starts_with(b"PK\x03\x04") || legacy::sniff(head)
+}

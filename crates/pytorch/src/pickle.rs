@@ -1,0 +1,1003 @@
+//! A pickle virtual machine that builds values and executes nothing.
+//!
+//! It understands the opcodes of protocols 0–5. Objects live in an arena and the stack,
+//! memo and containers hold their ids, so a memoized container that is filled after
+//! it was memoized (torch memoizes each dict before its `SETITEMS`) is the same filled
+//! object wherever it is referenced again. `GLOBAL`/`STACK_GLOBAL` resolve only
+//! against [`crate::globals`]' allowlist; calls (`REDUCE`, `NEWOBJ`, `INST`, `OBJ`)
+//! are interpreted by that module too, never executed. Every count, length and depth
+//! is checked against [`PickleLimits`] before anything is allocated.
+
+use std::collections::HashMap;
+
+use tensorwire_core::{Error, Result};
+
+use crate::globals::{self, Global};
+use crate::tensor::{StorageRef, TensorRecord};
+
+/// Index of an object in the [`Arena`].
+pub type Id = usize;
+
+/// The id of the shared `None` object.
+pub const NONE: Id = 0;
+const TRUE: Id = 1;
+const FALSE: Id = 2;
+
+/// Bounds the machine enforces on untrusted pickles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PickleLimits {
+    /// Most objects created by one pickle.
+    pub max_objects: usize,
+    /// Most memo entries.
+    pub max_memo: usize,
+    /// Deepest value stack (marks included).
+    pub max_stack: usize,
+}
+
+impl Default for PickleLimits {
+    fn default() -> Self {
+        PickleLimits {
+            max_objects: 1 << 24,
+            max_memo: 1 << 24,
+            max_stack: 1 << 16,
+        }
+    }
+}
+
+/// One value built by a pickle.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Obj {
+    /// `None`.
+    None,
+    /// A bool.
+    Bool(bool),
+    /// An integer that fits 64 bits.
+    Int(i64),
+    /// A wider integer (9 to 16 bytes), little-endian two's complement. Only the
+    /// legacy format's magic number needs one; everything else refuses it.
+    WideInt(Box<[u8]>),
+    /// A float.
+    Float(f64),
+    /// A str.
+    Str(Box<str>),
+    /// bytes or bytearray.
+    Bytes(Box<[u8]>),
+    /// A list.
+    List(Vec<Id>),
+    /// A tuple.
+    Tuple(Box<[Id]>),
+    /// A dict (`ordered` for `collections.OrderedDict`), items in insertion order.
+    Dict {
+        /// Key and value ids, in insertion order.
+        items: Vec<(Id, Id)>,
+        /// True for an `OrderedDict`.
+        ordered: bool,
+    },
+    /// A set or frozenset.
+    Set(Vec<Id>),
+    /// An allowlisted global (function, class or dtype).
+    Global(Global),
+    /// A storage named by a persistent id.
+    Storage(StorageRef),
+    /// A tensor rebuilt by one of torch's rebuild functions.
+    Tensor(Box<TensorRecord>),
+}
+
+impl Obj {
+    /// A short type name for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Obj::None => "None",
+            Obj::Bool(_) => "bool",
+            Obj::Int(_) | Obj::WideInt(_) => "int",
+            Obj::Float(_) => "float",
+            Obj::Str(_) => "str",
+            Obj::Bytes(_) => "bytes",
+            Obj::List(_) => "list",
+            Obj::Tuple(_) => "tuple",
+            Obj::Dict { .. } => "dict",
+            Obj::Set(_) => "set",
+            Obj::Global(_) => "global",
+            Obj::Storage(_) => "storage",
+            Obj::Tensor(_) => "tensor",
+        }
+    }
+}
+
+/// The objects one pickle built.
+#[derive(Debug)]
+pub struct Arena {
+    objects: Vec<Obj>,
+    max_objects: usize,
+}
+
+impl Arena {
+    fn new(max_objects: usize) -> Arena {
+        Arena {
+            objects: vec![Obj::None, Obj::Bool(true), Obj::Bool(false)],
+            max_objects,
+        }
+    }
+
+    /// The object with id `id`.
+    pub fn get(&self, id: Id) -> &Obj {
+        &self.objects[id]
+    }
+
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// True when only the shared constants exist.
+    pub fn is_empty(&self) -> bool {
+        self.objects.len() <= 3
+    }
+
+    /// Adds an object, failing past the object limit.
+    pub fn alloc(&mut self, obj: Obj) -> Result<Id> {
+        Error::check_limit(
+            "pickle object count",
+            self.objects.len() as u64 + 1,
+            self.max_objects as u64,
+        )?;
+        self.objects.push(obj);
+        Ok(self.objects.len() - 1)
+    }
+
+    fn get_mut(&mut self, id: Id) -> &mut Obj {
+        &mut self.objects[id]
+    }
+
+    /// The items of a tuple or list.
+    pub fn items(&self, id: Id) -> Option<&[Id]> {
+        match self.get(id) {
+            Obj::Tuple(items) => Some(items),
+            Obj::List(items) => Some(items),
+            _ => None,
+        }
+    }
+}
+
+/// Turns a persistent id (the object `BINPERSID` pops) into the object it stands for.
+pub trait PersistentLoad {
+    /// Resolves `pid`, an object of `arena`, at pickle offset `offset`.
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj>;
+}
+
+/// The result of running one pickle.
+#[derive(Debug)]
+pub struct Unpickled {
+    /// Every object the pickle built.
+    pub arena: Arena,
+    /// The value `STOP` returned.
+    pub root: Id,
+    /// Bytes consumed, `STOP` included.
+    pub consumed: usize,
+}
+
+/// Runs the pickle at the start of `data` (more bytes may follow it). `base` is the
+/// offset of `data` in its file, for error messages.
+pub fn unpickle(
+    data: &[u8],
+    base: u64,
+    limits: &PickleLimits,
+    persistent: &mut dyn PersistentLoad,
+) -> Result<Unpickled> {
+    let mut vm = Machine {
+        input: Input { data, pos: 0, base },
+        arena: Arena::new(limits.max_objects),
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+        limits: *limits,
+    };
+    let root = vm.run(persistent)?;
+    Ok(Unpickled {
+        consumed: vm.input.pos,
+        arena: vm.arena,
+        root,
+    })
+}
+
+struct Input<'a> {
+    data: &'a [u8],
+    pos: usize,
+    base: u64,
+}
+
+impl<'a> Input<'a> {
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let available = self.data.len() - self.pos;
+        if n > available {
+            return Err(Error::Truncated {
+                offset: self.offset(),
+                needed: n as u64,
+                available: available as u64,
+            });
+        }
+        let out = &self.data[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn i32(&mut self) -> Result<i32> {
+        Ok(i32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// A length-prefixed payload whose length came from the input.
+    fn payload(&mut self, len: u64) -> Result<&'a [u8]> {
+        let n = usize::try_from(len).map_err(|_| Error::Overflow {
+            what: "pickle payload length",
+        })?;
+        self.take(n)
+    }
+
+    /// A protocol-0 line, without its `\n`.
+    fn line(&mut self) -> Result<&'a [u8]> {
+        let rest = &self.data[self.pos..];
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(n) => {
+                self.pos += n + 1;
+                Ok(&rest[..n])
+            }
+            None => Err(Error::Truncated {
+                offset: self.offset(),
+                needed: rest.len() as u64 + 1,
+                available: rest.len() as u64,
+            }),
+        }
+    }
+}
+
+struct Machine<'a> {
+    input: Input<'a>,
+    arena: Arena,
+    stack: Vec<Id>,
+    /// Stack heights at each `MARK`.
+    marks: Vec<usize>,
+    memo: HashMap<u64, Id>,
+    limits: PickleLimits,
+}
+
+fn malformed(offset: u64, reason: impl Into<String>) -> Error {
+    Error::malformed(offset, format!("pickle: {}", reason.into()))
+}
+
+fn utf8(bytes: &[u8], offset: u64) -> Result<Box<str>> {
+    std::str::from_utf8(bytes)
+        .map(Box::from)
+        .map_err(|_| malformed(offset, "string is not valid UTF-8"))
+}
+
+impl Machine<'_> {
+    fn push(&mut self, id: Id) -> Result<()> {
+        Error::check_limit(
+            "pickle stack depth",
+            (self.stack.len() + self.marks.len() + 1) as u64,
+            self.limits.max_stack as u64,
+        )?;
+        self.stack.push(id);
+        Ok(())
+    }
+
+    fn push_new(&mut self, obj: Obj) -> Result<()> {
+        let id = self.arena.alloc(obj)?;
+        self.push(id)
+    }
+
+    fn pop(&mut self, at: u64) -> Result<Id> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(malformed(at, "stack underflow"));
+        }
+        Ok(self.stack.pop().expect("checked non-empty"))
+    }
+
+    fn top(&self, at: u64) -> Result<Id> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(malformed(at, "stack underflow"));
+        }
+        Ok(*self.stack.last().expect("checked non-empty"))
+    }
+
+    /// Pops everything above the last mark, and the mark.
+    fn pop_mark(&mut self, at: u64) -> Result<Vec<Id>> {
+        let mark = self
+            .marks
+            .pop()
+            .ok_or_else(|| malformed(at, "no mark on the stack"))?;
+        Ok(self.stack.split_off(mark))
+    }
+
+    fn memo_put(&mut self, key: u64, at: u64) -> Result<()> {
+        let id = self.top(at)?;
+        if !self.memo.contains_key(&key) {
+            Error::check_limit(
+                "pickle memo entries",
+                self.memo.len() as u64 + 1,
+                self.limits.max_memo as u64,
+            )?;
+        }
+        self.memo.insert(key, id);
+        Ok(())
+    }
+
+    fn memo_get(&mut self, key: u64, at: u64) -> Result<()> {
+        let id = *self
+            .memo
+            .get(&key)
+            .ok_or_else(|| malformed(at, format!("memo key {key} is not set")))?;
+        self.push(id)
+    }
+
+    fn int(&mut self, v: i64) -> Result<()> {
+        self.push_new(Obj::Int(v))
+    }
+
+    /// A little-endian two's complement integer of `bytes.len()` bytes.
+    fn long(&mut self, bytes: &[u8], at: u64) -> Result<()> {
+        if bytes.len() <= 8 {
+            let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+            let mut buf = [if negative { 0xff } else { 0 }; 8];
+            buf[..bytes.len()].copy_from_slice(bytes);
+            return self.int(i64::from_le_bytes(buf));
+        }
+        // Wider encodings of values that fit 64 bits are not canonical, but accept them.
+        let (low, high) = bytes.split_at(8);
+        let low_v = i64::from_le_bytes(low.try_into().expect("8 bytes"));
+        let sign = if low_v < 0 { 0xff } else { 0 };
+        if high.iter().all(|&b| b == sign) {
+            return self.int(low_v);
+        }
+        if bytes.len() > 16 {
+            return Err(Error::unsupported(format!(
+                "pickle integer of {} bytes at offset {at} (integers wider than 64 bits are refused)",
+                bytes.len()
+            )));
+        }
+        self.push_new(Obj::WideInt(bytes.into()))
+    }
+
+    fn text_int(&mut self, line: &[u8], at: u64) -> Result<()> {
+        let text = std::str::from_utf8(line).map_err(|_| malformed(at, "bad INT line"))?;
+        let text = text.trim_end_matches('L');
+        match text {
+            "01" => return self.push(TRUE),
+            "00" => return self.push(FALSE),
+            _ => {}
+        }
+        let v: i64 = text.parse().map_err(|_| {
+            Error::unsupported(format!(
+                "pickle integer `{text}` at offset {at} (not a 64-bit integer)"
+            ))
+        })?;
+        self.int(v)
+    }
+
+    fn run(&mut self, persistent: &mut dyn PersistentLoad) -> Result<Id> {
+        loop {
+            let at = self.input.offset();
+            let op = self.input.u8()?;
+            match op {
+                // PROTO
+                0x80 => {
+                    let proto = self.input.u8()?;
+                    if proto > 5 {
+                        return Err(Error::unsupported(format!(
+                            "pickle protocol {proto} (0 to 5 are supported)"
+                        )));
+                    }
+                }
+                // FRAME: a length hint; the whole pickle is in memory already.
+                0x95 => {
+                    let len = self.input.u64()?;
+                    let available = (self.input.data.len() - self.input.pos) as u64;
+                    if len > available {
+                        return Err(Error::Truncated {
+                            offset: self.input.offset(),
+                            needed: len,
+                            available,
+                        });
+                    }
+                }
+                // STOP
+                b'.' => {
+                    let root = self.pop(at)?;
+                    return Ok(root);
+                }
+                // Integers.
+                b'J' => {
+                    let v = self.input.i32()?;
+                    self.int(v.into())?;
+                }
+                b'K' => {
+                    let v = self.input.u8()?;
+                    self.int(v.into())?;
+                }
+                b'M' => {
+                    let v = self.input.u16()?;
+                    self.int(v.into())?;
+                }
+                b'I' | b'L' => {
+                    let line = self.input.line()?;
+                    self.text_int(line, at)?;
+                }
+                0x8a => {
+                    let n = self.input.u8()?;
+                    let bytes = self.input.take(n.into())?;
+                    self.long(bytes, at)?;
+                }
+                0x8b => {
+                    let n = self.input.i32()?;
+                    if n < 0 {
+                        return Err(malformed(at, "negative LONG4 length"));
+                    }
+                    let bytes = self.input.payload(n as u64)?;
+                    self.long(bytes, at)?;
+                }
+                // Floats.
+                b'G' => {
+                    let v = f64::from_be_bytes(self.input.take(8)?.try_into().expect("8 bytes"));
+                    self.push_new(Obj::Float(v))?;
+                }
+                b'F' => {
+                    let line = self.input.line()?;
+                    let v: f64 = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .ok_or_else(|| malformed(at, "bad FLOAT line"))?;
+                    self.push_new(Obj::Float(v))?;
+                }
+                // Constants.
+                b'N' => self.push(NONE)?,
+                0x88 => self.push(TRUE)?,
+                0x89 => self.push(FALSE)?,
+                // Unicode strings.
+                b'X' => {
+                    let n = self.input.u32()?;
+                    let s = utf8(self.input.payload(n.into())?, at)?;
+                    self.push_new(Obj::Str(s))?;
+                }
+                0x8c => {
+                    let n = self.input.u8()?;
+                    let s = utf8(self.input.take(n.into())?, at)?;
+                    self.push_new(Obj::Str(s))?;
+                }
+                0x8d => {
+                    let n = self.input.u64()?;
+                    let s = utf8(self.input.payload(n)?, at)?;
+                    self.push_new(Obj::Str(s))?;
+                }
+                b'V' => {
+                    let line = self.input.line()?;
+                    let s = raw_unicode_escape(line, at)?;
+                    self.push_new(Obj::Str(s.into()))?;
+                }
+                // Byte strings (Python 2 `str` decodes as latin-1 text, as Python 3's
+                // `encoding="latin1"` does; torch's legacy keys are ASCII).
+                b'T' => {
+                    let n = self.input.i32()?;
+                    if n < 0 {
+                        return Err(malformed(at, "negative BINSTRING length"));
+                    }
+                    let s = latin1(self.input.payload(n as u64)?);
+                    self.push_new(Obj::Str(s.into()))?;
+                }
+                b'U' => {
+                    let n = self.input.u8()?;
+                    let s = latin1(self.input.take(n.into())?);
+                    self.push_new(Obj::Str(s.into()))?;
+                }
+                b'S' => {
+                    let line = self.input.line()?;
+                    let s = python_string_literal(line, at)?;
+                    self.push_new(Obj::Str(latin1(&s).into()))?;
+                }
+                b'B' => {
+                    let n = self.input.u32()?;
+                    let b = self.input.payload(n.into())?;
+                    self.push_new(Obj::Bytes(b.into()))?;
+                }
+                b'C' => {
+                    let n = self.input.u8()?;
+                    let b = self.input.take(n.into())?;
+                    self.push_new(Obj::Bytes(b.into()))?;
+                }
+                0x8e | 0x96 => {
+                    let n = self.input.u64()?;
+                    let b = self.input.payload(n)?;
+                    self.push_new(Obj::Bytes(b.into()))?;
+                }
+                // Containers.
+                b']' => self.push_new(Obj::List(Vec::new()))?,
+                b')' => self.push_new(Obj::Tuple(Box::new([])))?,
+                b'}' => self.push_new(Obj::Dict {
+                    items: Vec::new(),
+                    ordered: false,
+                })?,
+                0x8f => self.push_new(Obj::Set(Vec::new()))?,
+                b'l' => {
+                    let items = self.pop_mark(at)?;
+                    self.push_new(Obj::List(items))?;
+                }
+                b't' => {
+                    let items = self.pop_mark(at)?;
+                    self.push_new(Obj::Tuple(items.into()))?;
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let mut items = vec![NONE; n];
+                    for slot in items.iter_mut().rev() {
+                        *slot = self.pop(at)?;
+                    }
+                    self.push_new(Obj::Tuple(items.into()))?;
+                }
+                b'd' => {
+                    let flat = self.pop_mark(at)?;
+                    let items = pairs(&flat, at)?;
+                    self.push_new(Obj::Dict {
+                        items,
+                        ordered: false,
+                    })?;
+                }
+                0x91 => {
+                    let items = self.pop_mark(at)?;
+                    self.push_new(Obj::Set(items))?;
+                }
+                b'a' => {
+                    let value = self.pop(at)?;
+                    let list = self.top(at)?;
+                    self.extend_list(list, &[value], at)?;
+                }
+                b'e' => {
+                    let values = self.pop_mark(at)?;
+                    let list = self.top(at)?;
+                    self.extend_list(list, &values, at)?;
+                }
+                b's' => {
+                    let value = self.pop(at)?;
+                    let key = self.pop(at)?;
+                    let dict = self.top(at)?;
+                    self.set_items(dict, &[key, value], at)?;
+                }
+                b'u' => {
+                    let flat = self.pop_mark(at)?;
+                    let dict = self.top(at)?;
+                    self.set_items(dict, &flat, at)?;
+                }
+                0x90 => {
+                    let values = self.pop_mark(at)?;
+                    let set = self.top(at)?;
+                    match self.arena.get_mut(set) {
+                        Obj::Set(items) => items.extend_from_slice(&values),
+                        other => {
+                            return Err(malformed(at, format!("ADDITEMS on a {}", other.kind())))
+                        }
+                    }
+                }
+                // Stack manipulation.
+                b'(' => {
+                    Error::check_limit(
+                        "pickle stack depth",
+                        (self.stack.len() + self.marks.len() + 1) as u64,
+                        self.limits.max_stack as u64,
+                    )?;
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    self.pop(at)?;
+                }
+                b'1' => {
+                    self.pop_mark(at)?;
+                }
+                b'2' => {
+                    let top = self.top(at)?;
+                    self.push(top)?;
+                }
+                // Memo.
+                b'g' => {
+                    let key = decimal(self.input.line()?, at)?;
+                    self.memo_get(key, at)?;
+                }
+                b'h' => {
+                    let key = self.input.u8()?;
+                    self.memo_get(key.into(), at)?;
+                }
+                b'j' => {
+                    let key = self.input.u32()?;
+                    self.memo_get(key.into(), at)?;
+                }
+                b'p' => {
+                    let key = decimal(self.input.line()?, at)?;
+                    self.memo_put(key, at)?;
+                }
+                b'q' => {
+                    let key = self.input.u8()?;
+                    self.memo_put(key.into(), at)?;
+                }
+                b'r' => {
+                    let key = self.input.u32()?;
+                    self.memo_put(key.into(), at)?;
+                }
+                0x94 => {
+                    let key = self.memo.len() as u64;
+                    self.memo_put(key, at)?;
+                }
+                // Globals and calls.
+                b'c' => {
+                    let module = self.input.line()?;
+                    let name = self.input.line()?;
+                    let global = globals::resolve(
+                        &String::from_utf8_lossy(module),
+                        &String::from_utf8_lossy(name),
+                        at,
+                    )?;
+                    self.push_new(Obj::Global(global))?;
+                }
+                0x93 => {
+                    let name = self.pop(at)?;
+                    let module = self.pop(at)?;
+                    let (Obj::Str(module), Obj::Str(name)) =
+                        (self.arena.get(module), self.arena.get(name))
+                    else {
+                        return Err(malformed(at, "STACK_GLOBAL needs two strings"));
+                    };
+                    let global = globals::resolve(module, name, at)?;
+                    self.push_new(Obj::Global(global))?;
+                }
+                b'R' => {
+                    let args = self.pop(at)?;
+                    let callable = self.pop(at)?;
+                    let obj = globals::call(&self.arena, callable, args, at)?;
+                    self.push_new(obj)?;
+                }
+                0x81 => {
+                    let args = self.pop(at)?;
+                    let class = self.pop(at)?;
+                    let obj = globals::call(&self.arena, class, args, at)?;
+                    self.push_new(obj)?;
+                }
+                0x92 => {
+                    let kwargs = self.pop(at)?;
+                    let args = self.pop(at)?;
+                    let class = self.pop(at)?;
+                    match self.arena.get(kwargs) {
+                        Obj::Dict { items, .. } if items.is_empty() => {}
+                        _ => {
+                            return Err(Error::unsupported(format!(
+                                "NEWOBJ_EX with keyword arguments at offset {at}"
+                            )))
+                        }
+                    }
+                    let obj = globals::call(&self.arena, class, args, at)?;
+                    self.push_new(obj)?;
+                }
+                b'i' => {
+                    let module = self.input.line()?;
+                    let name = self.input.line()?;
+                    let global = globals::resolve(
+                        &String::from_utf8_lossy(module),
+                        &String::from_utf8_lossy(name),
+                        at,
+                    )?;
+                    let args = self.pop_mark(at)?;
+                    let class = self.arena.alloc(Obj::Global(global))?;
+                    let args = self.arena.alloc(Obj::Tuple(args.into()))?;
+                    let obj = globals::call(&self.arena, class, args, at)?;
+                    self.push_new(obj)?;
+                }
+                b'o' => {
+                    let mut items = self.pop_mark(at)?;
+                    if items.is_empty() {
+                        return Err(malformed(at, "OBJ without a class"));
+                    }
+                    let class = items.remove(0);
+                    let args = self.arena.alloc(Obj::Tuple(items.into()))?;
+                    let obj = globals::call(&self.arena, class, args, at)?;
+                    self.push_new(obj)?;
+                }
+                b'b' => {
+                    let state = self.pop(at)?;
+                    let target = self.top(at)?;
+                    globals::build(&self.arena, target, state, at)?;
+                }
+                // Persistent ids: torch's storages.
+                b'Q' => {
+                    let pid = self.pop(at)?;
+                    let obj = persistent.load(&self.arena, pid, at)?;
+                    self.push_new(obj)?;
+                }
+                b'P' => {
+                    let line = self.input.line()?;
+                    let pid = self.arena.alloc(Obj::Str(utf8(line, at)?))?;
+                    let obj = persistent.load(&self.arena, pid, at)?;
+                    self.push_new(obj)?;
+                }
+                0x82..=0x84 => {
+                    return Err(Error::unsupported(format!(
+                        "pickle extension registry opcode (EXT) at offset {at}"
+                    )))
+                }
+                0x97 | 0x98 => {
+                    return Err(Error::unsupported(format!(
+                        "pickle out-of-band buffer opcode at offset {at}"
+                    )))
+                }
+                other => {
+                    return Err(malformed(at, format!("unknown opcode 0x{other:02x}")));
+                }
+            }
+        }
+    }
+
+    fn extend_list(&mut self, list: Id, values: &[Id], at: u64) -> Result<()> {
+        match self.arena.get_mut(list) {
+            Obj::List(items) => {
+                items.extend_from_slice(values);
+                Ok(())
+            }
+            other => Err(malformed(at, format!("APPEND on a {}", other.kind()))),
+        }
+    }
+
+    fn set_items(&mut self, dict: Id, flat: &[Id], at: u64) -> Result<()> {
+        let new = pairs(flat, at)?;
+        match self.arena.get_mut(dict) {
+            Obj::Dict { items, .. } => {
+                items.extend(new);
+                Ok(())
+            }
+            other => Err(malformed(at, format!("SETITEM on a {}", other.kind()))),
+        }
+    }
+}
+
+fn pairs(flat: &[Id], at: u64) -> Result<Vec<(Id, Id)>> {
+    if flat.len() % 2 != 0 {
+        return Err(malformed(at, "odd number of items for a dict"));
+    }
+    Ok(flat.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())
+}
+
+fn decimal(line: &[u8], at: u64) -> Result<u64> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| malformed(at, "bad memo key"))
+}
+
+fn latin1(bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| char::from(b)).collect()
+}
+
+/// Decodes the argument of protocol 0's `UNICODE` (raw-unicode-escape).
+fn raw_unicode_escape(line: &[u8], at: u64) -> Result<String> {
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < line.len() {
+        let b = line[i];
+        if b == b'\\' && i + 1 < line.len() && (line[i + 1] == b'u' || line[i + 1] == b'U') {
+            let width = if line[i + 1] == b'u' { 4 } else { 8 };
+            let hex = line
+                .get(i + 2..i + 2 + width)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32)
+                .ok_or_else(|| malformed(at, "bad \\u escape in UNICODE"))?;
+            out.push(hex);
+            i += 2 + width;
+        } else {
+            out.push(char::from(b));
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes the quoted Python 2 string literal of protocol 0's `STRING`.
+fn python_string_literal(line: &[u8], at: u64) -> Result<Vec<u8>> {
+    let bad = || malformed(at, "bad STRING literal");
+    let (&quote, rest) = line.split_first().ok_or_else(bad)?;
+    if quote != b'\'' && quote != b'"' || rest.last() != Some(&quote) {
+        return Err(bad());
+    }
+    let body = &rest[..rest.len() - 1];
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        if body[i] != b'\\' {
+            out.push(body[i]);
+            i += 1;
+            continue;
+        }
+        let esc = *body.get(i + 1).ok_or_else(bad)?;
+        i += 2;
+        match esc {
+            b'\\' | b'\'' | b'"' => out.push(esc),
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'r' => out.push(b'\r'),
+            b'0' => out.push(0),
+            b'x' => {
+                let hex = body
+                    .get(i..i + 2)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(bad)?;
+                out.push(hex);
+                i += 2;
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoPersistent;
+    impl PersistentLoad for NoPersistent {
+        fn load(&mut self, _: &Arena, _: Id, at: u64) -> Result<Obj> {
+            Err(malformed(at, "no persistent ids here"))
+        }
+    }
+
+    fn run(data: &[u8]) -> Result<Unpickled> {
+        unpickle(data, 0, &PickleLimits::default(), &mut NoPersistent)
+    }
+
+    #[test]
+    fn memoized_dict_is_shared_after_it_is_filled() {
+        // {} memoized as 0, then [d, d] where d is filled after being memoized:
+        // `\x80\x02]q\x00(}q\x01(X\x01\x00\x00\x00aK\x01uh\x01e.`
+        let data = b"\x80\x02]q\x00(}q\x01(X\x01\x00\x00\x00aK\x01uh\x01e.";
+        let u = run(data).unwrap();
+        let items = u.arena.items(u.root).unwrap().to_vec();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0], items[1]);
+        match u.arena.get(items[1]) {
+            Obj::Dict { items, .. } => assert_eq!(items.len(), 1),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn integers_of_every_encoding() {
+        let u = run(b"\x80\x02(J\xff\xff\xff\xffK\x07M\x00\x01\x8a\x02\x00\x80\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xffI42\nL-5L\nt.").unwrap();
+        let got: Vec<_> = u
+            .arena
+            .items(u.root)
+            .unwrap()
+            .iter()
+            .map(|&i| u.arena.get(i).clone())
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                Obj::Int(-1),
+                Obj::Int(7),
+                Obj::Int(256),
+                Obj::Int(-32768),
+                Obj::Int(-1),
+                Obj::Int(42),
+                Obj::Int(-5)
+            ]
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_represent() {
+        // A 17-byte LONG1.
+        let mut data = b"\x80\x02\x8a\x11".to_vec();
+        data.extend([1u8; 17]);
+        data.push(b'.');
+        assert!(matches!(run(&data), Err(Error::Unsupported { .. })));
+        // EXT1, NEXT_BUFFER.
+        assert!(matches!(
+            run(b"\x80\x02\x82\x01."),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(matches!(
+            run(b"\x80\x05\x97."),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn refuses_globals_outside_the_allowlist() {
+        let err = run(b"cposix\nsystem\n(S'echo hi'\ntR.").unwrap_err();
+        assert!(matches!(err, Error::RefusedGlobal { .. }), "{err}");
+        assert!(err.to_string().contains("posix.system"), "{err}");
+        let err =
+            run(b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x8c\x04eval\x93.")
+                .unwrap_err();
+        assert!(err.to_string().contains("builtins.eval"), "{err}");
+    }
+
+    #[test]
+    fn malformed_input_gives_typed_errors() {
+        for data in [
+            &b""[..],
+            b"\x80\x02",
+            b"\x80\x02.",
+            b"\x80\x02h\x05.",
+            b"\x80\x02X\xff\xff\xff\xff",
+            b"\x80\x02(.",
+            b"\x80\x02K\x01K\x02a.",
+            b"\x80\x02\xff",
+            b"\x80\x09.",
+        ] {
+            assert!(run(data).is_err(), "{data:?}");
+        }
+    }
+
+    #[test]
+    fn object_and_stack_limits_hold() {
+        let limits = PickleLimits {
+            max_objects: 100,
+            max_memo: 10,
+            max_stack: 50,
+        };
+        let mut many = b"\x80\x02(".to_vec();
+        many.extend(std::iter::repeat_n(&b"K\x01"[..], 200).flatten());
+        many.extend(b"l.");
+        let err = unpickle(&many, 0, &limits, &mut NoPersistent).unwrap_err();
+        assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
+        let mut marks = b"\x80\x02".to_vec();
+        marks.extend([b'('; 100]);
+        let err = unpickle(&marks, 0, &limits, &mut NoPersistent).unwrap_err();
+        assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
+    }
+
+    #[test]
+    fn protocol_zero_strings() {
+        let u = run(b"(S'a\\'b\\x41'\nVcaf\\u00e9\np0\ng0\nt.").unwrap();
+        let got: Vec<_> = u
+            .arena
+            .items(u.root)
+            .unwrap()
+            .iter()
+            .map(|&i| u.arena.get(i).clone())
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                Obj::Str("a'bA".into()),
+                Obj::Str("café".into()),
+                Obj::Str("café".into())
+            ]
+        );
+    }
+}

@@ -1,0 +1,490 @@
+//! [`PtReader`]: a PyTorch checkpoint as a [`TensorSource`].
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use tensorwire_core::{
+    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
+};
+use tensorwire_mmap::{MapMode, MappedFile};
+use tensorwire_range::{RangeFile, RangeRead};
+
+use crate::flatten::flatten;
+use crate::input::Input;
+use crate::legacy::{self, LegacyStorage};
+use crate::pickle::{self, Arena, Id, Obj, PersistentLoad, PickleLimits};
+use crate::tensor::{swap_bytes, StorageRef, TensorRecord};
+use crate::zip::{self, Method, ZipArchive, ZipEntry};
+
+/// Which container a checkpoint uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PtFormat {
+    /// The ZIP archive of torch ≥ 1.6.
+    Zip,
+    /// The legacy sequence of pickles followed by raw storages.
+    Legacy,
+}
+
+/// A tensor laid out by strides over its storage's bytes, as torch holds it.
+#[derive(Debug, Clone)]
+pub struct StridedView {
+    /// Element type.
+    pub dtype: DType,
+    /// Sizes.
+    pub shape: Shape,
+    /// Strides in elements (never negative in torch).
+    pub strides: Vec<u64>,
+    /// The bytes from the first element to one past the last one the strides reach.
+    pub bytes: Bytes,
+    /// True when `bytes` borrows the file's memory.
+    pub zero_copy: bool,
+}
+
+/// How [`PtReader`] finds a storage's bytes.
+#[derive(Debug, Clone)]
+enum StorageData {
+    /// A ZIP record.
+    Zip(ZipEntry),
+    /// A legacy storage.
+    Legacy(LegacyStorage),
+}
+
+/// A PyTorch checkpoint (`.pt`, `.pth`, `.bin` from `torch.save`), read without Python
+/// and without running any code from the file.
+///
+/// Opening runs the checkpoint's pickle on a machine that only builds values (see
+/// [`crate::pickle`]) and checks every tensor's extent against its storage; tensors
+/// are then read on demand: zero-copy slices of the map for contiguous tensors of a
+/// mapped little-endian file, a gathered (and, for big-endian files, byte-swapped)
+/// copy otherwise.
+pub struct PtReader {
+    format: PtFormat,
+    input: Input,
+    infos: Vec<TensorInfo>,
+    records: Vec<TensorRecord>,
+    index: HashMap<Arc<str>, usize>,
+    storages: HashMap<Box<str>, StorageData>,
+    attributes: BTreeMap<String, Value>,
+    little_endian: bool,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for PtReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PtReader")
+            .field("format", &self.format)
+            .field("input", &self.input)
+            .field("tensors", &self.infos.len())
+            .finish()
+    }
+}
+
+/// Collects the storages a ZIP checkpoint's pickle names.
+struct ZipStorages<'a> {
+    archive: &'a ZipArchive,
+    prefix: &'a str,
+    seen: HashMap<Box<str>, StorageRef>,
+}
+
+impl PersistentLoad for ZipStorages<'_> {
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj> {
+        let storage = StorageRef::from_persistent_id(arena, pid, offset)?;
+        if let Some(known) = self.seen.get(&storage.key) {
+            if known.nbytes()? != storage.nbytes()? {
+                return Err(Error::malformed(
+                    offset,
+                    format!("storage `{}` is declared with two sizes", storage.key),
+                ));
+            }
+        } else {
+            let record = format!("{}data/{}", self.prefix, storage.key);
+            let entry = self.archive.get(&record).ok_or_else(|| {
+                Error::malformed(offset, format!("no record `{record}` for a storage"))
+            })?;
+            if entry.size < storage.nbytes()? {
+                return Err(Error::SizeMismatch {
+                    tensor: record,
+                    expected: storage.nbytes()?,
+                    found: entry.size,
+                });
+            }
+            self.seen.insert(storage.key.clone(), storage.clone());
+        }
+        Ok(Obj::Storage(storage))
+    }
+}
+
+/// The folder (with its trailing `/`) that holds `data.pkl`: torch names it after the
+/// file's stem or `archive`, so it is found rather than assumed.
+fn archive_prefix(archive: &ZipArchive) -> Result<String> {
+    let mut candidates = archive
+        .entries()
+        .iter()
+        .filter_map(|e| e.name.strip_suffix("data.pkl"))
+        .filter(|p| p.ends_with('/') && p.matches('/').count() == 1);
+    let first = candidates.next().ok_or_else(|| {
+        Error::malformed(
+            0,
+            "zip archive has no `<folder>/data.pkl`: not a torch checkpoint",
+        )
+    })?;
+    if candidates.next().is_some() {
+        return Err(Error::malformed(
+            0,
+            "zip archive has more than one `<folder>/data.pkl`",
+        ));
+    }
+    Ok(first.to_owned())
+}
+
+impl PtReader {
+    /// Maps `path` privately (copy-on-write) and opens it with default limits.
+    pub fn open(path: impl AsRef<Path>) -> Result<PtReader> {
+        let path = path.as_ref();
+        let bytes = MappedFile::open_bytes(path, MapMode::CopyOnWrite)?;
+        PtReader::from_bytes(bytes, &Limits::default()).map_err(|e| e.with_path(path))
+    }
+
+    /// Opens `path` for positional reads: nothing is mapped, and each tensor read
+    /// reads only its own byte range.
+    pub fn open_ranged(path: impl AsRef<Path>, limits: &Limits) -> Result<PtReader> {
+        let path = path.as_ref();
+        let file = Arc::new(RangeFile::open(path)?);
+        PtReader::from_range(file, limits).map_err(|e| e.with_path(path))
+    }
+
+    /// Opens a checkpoint image already in memory (a map, a shm segment, a buffer).
+    pub fn from_bytes(bytes: Bytes, limits: &Limits) -> Result<PtReader> {
+        PtReader::from_input(Input::Mapped(bytes), limits)
+    }
+
+    /// Opens a checkpoint read through `file`'s positional reads.
+    pub fn from_range(file: Arc<dyn RangeRead>, limits: &Limits) -> Result<PtReader> {
+        PtReader::from_input(Input::Ranged(file), limits)
+    }
+
+    fn from_input(input: Input, limits: &Limits) -> Result<PtReader> {
+        let head = input.read_up_to(0, 32)?;
+        if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
+            PtReader::open_zip(input, limits)
+        } else if legacy::sniff(&head) {
+            PtReader::open_legacy(input, limits)
+        } else {
+            Err(Error::BadMagic {
+                offset: 0,
+                expected: "a torch checkpoint (ZIP `PK\\x03\\x04` or a legacy pickle)",
+                found: head[..head.len().min(8)].to_vec(),
+            })
+        }
+    }
+
+    fn pickle_limits(limits: &Limits) -> PickleLimits {
+        let default = PickleLimits::default();
+        PickleLimits {
+            max_objects: default
+                .max_objects
+                .max(limits.max_tensors.saturating_mul(16) as usize),
+            ..default
+        }
+    }
+
+    fn open_zip(input: Input, limits: &Limits) -> Result<PtReader> {
+        let archive = ZipArchive::parse(
+            &input,
+            limits.max_tensors.saturating_add(1024),
+            limits.max_name_bytes,
+        )?;
+        let prefix = archive_prefix(&archive)?;
+        let pkl_entry = archive
+            .get(&format!("{prefix}data.pkl"))
+            .expect("found by archive_prefix");
+        Error::check_limit("data.pkl size", pkl_entry.size, limits.max_metadata_bytes)?;
+        let pkl = zip::read_entry(&input, pkl_entry, limits.max_metadata_bytes)?;
+        let little_endian = match archive.get(&format!("{prefix}byteorder")) {
+            None => true,
+            Some(entry) => {
+                let order = zip::read_entry(&input, entry, 16)?;
+                match order.as_slice() {
+                    b"little" => true,
+                    b"big" => false,
+                    other => {
+                        return Err(Error::malformed(
+                            entry.data_offset,
+                            format!("byteorder record is {:?}", String::from_utf8_lossy(other)),
+                        ))
+                    }
+                }
+            }
+        };
+        let mut storages = ZipStorages {
+            archive: &archive,
+            prefix: &prefix,
+            seen: HashMap::new(),
+        };
+        let unpickled = pickle::unpickle(
+            &pkl,
+            pkl_entry.data_offset,
+            &Self::pickle_limits(limits),
+            &mut storages,
+        )?;
+        let data = storages
+            .seen
+            .keys()
+            .map(|key| {
+                let entry = archive
+                    .get(&format!("{prefix}data/{key}"))
+                    .expect("checked when the storage was loaded");
+                (key.clone(), StorageData::Zip(entry.clone()))
+            })
+            .collect();
+        PtReader::build(
+            PtFormat::Zip,
+            input,
+            &unpickled.arena,
+            unpickled.root,
+            data,
+            little_endian,
+            limits,
+        )
+    }
+
+    fn open_legacy(input: Input, limits: &Limits) -> Result<PtReader> {
+        let parsed = legacy::parse(
+            &input,
+            &Self::pickle_limits(limits),
+            limits.max_metadata_bytes,
+        )?;
+        let data = parsed
+            .storages
+            .iter()
+            .map(|(k, s)| (k.clone(), StorageData::Legacy(*s)))
+            .collect();
+        PtReader::build(
+            PtFormat::Legacy,
+            input,
+            &parsed.object.arena,
+            parsed.object.root,
+            data,
+            parsed.little_endian,
+            limits,
+        )
+    }
+
+    fn build(
+        format: PtFormat,
+        input: Input,
+        arena: &Arena,
+        root: Id,
+        storages: HashMap<Box<str>, StorageData>,
+        little_endian: bool,
+        limits: &Limits,
+    ) -> Result<PtReader> {
+        let flat = flatten(
+            arena,
+            root,
+            limits.max_depth,
+            (arena.len() as u64).saturating_mul(4).max(1 << 16),
+            limits.max_tensors,
+        )?;
+        let mut infos = Vec::with_capacity(flat.tensors.len());
+        let mut records = Vec::with_capacity(flat.tensors.len());
+        let mut index = HashMap::with_capacity(flat.tensors.len());
+        for (name, record) in flat.tensors {
+            Error::check_limit(
+                "tensor name length",
+                name.len() as u64,
+                limits.max_name_bytes as u64,
+            )?;
+            let data = storages.get(&record.storage.key).ok_or_else(|| {
+                Error::malformed(0, format!("storage `{}` has no data", record.storage.key))
+            })?;
+            let (start, end) = record.byte_extent()?;
+            let base = storage_offset(data) + record.storage.window()?.0;
+            let name: Arc<str> = name.into();
+            index.insert(name.clone(), infos.len());
+            infos.push(TensorInfo {
+                name,
+                dtype: record.dtype,
+                shape: record.shape.clone(),
+                layout: Layout::Dense,
+                nbytes: record.shape.byte_len(record.dtype)?,
+                stored_bytes: end - start,
+                offset: base + start,
+                encoding: match data {
+                    StorageData::Zip(e) if e.method == Method::Deflated => {
+                        Some("deflate".to_owned())
+                    }
+                    _ => None,
+                },
+                attributes: BTreeMap::new(),
+            });
+            records.push(record.clone());
+        }
+        Ok(PtReader {
+            format,
+            input,
+            infos,
+            records,
+            index,
+            storages,
+            attributes: flat.attributes,
+            little_endian,
+            limits: *limits,
+        })
+    }
+
+    /// The container format.
+    pub fn pt_format(&self) -> PtFormat {
+        self.format
+    }
+
+    /// False for checkpoints written on a big-endian machine (read with byte swaps).
+    pub fn is_little_endian(&self) -> bool {
+        self.little_endian
+    }
+
+    /// The torch description of a tensor: storage, offset, sizes and strides.
+    pub fn record(&self, name: &str) -> Result<&TensorRecord> {
+        self.position(name).map(|i| &self.records[i])
+    }
+
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
+    /// storage's first byte), with a flag saying whether they borrow the input.
+    fn storage_range(&self, key: &str, start: u64, end: u64) -> Result<(Bytes, bool)> {
+        let data = self
+            .storages
+            .get(key)
+            .ok_or_else(|| Error::malformed(0, format!("storage `{key}` has no data")))?;
+        match data {
+            StorageData::Zip(entry) if entry.method == Method::Deflated => {
+                let all = zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes)?;
+                Ok((all.slice_at(start, end - start)?, false))
+            }
+            StorageData::Zip(entry) => Ok((
+                self.input.read(entry.data_offset + start, end - start)?,
+                self.input.is_mapped(),
+            )),
+            StorageData::Legacy(storage) => {
+                legacy::check_prefix(&self.input, key, storage, self.little_endian)?;
+                Ok((
+                    self.input.read(storage.data_offset + start, end - start)?,
+                    self.input.is_mapped(),
+                ))
+            }
+        }
+    }
+
+    /// The tensor as torch lays it out: the bytes its strides reach, with its sizes
+    /// and strides. Zero-copy for a mapped little-endian file with the storage stored
+    /// raw; for big-endian files the bytes are a byte-swapped copy.
+    pub fn strided(&self, name: &str) -> Result<StridedView> {
+        let record = &self.records[self.position(name)?];
+        let (start, end) = record.byte_extent()?;
+        let window = record.storage.window()?.0;
+        let (bytes, borrowed) =
+            self.storage_range(&record.storage.key, window + start, window + end)?;
+        let (bytes, zero_copy) = if self.little_endian {
+            (bytes, borrowed)
+        } else {
+            let mut copy = tensorwire_core::AlignedBuf::copy_from(&bytes)?;
+            swap_bytes(copy.as_mut_slice(), record.dtype);
+            (copy.into_bytes(), false)
+        };
+        Ok(StridedView {
+            dtype: record.dtype,
+            shape: record.shape.clone(),
+            strides: record.strides.clone(),
+            bytes,
+            zero_copy,
+        })
+    }
+
+    /// Checks every storage: legacy element counts and, for ZIP files, each record's
+    /// CRC-32. Returns how many checks were made.
+    fn verify_all(&self) -> Result<usize> {
+        match self.format {
+            PtFormat::Zip => {
+                // The archive is parsed again: verification is rare, opening is not.
+                let archive = ZipArchive::parse(
+                    &self.input,
+                    self.limits.max_tensors.saturating_add(1024),
+                    self.limits.max_name_bytes,
+                )?;
+                archive.verify(&self.input, self.limits.max_decoded_bytes)
+            }
+            PtFormat::Legacy => {
+                for (key, data) in &self.storages {
+                    if let StorageData::Legacy(s) = data {
+                        legacy::check_prefix(&self.input, key, s, self.little_endian)?;
+                    }
+                }
+                Ok(self.storages.len())
+            }
+        }
+    }
+}
+
+fn storage_offset(data: &StorageData) -> u64 {
+    match data {
+        StorageData::Zip(e) => e.data_offset,
+        StorageData::Legacy(s) => s.data_offset,
+    }
+}
+
+impl TensorSource for PtReader {
+    fn format(&self) -> &'static str {
+        match self.format {
+            PtFormat::Zip => "pytorch-zip",
+            PtFormat::Legacy => "pytorch-legacy",
+        }
+    }
+
+    fn tensors(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    fn attributes(&self) -> &BTreeMap<String, Value> {
+        &self.attributes
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.position(name).map(|i| &self.infos[i])
+    }
+
+    /// Contiguous tensors of a mapped little-endian file come back zero-copy; strided
+    /// ones (transposes, slices, `expand`) as a row-major copy.
+    fn view(&self, name: &str) -> Result<TensorView> {
+        let strided = self.strided(name)?;
+        let record = &self.records[self.position(name)?];
+        if record.is_contiguous() {
+            return TensorView::new(
+                name,
+                strided.dtype,
+                strided.shape,
+                strided.bytes,
+                strided.zero_copy,
+            );
+        }
+        let bytes = record.gather(&strided.bytes, self.limits.max_decoded_bytes)?;
+        TensorView::new(name, strided.dtype, strided.shape, bytes, false)
+    }
+
+    fn verify(&self) -> Result<usize> {
+        self.verify_all()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,431 @@
+//! Tensors as a checkpoint describes them: a storage, an element offset, sizes and
+//! strides, and the arithmetic that turns them into byte ranges, checked.
+
+use tensorwire_core::{AlignedBuf, Bytes, DType, Error, Result, Shape};
+
+use crate::pickle::{Arena, Id, Obj};
+
+/// A storage named by a persistent id `('storage', storage_type, key, location,
+/// numel[, view_metadata])`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StorageRef {
+    /// The record (ZIP) or pointer string (legacy) that holds the bytes.
+    pub key: Box<str>,
+    /// The storage class's element type (`u8` for untyped storages).
+    pub dtype: DType,
+    /// Elements in the stored storage.
+    pub numel: u64,
+    /// Where the tensor lived when saved (`cpu`, `cuda:0`).
+    pub location: Box<str>,
+    /// Legacy files of old torch versions only: the tensor uses the window
+    /// `(element offset, element count)` of the stored storage.
+    pub view: Option<(u64, u64)>,
+}
+
+impl StorageRef {
+    /// Size of the stored storage in bytes.
+    pub fn nbytes(&self) -> Result<u64> {
+        self.numel
+            .checked_mul(self.dtype.bits() / 8)
+            .ok_or(Error::Overflow {
+                what: "storage size in bytes",
+            })
+    }
+
+    /// The byte range `[start, end)` of the stored storage that tensors on this
+    /// storage index into (all of it unless it is a view).
+    pub fn window(&self) -> Result<(u64, u64)> {
+        let (first, count) = self.view.unwrap_or((0, self.numel));
+        let elem = self.dtype.bits() / 8;
+        let overflow = || Error::Overflow {
+            what: "storage view range",
+        };
+        let start = first.checked_mul(elem).ok_or_else(overflow)?;
+        let end = first
+            .checked_add(count)
+            .and_then(|n| n.checked_mul(elem))
+            .ok_or_else(overflow)?;
+        Ok((start, end))
+    }
+
+    /// Parses the persistent id tuple (5 fields in ZIP files, 6 in legacy ones).
+    pub fn from_persistent_id(arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef> {
+        let bad = |reason: &str| Error::malformed(offset, format!("persistent id: {reason}"));
+        let items = arena.items(pid).ok_or_else(|| bad("not a tuple"))?;
+        match items.first().map(|&i| arena.get(i)) {
+            Some(Obj::Str(tag)) if &**tag == "storage" => {}
+            Some(Obj::Str(tag)) if &**tag == "module" => {
+                return Err(Error::RefusedGlobal {
+                    global: "a pickled nn.Module class (persistent id 'module')".into(),
+                    offset,
+                })
+            }
+            _ => return Err(bad("not a ('storage', ...) tuple")),
+        }
+        if items.len() != 5 && items.len() != 6 {
+            return Err(bad("expected 5 or 6 fields"));
+        }
+        let dtype = match arena.get(items[1]) {
+            Obj::Global(crate::globals::Global::Storage(d)) => *d,
+            Obj::Global(crate::globals::Global::Dtype(d)) => *d,
+            _ => return Err(bad("the storage type is not a storage class")),
+        };
+        let key = match arena.get(items[2]) {
+            Obj::Str(s) => s.clone(),
+            Obj::Int(n) => n.to_string().into(),
+            _ => return Err(bad("the key is not a string")),
+        };
+        let location = match arena.get(items[3]) {
+            Obj::Str(s) => s.clone(),
+            _ => return Err(bad("the location is not a string")),
+        };
+        let numel = match arena.get(items[4]) {
+            Obj::Int(n) if *n >= 0 => *n as u64,
+            _ => return Err(bad("the element count is not a non-negative int")),
+        };
+        let mut view = None;
+        if let Some(&meta) = items.get(5) {
+            match arena.items(meta) {
+                None if arena.get(meta) == &Obj::None => {}
+                Some(&[_view_key, first, count]) => {
+                    let (Obj::Int(first), Obj::Int(count)) = (arena.get(first), arena.get(count))
+                    else {
+                        return Err(bad("bad view metadata"));
+                    };
+                    let (Ok(first), Ok(count)) = (u64::try_from(*first), u64::try_from(*count))
+                    else {
+                        return Err(bad("bad view metadata"));
+                    };
+                    if first.checked_add(count).is_none_or(|end| end > numel) {
+                        return Err(bad("the view lies outside its storage"));
+                    }
+                    view = Some((first, count));
+                }
+                _ => return Err(bad("bad view metadata")),
+            }
+        }
+        let storage = StorageRef {
+            key,
+            dtype,
+            numel,
+            location,
+            view,
+        };
+        storage.nbytes()?;
+        Ok(storage)
+    }
+}
+
+/// A tensor: `dtype` elements of `storage`, starting `storage_offset` elements in,
+/// laid out by `shape` and `strides` (both in elements).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorRecord {
+    /// The storage holding the elements.
+    pub storage: StorageRef,
+    /// Element type of the tensor.
+    pub dtype: DType,
+    /// Offset of the first element, in elements of `dtype`.
+    pub storage_offset: u64,
+    /// Sizes.
+    pub shape: Shape,
+    /// Strides, in elements.
+    pub strides: Vec<u64>,
+}
+
+fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
+    match arena.get(id) {
+        Obj::Int(n) if *n >= 0 => Ok(*n as u64),
+        other => Err(Error::malformed(
+            offset,
+            format!("tensor {what}: expected a non-negative int, found {other:?}"),
+        )),
+    }
+}
+
+fn ints_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Vec<u64>> {
+    let items = arena.items(id).ok_or_else(|| {
+        Error::malformed(offset, format!("tensor {what}: expected a tuple of ints"))
+    })?;
+    items
+        .iter()
+        .map(|&i| int_of(arena, i, what, offset))
+        .collect()
+}
+
+impl TensorRecord {
+    /// Builds the tensor of a `_rebuild_tensor*` call, checking that its extent lies
+    /// inside its storage. `dtype` is given for `_rebuild_tensor_v3` (untyped
+    /// storages); otherwise the storage's type is the tensor's.
+    pub fn from_rebuild(
+        arena: &Arena,
+        storage: Id,
+        storage_offset: Id,
+        size: Id,
+        stride: Id,
+        dtype: Option<DType>,
+        offset: u64,
+    ) -> Result<TensorRecord> {
+        let Obj::Storage(storage) = arena.get(storage) else {
+            return Err(Error::malformed(
+                offset,
+                format!(
+                    "tensor storage: expected a storage, found {}",
+                    arena.get(storage).kind()
+                ),
+            ));
+        };
+        let record = TensorRecord {
+            storage: storage.clone(),
+            dtype: dtype.unwrap_or(storage.dtype),
+            storage_offset: int_of(arena, storage_offset, "storage offset", offset)?,
+            shape: Shape::new(ints_of(arena, size, "size", offset)?)?,
+            strides: ints_of(arena, stride, "stride", offset)?,
+        };
+        if record.strides.len() != record.shape.ndim() {
+            return Err(Error::malformed(
+                offset,
+                format!(
+                    "tensor has {} sizes but {} strides",
+                    record.shape.ndim(),
+                    record.strides.len()
+                ),
+            ));
+        }
+        let extent = record.byte_extent()?;
+        let (window_start, window_end) = record.storage.window()?;
+        let storage_bytes = window_end - window_start;
+        if extent.1 > storage_bytes {
+            return Err(Error::OutOfBounds {
+                tensor: format!("storage {}", record.storage.key),
+                offset: extent.0,
+                length: extent.1 - extent.0,
+                limit: storage_bytes,
+            });
+        }
+        Ok(record)
+    }
+
+    /// Size of one element in bytes.
+    pub fn element_size(&self) -> u64 {
+        self.dtype.bits() / 8
+    }
+
+    /// The byte range `[start, end)` of the storage the tensor's elements lie in
+    /// (empty at its offset when the tensor has no elements).
+    pub fn byte_extent(&self) -> Result<(u64, u64)> {
+        let overflow = || Error::Overflow {
+            what: "tensor extent",
+        };
+        let elem = self.element_size();
+        let start = self.storage_offset.checked_mul(elem).ok_or_else(overflow)?;
+        if self.shape.numel()? == 0 {
+            return Ok((start, start));
+        }
+        let mut last = 0u64;
+        for (&size, &stride) in self.shape.dims().iter().zip(&self.strides) {
+            let step = (size - 1).checked_mul(stride).ok_or_else(overflow)?;
+            last = last.checked_add(step).ok_or_else(overflow)?;
+        }
+        let end_elems = self
+            .storage_offset
+            .checked_add(last)
+            .and_then(|n| n.checked_add(1))
+            .ok_or_else(overflow)?;
+        let end = end_elems.checked_mul(elem).ok_or_else(overflow)?;
+        Ok((start, end))
+    }
+
+    /// True when the elements are stored in row-major order with no gaps (sizes of 1
+    /// may carry any stride, as in torch).
+    pub fn is_contiguous(&self) -> bool {
+        if self.shape.dims().contains(&0) {
+            return true;
+        }
+        let mut expected = 1u64;
+        for (&size, &stride) in self.shape.dims().iter().zip(&self.strides).rev() {
+            if size != 1 {
+                if stride != expected {
+                    return false;
+                }
+                expected = expected.saturating_mul(size);
+            }
+        }
+        true
+    }
+
+    /// The tensor's elements in row-major order, gathered from `extent` (the bytes of
+    /// [`TensorRecord::byte_extent`]) into a fresh aligned buffer of `max_bytes` at
+    /// most.
+    pub fn gather(&self, extent: &[u8], max_bytes: u64) -> Result<Bytes> {
+        let nbytes = self.shape.byte_len(self.dtype)?;
+        Error::check_limit("contiguous copy of a strided tensor", nbytes, max_bytes)?;
+        let len = usize::try_from(nbytes).map_err(|_| Error::Overflow {
+            what: "tensor size as usize",
+        })?;
+        let mut out = AlignedBuf::zeroed(len)?;
+        if len == 0 {
+            return Ok(out.into_bytes());
+        }
+        let elem = self.element_size() as usize;
+        let dims: Vec<usize> = self.shape.dims().iter().map(|&d| d as usize).collect();
+        let strides: Vec<usize> = self.strides.iter().map(|&s| s as usize * elem).collect();
+        let ndim = dims.len();
+        if ndim == 0 {
+            out.as_mut_slice().copy_from_slice(&extent[..elem]);
+            return Ok(out.into_bytes());
+        }
+        // Row by row over the innermost dimension; an index odometer for the rest.
+        let inner = dims[ndim - 1];
+        let inner_stride = strides[ndim - 1];
+        let row_bytes = inner * elem;
+        let mut index = vec![0usize; ndim - 1];
+        let dst = out.as_mut_slice();
+        for row in dst.chunks_exact_mut(row_bytes) {
+            let base: usize = index.iter().zip(&strides).map(|(&i, &s)| i * s).sum();
+            if inner_stride == elem {
+                row.copy_from_slice(&extent[base..base + row_bytes]);
+            } else {
+                for (j, d) in row.chunks_exact_mut(elem).enumerate() {
+                    let at = base + j * inner_stride;
+                    d.copy_from_slice(&extent[at..at + elem]);
+                }
+            }
+            for axis in (0..ndim - 1).rev() {
+                index[axis] += 1;
+                if index[axis] < dims[axis] {
+                    break;
+                }
+                index[axis] = 0;
+            }
+        }
+        Ok(out.into_bytes())
+    }
+}
+
+/// The element type of a `torch.<Name>Storage` class.
+pub fn storage_dtype(class: &str) -> Option<DType> {
+    Some(match class {
+        "FloatStorage" => DType::F32,
+        "DoubleStorage" => DType::F64,
+        "HalfStorage" => DType::F16,
+        "BFloat16Storage" => DType::BF16,
+        "LongStorage" => DType::I64,
+        "IntStorage" => DType::I32,
+        "ShortStorage" => DType::I16,
+        "CharStorage" => DType::I8,
+        "ByteStorage" => DType::U8,
+        "BoolStorage" => DType::Bool,
+        "ComplexFloatStorage" => DType::Complex64,
+        "ComplexDoubleStorage" => DType::Complex128,
+        "UInt16Storage" => DType::U16,
+        "UInt32Storage" => DType::U32,
+        "UInt64Storage" => DType::U64,
+        "Float8_e4m3fnStorage" => DType::F8E4M3Fn,
+        "Float8_e5m2Storage" => DType::F8E5M2,
+        "Float8_e4m3fnuzStorage" => DType::F8E4M3Fnuz,
+        "Float8_e5m2fnuzStorage" => DType::F8E5M2Fnuz,
+        _ => return None,
+    })
+}
+
+/// Reverses the byte order of every scalar in `bytes` (both halves of a complex number
+/// separately).
+pub fn swap_bytes(bytes: &mut [u8], dtype: DType) {
+    let unit = match dtype {
+        DType::Complex64 => 4,
+        DType::Complex128 => 8,
+        other => (other.bits() / 8) as usize,
+    };
+    if unit > 1 {
+        for scalar in bytes.chunks_exact_mut(unit) {
+            scalar.reverse();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(shape: &[u64], strides: &[u64], offset: u64) -> TensorRecord {
+        TensorRecord {
+            storage: StorageRef {
+                key: "0".into(),
+                dtype: DType::I32,
+                numel: 24,
+                location: "cpu".into(),
+                view: None,
+            },
+            dtype: DType::I32,
+            storage_offset: offset,
+            shape: Shape::new(shape.to_vec()).unwrap(),
+            strides: strides.to_vec(),
+        }
+    }
+
+    fn storage() -> Vec<u8> {
+        (0..24i32).flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    fn values(b: &[u8]) -> Vec<i32> {
+        b.chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn transposed_and_sliced_views_gather_in_row_major_order() {
+        // base = arange(24).reshape(4, 6); base.t() and base[1:3, 2:5].
+        let t = record(&[6, 4], &[1, 6], 0);
+        assert!(!t.is_contiguous());
+        let (s, e) = t.byte_extent().unwrap();
+        let out = t
+            .gather(&storage()[s as usize..e as usize], u64::MAX)
+            .unwrap();
+        assert_eq!(&values(&out)[..5], &[0, 6, 12, 18, 1]);
+
+        let sl = record(&[2, 3], &[6, 1], 8);
+        let (s, e) = sl.byte_extent().unwrap();
+        assert_eq!((s, e), (32, 4 * 17));
+        let out = sl
+            .gather(&storage()[s as usize..e as usize], u64::MAX)
+            .unwrap();
+        assert_eq!(values(&out), vec![8, 9, 10, 14, 15, 16]);
+    }
+
+    #[test]
+    fn contiguity_ignores_unit_dims_and_stride_zero_is_strided() {
+        assert!(record(&[4, 6], &[6, 1], 0).is_contiguous());
+        assert!(record(&[1, 6], &[99, 1], 0).is_contiguous());
+        assert!(record(&[0, 6], &[0, 0], 0).is_contiguous());
+        let expanded = record(&[4, 3], &[0, 1], 0);
+        assert!(!expanded.is_contiguous());
+        assert_eq!(expanded.byte_extent().unwrap(), (0, 12));
+        let (s, e) = expanded.byte_extent().unwrap();
+        let out = expanded
+            .gather(&storage()[s as usize..e as usize], u64::MAX)
+            .unwrap();
+        assert_eq!(values(&out), vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        // A stride-0 expand claiming a huge size is stopped by the copy limit.
+        let huge = record(&[1 << 40], &[0], 0);
+        assert!(matches!(
+            huge.gather(&storage()[..4], 1 << 30),
+            Err(Error::LimitExceeded { .. })
+        ));
+    }
+
+    #[test]
+    fn extents_overflow_cleanly() {
+        let r = record(&[2, 3], &[u64::MAX, 1], 0);
+        assert!(matches!(r.byte_extent(), Err(Error::Overflow { .. })));
+    }
+
+    #[test]
+    fn byte_swap_keeps_complex_halves() {
+        let mut b = vec![1, 2, 3, 4, 5, 6, 7, 8];
+        swap_bytes(&mut b, DType::Complex64);
+        assert_eq!(b, vec![4, 3, 2, 1, 8, 7, 6, 5]);
+        swap_bytes(&mut b, DType::U8);
+        assert_eq!(b, vec![4, 3, 2, 1, 8, 7, 6, 5]);
+    }
+}

@@ -1,0 +1,354 @@
+//! The ZIP container of `torch.save` (torch ≥ 1.6): the central directory, ZIP64, and
+//! the byte range of each record's data.
+//!
+//! Only what checkpoints need: single-disk archives, records stored (method 0) or
+//! deflated (method 8), no encryption. Record data is located through the central
+//! directory (sizes there are authoritative: torch writes data descriptors) and each
+//! record's local header (whose extra field holds torch's alignment padding). CRCs are
+//! not checked on reads, since torch can write archives with CRCs turned off; they
+//! are checked by [`ZipArchive::verify`].
+
+use std::collections::HashMap;
+
+use tensorwire_core::{AlignedBuf, Bytes, Error, Result};
+
+use crate::input::Input;
+
+const EOCD_SIG: u32 = 0x0605_4b50;
+const ZIP64_LOCATOR_SIG: u32 = 0x0706_4b50;
+const ZIP64_EOCD_SIG: u32 = 0x0606_4b50;
+const CENTRAL_SIG: u32 = 0x0201_4b50;
+const LOCAL_SIG: u32 = 0x0403_4b50;
+const EOCD_LEN: u64 = 22;
+const CENTRAL_LEN: usize = 46;
+const LOCAL_LEN: u64 = 30;
+
+/// How a record's bytes are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Uncompressed.
+    Stored,
+    /// Raw DEFLATE.
+    Deflated,
+}
+
+/// One record of the archive.
+#[derive(Debug, Clone)]
+pub struct ZipEntry {
+    /// Full name in the archive.
+    pub name: Box<str>,
+    /// Storage method.
+    pub method: Method,
+    /// CRC-32 from the central directory (0 when the writer did not compute one).
+    pub crc32: u32,
+    /// Bytes stored.
+    pub compressed_size: u64,
+    /// Bytes after decompression.
+    pub size: u64,
+    /// File offset of the record's data.
+    pub data_offset: u64,
+}
+
+/// The records of a ZIP archive.
+#[derive(Debug)]
+pub struct ZipArchive {
+    entries: Vec<ZipEntry>,
+    by_name: HashMap<Box<str>, usize>,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn bad(offset: u64, reason: impl Into<String>) -> Error {
+    Error::malformed(offset, format!("zip: {}", reason.into()))
+}
+
+/// Where the central directory is, from the end records.
+struct Directory {
+    offset: u64,
+    size: u64,
+    entries: u64,
+}
+
+fn find_directory(input: &Input) -> Result<Directory> {
+    let len = input.len();
+    if len < EOCD_LEN {
+        return Err(Error::Truncated {
+            offset: 0,
+            needed: EOCD_LEN,
+            available: len,
+        });
+    }
+    // The end record is 22 bytes plus a comment of at most 65 535 bytes.
+    let tail_len = len.min(EOCD_LEN + 0xffff);
+    let tail_start = len - tail_len;
+    let tail = input.read(tail_start, tail_len)?;
+    let pos = (0..=tail.len() - EOCD_LEN as usize)
+        .rev()
+        .find(|&i| {
+            u32_at(&tail, i) == EOCD_SIG
+                && i + EOCD_LEN as usize + usize::from(u16_at(&tail, i + 20)) == tail.len()
+        })
+        .ok_or_else(|| Error::BadMagic {
+            offset: len - EOCD_LEN,
+            expected: "a ZIP end-of-central-directory record",
+            found: tail[tail.len() - 4..].to_vec(),
+        })?;
+    let eocd = &tail[pos..];
+    let eocd_offset = tail_start + pos as u64;
+    if u16_at(eocd, 4) != 0 || u16_at(eocd, 6) != 0 {
+        return Err(Error::unsupported("multi-disk ZIP archives"));
+    }
+    let mut dir = Directory {
+        entries: u16_at(eocd, 10).into(),
+        size: u32_at(eocd, 12).into(),
+        offset: u32_at(eocd, 16).into(),
+    };
+    let needs_zip64 = dir.entries == 0xffff || dir.size == 0xffff_ffff || dir.offset == 0xffff_ffff;
+    if eocd_offset >= 20 {
+        let locator = input.read(eocd_offset - 20, 20)?;
+        if u32_at(&locator, 0) == ZIP64_LOCATOR_SIG {
+            let record_offset = u64_at(&locator, 8);
+            let record = input
+                .read(record_offset, 56)
+                .map_err(|_| bad(eocd_offset - 20, "ZIP64 end record lies outside the file"))?;
+            if u32_at(&record, 0) != ZIP64_EOCD_SIG {
+                return Err(bad(record_offset, "bad ZIP64 end-record signature"));
+            }
+            dir = Directory {
+                entries: u64_at(&record, 32),
+                size: u64_at(&record, 40),
+                offset: u64_at(&record, 48),
+            };
+        } else if needs_zip64 {
+            return Err(bad(eocd_offset, "ZIP64 values without a ZIP64 locator"));
+        }
+    }
+    match dir.offset.checked_add(dir.size) {
+        Some(end) if end <= eocd_offset => Ok(dir),
+        _ => Err(Error::OutOfBounds {
+            tensor: "zip central directory".into(),
+            offset: dir.offset,
+            length: dir.size,
+            limit: eocd_offset,
+        }),
+    }
+}
+
+/// The ZIP64 extended-information extra field overrides the 32-bit values that are
+/// saturated, in this order.
+fn apply_zip64(
+    extra: &[u8],
+    size: &mut u64,
+    compressed: &mut u64,
+    header_offset: &mut u64,
+    at: u64,
+) -> Result<()> {
+    let mut rest = extra;
+    while rest.len() >= 4 {
+        let id = u16_at(rest, 0);
+        let len = usize::from(u16_at(rest, 2));
+        let body = rest
+            .get(4..4 + len)
+            .ok_or_else(|| bad(at, "extra field runs past its header"))?;
+        if id == 0x0001 {
+            let mut fields = body.chunks_exact(8).map(|c| u64_at(c, 0));
+            for value in [size, compressed, header_offset] {
+                if *value == 0xffff_ffff {
+                    *value = fields
+                        .next()
+                        .ok_or_else(|| bad(at, "ZIP64 extra field is too short"))?;
+                }
+            }
+            return Ok(());
+        }
+        rest = &rest[4 + len..];
+    }
+    Ok(())
+}
+
+impl ZipArchive {
+    /// Reads the central directory and every record's local header. At most
+    /// `max_entries` records, names of at most `max_name` bytes.
+    pub fn parse(input: &Input, max_entries: u64, max_name: usize) -> Result<ZipArchive> {
+        let dir = find_directory(input)?;
+        Error::check_limit("zip record count", dir.entries, max_entries)?;
+        let central = input.read(dir.offset, dir.size)?;
+        let mut entries = Vec::with_capacity(dir.entries as usize);
+        let mut by_name = HashMap::with_capacity(dir.entries as usize);
+        let mut pos = 0usize;
+        for _ in 0..dir.entries {
+            let at = dir.offset + pos as u64;
+            let head = central
+                .get(pos..pos + CENTRAL_LEN)
+                .ok_or_else(|| bad(at, "central directory ends inside a record"))?;
+            if u32_at(head, 0) != CENTRAL_SIG {
+                return Err(bad(at, "bad central-directory record signature"));
+            }
+            let flags = u16_at(head, 8);
+            let method = match u16_at(head, 10) {
+                0 => Method::Stored,
+                8 => Method::Deflated,
+                other => {
+                    return Err(Error::unsupported(format!(
+                        "zip compression method {other} (stored and deflate are supported)"
+                    )))
+                }
+            };
+            if flags & 0x1 != 0 {
+                return Err(Error::unsupported("encrypted zip records"));
+            }
+            let crc32 = u32_at(head, 16);
+            let mut compressed = u64::from(u32_at(head, 20));
+            let mut size = u64::from(u32_at(head, 24));
+            let name_len = usize::from(u16_at(head, 28));
+            let extra_len = usize::from(u16_at(head, 30));
+            let comment_len = usize::from(u16_at(head, 32));
+            let mut header_offset = u64::from(u32_at(head, 42));
+            Error::check_limit("zip record name length", name_len as u64, max_name as u64)?;
+            let var = central
+                .get(pos + CENTRAL_LEN..pos + CENTRAL_LEN + name_len + extra_len + comment_len)
+                .ok_or_else(|| bad(at, "central directory ends inside a record"))?;
+            let name = std::str::from_utf8(&var[..name_len])
+                .map_err(|_| bad(at, "record name is not UTF-8"))?;
+            apply_zip64(
+                &var[name_len..name_len + extra_len],
+                &mut size,
+                &mut compressed,
+                &mut header_offset,
+                at,
+            )?;
+            if method == Method::Stored && compressed != size {
+                return Err(bad(at, format!("stored record `{name}` has two sizes")));
+            }
+            let data_offset = local_data_offset(input, header_offset, name)?;
+            match data_offset.checked_add(compressed) {
+                Some(end) if end <= dir.offset => {}
+                _ => {
+                    return Err(Error::OutOfBounds {
+                        tensor: format!("zip record `{name}`"),
+                        offset: data_offset,
+                        length: compressed,
+                        limit: dir.offset,
+                    })
+                }
+            }
+            let name: Box<str> = name.into();
+            if by_name.insert(name.clone(), entries.len()).is_some() {
+                return Err(Error::Duplicate {
+                    name: name.into_string(),
+                });
+            }
+            entries.push(ZipEntry {
+                name,
+                method,
+                crc32,
+                compressed_size: compressed,
+                size,
+                data_offset,
+            });
+            pos += CENTRAL_LEN + name_len + extra_len + comment_len;
+        }
+        Ok(ZipArchive { entries, by_name })
+    }
+
+    /// Every record, in central-directory order.
+    pub fn entries(&self) -> &[ZipEntry] {
+        &self.entries
+    }
+
+    /// The record called `name`.
+    pub fn get(&self, name: &str) -> Option<&ZipEntry> {
+        self.by_name.get(name).map(|&i| &self.entries[i])
+    }
+
+    /// Checks every record's CRC-32 (records with a zero CRC, which torch writes when
+    /// CRCs are off, are skipped). Returns how many were checked.
+    pub fn verify(&self, input: &Input, max_bytes: u64) -> Result<usize> {
+        let mut checked = 0;
+        for entry in &self.entries {
+            if entry.crc32 == 0 {
+                continue;
+            }
+            let data = read_entry(input, entry, max_bytes)?;
+            let found = crc32fast::hash(&data);
+            if found != entry.crc32 {
+                return Err(Error::DigestMismatch {
+                    tensor: entry.name.to_string(),
+                    algorithm: "crc32",
+                    expected: format!("0x{:08x}", entry.crc32),
+                    found: format!("0x{found:08x}"),
+                });
+            }
+            checked += 1;
+        }
+        Ok(checked)
+    }
+}
+
+/// Reads a record's local header to find where its data starts.
+fn local_data_offset(input: &Input, header_offset: u64, name: &str) -> Result<u64> {
+    let head = input
+        .read(header_offset, LOCAL_LEN)
+        .map_err(|_| Error::OutOfBounds {
+            tensor: format!("zip local header of `{name}`"),
+            offset: header_offset,
+            length: LOCAL_LEN,
+            limit: input.len(),
+        })?;
+    if u32_at(&head, 0) != LOCAL_SIG {
+        return Err(bad(
+            header_offset,
+            format!("bad local-header signature for `{name}`"),
+        ));
+    }
+    let var = u64::from(u16_at(&head, 26)) + u64::from(u16_at(&head, 28));
+    Ok(header_offset + LOCAL_LEN + var)
+}
+
+/// A record's data: a slice of the input when stored, inflated into a buffer of
+/// exactly its declared size (at most `max_bytes`) when deflated.
+pub fn read_entry(input: &Input, entry: &ZipEntry, max_bytes: u64) -> Result<Bytes> {
+    let raw = input.read(entry.data_offset, entry.compressed_size)?;
+    match entry.method {
+        Method::Stored => Ok(raw),
+        Method::Deflated => {
+            Error::check_limit("decompressed zip record size", entry.size, max_bytes)?;
+            let len = usize::try_from(entry.size).map_err(|_| Error::Overflow {
+                what: "zip record size as usize",
+            })?;
+            let mut out = AlignedBuf::zeroed(len)?;
+            let decode_error = |reason: String| Error::Decode {
+                tensor: entry.name.to_string(),
+                encoding: "deflate".into(),
+                reason,
+            };
+            let mut state =
+                miniz_oxide::inflate::stream::InflateState::new(miniz_oxide::DataFormat::Raw);
+            let result = miniz_oxide::inflate::stream::inflate(
+                &mut state,
+                &raw,
+                out.as_mut_slice(),
+                miniz_oxide::MZFlush::Finish,
+            );
+            match result.status {
+                Ok(miniz_oxide::MZStatus::StreamEnd) if result.bytes_written == len => {
+                    Ok(out.into_bytes())
+                }
+                Ok(_) => Err(decode_error(format!(
+                    "inflated to a size other than the declared {len} bytes"
+                ))),
+                Err(e) => Err(decode_error(format!("{e:?}"))),
+            }
+        }
+    }
+}
