@@ -110,16 +110,89 @@ pub fn zero_copy<'py>(
     // The array is writable only when the owner reports a private copy-on-write map,
     // whose pages belong to this process alone: writes never reach the file or
     // another mapping.
-    unsafe { array_over(py, data, flags, dtype, dims, base.into_any()) }
+    unsafe { array_over(py, data, flags, dtype, dims, None, base.into_any()) }
 }
 
-/// A C-contiguous array of `dtype` and `dims` over `data`, whose numpy `base` is `base`.
+/// A zero-copy array of `dtype`, `dims` and element `strides` over `bytes`, which must
+/// hold exactly the bytes from the first element to one past the last one the strides
+/// reach (a torch tensor's extent over its storage). Writable when the bytes are a
+/// private copy-on-write map.
+pub fn strided_zero_copy<'py>(
+    py: Python<'py>,
+    bytes: &Bytes,
+    dtype: DType,
+    dims: &[u64],
+    strides: &[u64],
+) -> PyResult<Bound<'py, PyAny>> {
+    let elem = dtype.bits() / 8;
+    let overflow = || Error::Overflow {
+        what: "strided extent",
+    };
+    let mut extent = if dims.contains(&0) { 0 } else { elem };
+    if extent > 0 {
+        for (&d, &s) in dims.iter().zip(strides) {
+            let step = (d - 1)
+                .checked_mul(s)
+                .and_then(|n| n.checked_mul(elem))
+                .ok_or_else(overflow)
+                .or_raise()?;
+            extent = extent.checked_add(step).ok_or_else(overflow).or_raise()?;
+        }
+    }
+    if strides.len() != dims.len() || extent != bytes.len() as u64 {
+        return Err(Error::SizeMismatch {
+            tensor: String::new(),
+            expected: extent,
+            found: bytes.len() as u64,
+        })
+        .or_raise();
+    }
+    let byte_strides: Vec<npy_intp> = strides
+        .iter()
+        .map(|&s| {
+            s.checked_mul(elem)
+                .and_then(|b| npy_intp::try_from(b).ok())
+                .ok_or_else(overflow)
+        })
+        .collect::<Result<_, _>>()
+        .or_raise()?;
+    let (data, flags) = match bytes.writable_ptr() {
+        Some(p) => (p, NPY_ARRAY_WRITEABLE),
+        None => (bytes.as_ptr().cast_mut(), 0),
+    };
+    let base = Bound::new(
+        py,
+        BytesOwner {
+            bytes: bytes.clone(),
+        },
+    )?;
+    // SAFETY: every element the strides reach lies in `bytes` (the extent was checked
+    // above to be exactly its length), which stays valid while `base` lives since it
+    // owns a clone of `bytes` (and so the `Arc` of the map). numpy works out the
+    // contiguity and alignment flags itself when strides are given. Writable only
+    // over a private copy-on-write map, whose pages belong to this process alone.
+    unsafe {
+        array_over(
+            py,
+            data,
+            flags,
+            dtype,
+            dims,
+            Some(&byte_strides),
+            base.into_any(),
+        )
+    }
+}
+
+/// An array of `dtype` and `dims` over `data`, whose numpy `base` is `base`:
+/// C-contiguous, or laid out by `strides` (in bytes) when given.
 ///
 /// # Safety
 ///
-/// `data` must point at `dims × dtype` bytes that stay valid (and are not moved) for as
-/// long as `base` is alive, and may be written through the array only when `flags`
-/// has `NPY_ARRAY_WRITEABLE` and nothing else reads or writes them meanwhile.
+/// `data` must point at the bytes of every element the layout reaches (`dims × dtype`
+/// bytes for C order), valid (and not moved) for as long as `base` is alive, and may
+/// be written through the array only when `flags` has `NPY_ARRAY_WRITEABLE` and
+/// nothing else reads or writes them meanwhile.
 // SAFETY: an `unsafe fn` because validity depends on the caller's promises listed in
 // `# Safety`; each call site states why they hold.
 unsafe fn array_over<'py>(
@@ -128,15 +201,20 @@ unsafe fn array_over<'py>(
     flags: c_int,
     dtype: DType,
     dims: &[u64],
+    strides: Option<&[npy_intp]>,
     base: Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let descr = dtypes::descr(py, dtype)?;
     let mut npy = npy_dims(dims)?;
     let nd = ndim(&npy)?;
-    // SAFETY: `data` points at `dims × dtype` C-contiguous bytes valid while `base`
-    // lives (the caller's promise); the strides are left to numpy (NULL = C order).
-    // `PyArray_NewFromDescr` steals the descriptor reference handed over with
-    // `into_ptr`.
+    let mut strides = strides.map(<[npy_intp]>::to_vec);
+    let strides_ptr = strides
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+    // SAFETY: `data` points at every byte the layout reaches, valid while `base` lives
+    // (the caller's promise); NULL strides mean C order, otherwise `strides` has one
+    // entry per dimension (numpy copies it). `PyArray_NewFromDescr` steals the
+    // descriptor reference handed over with `into_ptr`.
     let array = unsafe {
         let raw = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -144,7 +222,7 @@ unsafe fn array_over<'py>(
             descr.into_ptr().cast::<PyArray_Descr>(),
             nd,
             npy.as_mut_ptr(),
-            std::ptr::null_mut(),
+            strides_ptr,
             data.cast::<c_void>(),
             flags,
             std::ptr::null_mut(),
@@ -276,6 +354,7 @@ impl<'py> Arena<'py> {
                 flags,
                 dtype,
                 dims,
+                None,
                 self.array.clone(),
             )
         }

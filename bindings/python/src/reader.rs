@@ -10,6 +10,7 @@ use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use tensorwire::pytorch::PtReader;
 use tensorwire::zt::{Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
 
@@ -101,8 +102,9 @@ fn overlaps(dst: &[u8], src: &[u8]) -> bool {
     !dst.is_empty() && d0 < s1 && s0 < d1
 }
 
-/// A dense tensor as a numpy array: zero-copy for raw tensors unless `copy`, a fresh
-/// (writable) array otherwise. With `raw`, the array is the tensor's bytes as `uint8`.
+/// A dense tensor as a numpy array: zero-copy for raw, element-aligned tensors unless
+/// `copy` (strided torch tensors keep their strides), a fresh (writable) array
+/// otherwise. With `raw`, the array is the tensor's bytes as `uint8`.
 fn dense_array<'py>(
     py: Python<'py>,
     src: &dyn TensorSource,
@@ -117,8 +119,27 @@ fn dense_array<'py>(
         (info.dtype, info.shape.dims().into())
     };
     if !copy && info.encoding.is_none() {
+        if let Some(pt) = src.as_any().downcast_ref::<PtReader>() {
+            // A strided torch tensor (a transpose, a slice) stays a strided view of
+            // its storage, as torch.load gives it.
+            let record = pt.record(name).or_raise()?;
+            if !raw && !record.is_contiguous() {
+                let strided = pt.strided(name).or_raise()?;
+                if strided.zero_copy && strided.bytes.is_aligned(strided.dtype.alignment()) {
+                    return arrays::strided_zero_copy(
+                        py,
+                        &strided.bytes,
+                        strided.dtype,
+                        strided.shape.dims(),
+                        &strided.strides,
+                    );
+                }
+            }
+        }
         let view = src.view(name).or_raise()?;
-        if view.zero_copy {
+        // Unaligned bytes (a legacy torch file's storages sit at arbitrary offsets)
+        // are copied: torch and numpy kernels expect element-aligned data.
+        if view.zero_copy && view.bytes.is_aligned(view.dtype.alignment()) {
             return arrays::zero_copy(py, &view.bytes, dtype, &dims);
         }
     }

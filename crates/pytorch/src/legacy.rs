@@ -164,7 +164,8 @@ fn parse_pickles(head: &[u8], limits: &PickleLimits) -> Result<Pickles> {
 /// `max_metadata` bytes), then the storage layout, reading nothing of the storages but
 /// their 8-byte counts.
 pub fn parse(input: &Input, limits: &PickleLimits, max_metadata: u64) -> Result<Legacy> {
-    let mut want = (64u64 << 10).min(input.len());
+    // The pickles of a large model take tens of KiB: start small, grow fourfold.
+    let mut want = (4u64 << 10).min(input.len());
     let Pickles {
         object,
         keys,

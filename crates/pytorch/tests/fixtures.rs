@@ -1,0 +1,194 @@
+//! Every checkpoint in `fixtures/pytorch` (written by the real torch, see
+//! `make_fixtures.py`) reads back equal to what torch saved: names, dtypes, shapes,
+//! strides, storage offsets, values (`.npy` files saved from torch) and the non-tensor
+//! metadata; the malicious ones are refused naming their global. Both the mapped and
+//! the positional-read paths are checked.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+use tensorwire_core::{DType, Error, Limits, TensorSource, Value};
+use tensorwire_pytorch::PtReader;
+use tensorwire_range::RangeFile;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch")
+}
+
+fn expectations() -> Vec<(PathBuf, Json)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir().join("expected"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            let json: Json = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+            let file = p.file_stem().unwrap().to_str().unwrap().to_owned();
+            (dir().join(file), json)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(
+        out.len() >= 25,
+        "expected the fixture set, found {}",
+        out.len()
+    );
+    out
+}
+
+/// The data bytes of a little-endian, C-order `.npy` file.
+fn npy_data(path: &Path) -> Vec<u8> {
+    let raw = std::fs::read(path).unwrap();
+    assert_eq!(&raw[..6], b"\x93NUMPY", "{}", path.display());
+    let (header_len, start) = match raw[6] {
+        1 => (u16::from_le_bytes([raw[8], raw[9]]) as usize, 10),
+        _ => (
+            u32::from_le_bytes(raw[8..12].try_into().unwrap()) as usize,
+            12,
+        ),
+    };
+    let header = std::str::from_utf8(&raw[start..start + header_len]).unwrap();
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    assert!(!header.contains("'>"), "big-endian npy: {header}");
+    raw[start + header_len..].to_vec()
+}
+
+fn dims(json: &Json) -> Vec<u64> {
+    json.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+fn value_matches(value: &Value, json: &Json) -> bool {
+    match (value, json) {
+        (Value::Null, Json::Null) => true,
+        (Value::Bool(a), Json::Bool(b)) => a == b,
+        (Value::Int(a), Json::Number(n)) => n.as_i64().map(i128::from) == Some(*a),
+        (Value::Float(a), Json::Number(n)) => n.as_f64() == Some(*a),
+        (Value::Str(a), Json::String(b)) => a == b,
+        (Value::List(a), Json::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| value_matches(x, y))
+        }
+        (Value::Map(a), Json::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .all(|(k, v)| b.get(k).is_some_and(|j| value_matches(v, j)))
+        }
+        _ => false,
+    }
+}
+
+fn check_source(path: &Path, reader: &PtReader, want: &Json) {
+    let label = path.display();
+    assert_eq!(reader.format(), want["format"].as_str().unwrap(), "{label}");
+    let tensors = want["tensors"].as_array().unwrap();
+    let names: Vec<&str> = reader.tensors().iter().map(|t| &*t.name).collect();
+    let want_names: Vec<&str> = tensors
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, want_names, "{label}");
+    for t in tensors {
+        let name = t["name"].as_str().unwrap();
+        let info = reader.info(name).unwrap();
+        let dtype: DType = t["dtype"].as_str().unwrap().parse().unwrap();
+        assert_eq!(info.dtype, dtype, "{label} {name}");
+        assert_eq!(info.shape.dims(), dims(&t["shape"]), "{label} {name}");
+        let record = reader.record(name).unwrap();
+        assert_eq!(record.strides, dims(&t["strides"]), "{label} {name}");
+        assert_eq!(
+            record.storage_offset,
+            t["storage_offset"].as_u64().unwrap(),
+            "{label} {name}"
+        );
+        assert_eq!(
+            record.is_contiguous(),
+            t["contiguous"].as_bool().unwrap(),
+            "{label} {name}"
+        );
+        if reader.format() == "pytorch-zip" {
+            if let Some(key) = t.get("storage_key").and_then(Json::as_str) {
+                assert_eq!(&*record.storage.key, key, "{label} {name}");
+            }
+        }
+        let view = reader.view(name).unwrap();
+        let expected = npy_data(&dir().join("expected").join(t["npy"].as_str().unwrap()));
+        assert_eq!(view.bytes.as_slice(), &expected[..], "{label} {name}");
+        let little = want["byteorder"].as_str() != Some("big");
+        let mapped_raw = little && info.encoding.is_none();
+        assert_eq!(
+            view.zero_copy,
+            mapped_raw && record.is_contiguous() && reader_is_mapped(reader),
+            "{label} {name}"
+        );
+    }
+    let attributes = want["attributes"].as_object().unwrap();
+    assert_eq!(
+        reader.attributes().len(),
+        attributes.len(),
+        "{label}: {:?}",
+        reader.attributes()
+    );
+    for (k, v) in attributes {
+        let got = reader
+            .attributes()
+            .get(k)
+            .unwrap_or_else(|| panic!("{label}: no attribute {k}"));
+        assert!(value_matches(got, v), "{label} {k}: {got:?} vs {v}");
+    }
+}
+
+fn reader_is_mapped(reader: &PtReader) -> bool {
+    // Sources opened with `PtReader::open` are mapped, `open_ranged` ones are not.
+    format!("{reader:?}").contains("Mapped")
+}
+
+#[test]
+fn every_fixture_reads_back_as_torch_saved_it() {
+    let mut checked = 0;
+    for (path, want) in expectations() {
+        if want.get("error").is_some() {
+            continue;
+        }
+        let mapped = PtReader::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        check_source(&path, &mapped, &want);
+        let ranged = PtReader::open_ranged(&path, &Limits::default()).unwrap();
+        check_source(&path, &ranged, &want);
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked}");
+}
+
+#[test]
+fn malicious_pickles_are_refused_naming_the_global() {
+    let mut refused = 0;
+    for (path, want) in expectations() {
+        let Some(_) = want.get("error") else { continue };
+        let err = PtReader::open(&path).unwrap_err();
+        match err.root() {
+            Error::RefusedGlobal { global, .. } => {
+                assert_eq!(
+                    global,
+                    want["global"].as_str().unwrap(),
+                    "{}",
+                    path.display()
+                )
+            }
+            other => panic!("{}: {other}", path.display()),
+        }
+        assert!(err.is_corrupt_data());
+        refused += 1;
+    }
+    assert!(refused >= 4, "{refused}");
+}
+
+#[test]
+fn dtypes_cover_every_torch_storage_type() {
+    let reader = PtReader::open(dir().join("dtypes.pt")).unwrap();
+    let mut seen: Vec<DType> = reader.tensors().iter().map(|t| t.dtype).collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 19, "{seen:?}");
+}
