@@ -5,12 +5,10 @@
 //! the positional-read paths are checked.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde_json::Value as Json;
 use tensorwire_core::{DType, Error, Limits, TensorSource, Value};
 use tensorwire_pytorch::PtReader;
-use tensorwire_range::RangeFile;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch")
