@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""PyTorch checkpoints side by side: tensorwire vs torch.load vs ztensor 1.2.3, against
+the numpy floor, on the ~500 MiB transformer-shaped state dict of make_checkpoint.py
+saved by torch in the ZIP and the legacy format.
+
+    python benches/python/bench_pytorch.py [--data bench-data] [--reps 9] [--layers 13]
+
+Needs torch, numpy, tensorwire (maturin develop) and optionally ztensor==1.2.3. Writes
+bench-data/model.pt and model.legacy.pt when missing. Every timed run opens the file
+inside the timed region and returns {name: array or tensor}; the median of --reps runs
+after one warm-up (page cache warm) is reported. Before timing, every method's result is
+checked equal to the floor's arrays.
+
+Floors: "zero-copy" = mmap the file and np.frombuffer each storage at its offset (the
+offsets are taken from the ZIP directory outside the timed region: the floor parses
+nothing); "copy" = the same plus .copy().
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import struct
+import sys
+import time
+import zipfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from make_checkpoint import make_tensors  # noqa: E402
+
+
+def write_checkpoints(data: str, layers: int, vocab: int) -> tuple[str, str]:
+    import torch
+
+    zip_path = os.path.join(data, "model.pt")
+    legacy_path = os.path.join(data, "model.legacy.pt")
+    if not (os.path.exists(zip_path) and os.path.exists(legacy_path)):
+        os.makedirs(data, exist_ok=True)
+        sd = {k: torch.from_numpy(v) for k, v in make_tensors(layers, vocab, seed=0).items()}
+        torch.save(sd, zip_path)
+        torch.save(sd, legacy_path, _use_new_zipfile_serialization=False)
+    return zip_path, legacy_path
+
+
+def zip_floor_offsets(path: str):
+    """(name, offset, dtype, shape) per tensor of a torch ZIP written from contiguous
+    float32 tensors: each tensor is its own storage record `data/<i>` in order."""
+    import torch
+
+    sd = torch.load(path, mmap=True, weights_only=True)
+    z = zipfile.ZipFile(path)
+    out = []
+    with open(path, "rb") as f:
+        for name, t in sd.items():
+            key = t.untyped_storage()._cdata  # not the record key; find by size below
+            del key
+        infos = [i for i in z.infolist() if "/data/" in i.filename]
+        by_key = {i.filename.rsplit("/", 1)[1]: i for i in infos}
+        for i, (name, t) in enumerate(sd.items()):
+            info = by_key[str(i)]
+            f.seek(info.header_offset + 26)
+            n, e = struct.unpack("<HH", f.read(4))
+            off = info.header_offset + 30 + n + e
+            out.append((name, off, np.float32, tuple(t.shape)))
+    return out
+
+
+def floor_methods(path: str, entries):
+    def zc():
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return {n: np.frombuffer(m, dt, int(np.prod(s)), off).reshape(s) for n, off, dt, s in entries}
+
+    def cp():
+        return {k: v.copy() for k, v in zc().items()}
+
+    return zc, cp
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        del out
+    return statistics.median(times) * 1e3
+
+
+def to_np(x):
+    if hasattr(x, "numpy"):
+        return x.numpy()
+    return np.asarray(x)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="bench-data")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--layers", type=int, default=13)
+    ap.add_argument("--vocab", type=int, default=32000)
+    args = ap.parse_args(argv)
+
+    import torch
+    import tensorwire as tw
+
+    try:
+        import ztensor
+    except ImportError:
+        ztensor = None
+
+    zip_path, legacy_path = write_checkpoints(args.data, args.layers, args.vocab)
+    for p in (zip_path, legacy_path):
+        with open(p, "rb") as f:  # warm the page cache
+            while f.read(1 << 24):
+                pass
+    entries = zip_floor_offsets(zip_path)
+    floor_zc, floor_cp = floor_methods(zip_path, entries)
+    ref = floor_zc()
+
+    def tw_numpy(path, copy):
+        def run():
+            r = tw.Reader(path)
+            return {k: r.read_numpy(k, copy=copy) for k in r.keys()}
+        return run
+
+    def tw_torch(path, copy):
+        def run():
+            r = tw.Reader(path)
+            return {k: r.read_torch(k, copy=copy) for k in r.keys()}
+        return run
+
+    def torch_load(path, mmap_mode):
+        def run():
+            return torch.load(path, weights_only=True, mmap=mmap_mode)
+        return run
+
+    def zt_numpy(path):
+        def run():
+            r = ztensor.Reader(path)
+            return {k: r.read_numpy(k) for k in r.keys()}
+        return run
+
+    def tw_one_legacy():
+        r = tw.Reader(legacy_path)
+        name = r.keys()[-2]
+        return {name: r.read_numpy(name)}
+
+    rows = [
+        ("zip", "numpy floor: mmap + frombuffer", floor_zc, "zc"),
+        ("zip", "numpy floor: + .copy()", floor_cp, "cp"),
+        ("zip", "tensorwire read_numpy(k)", tw_numpy(zip_path, False), "zc"),
+        ("zip", "tensorwire read_numpy(k, copy=True)", tw_numpy(zip_path, True), "cp"),
+        ("zip", "tensorwire read_torch(k)", tw_torch(zip_path, False), "zc"),
+        ("zip", "tensorwire read_torch(k, copy=True)", tw_torch(zip_path, True), "cp"),
+        ("zip", "torch.load(weights_only=True)", torch_load(zip_path, False), "cp"),
+        ("zip", "torch.load(weights_only=True, mmap=True)", torch_load(zip_path, True), "zc"),
+        ("legacy", "tensorwire read_numpy(k) (unaligned storages: copies)", tw_numpy(legacy_path, False), "cp"),
+        ("legacy", "tensorwire read_torch(k)", tw_torch(legacy_path, False), "cp"),
+        ("legacy", "torch.load(weights_only=True)", torch_load(legacy_path, False), "cp"),
+        ("legacy", "tensorwire: open + read one 6 MiB tensor", tw_one_legacy, None),
+    ]
+    if ztensor is not None:
+        rows.insert(8, ("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc"))
+
+    # Every method returns the floor's arrays.
+    for fmt, label, fn, _ in rows:
+        got = fn()
+        for k, v in got.items():
+            assert np.array_equal(to_np(v), ref[k]), (label, k)
+        del got
+
+    print(f"# PyTorch checkpoint read, {len(entries)} float32 tensors, "
+          f"{os.path.getsize(zip_path) / 2**20:.0f} MiB; torch {torch.__version__}; "
+          f"median of {args.reps}\n")
+    print("| file | method | ms | vs floor (same kind) |")
+    print("| --- | --- | ---: | ---: |")
+    base = {}
+    for fmt, label, fn, kind in rows:
+        ms = median_ms(fn, args.reps)
+        if label.startswith("numpy floor"):
+            base[kind] = ms
+        ratio = f"{ms / base[kind]:.2f}" if kind in base else "–"
+        print(f"| {fmt} | {label} | {ms:.2f} | {ratio} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
