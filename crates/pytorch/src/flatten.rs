@@ -248,7 +248,7 @@ impl<'a> Walker<'a> {
                     .collect::<Result<_>>()?,
             ),
             Obj::Global(Global::Dtype(d)) => Value::Str(torch_dtype_name(*d).to_owned()),
-            Obj::Global(g) => Value::Str(format!("{g:?}")),
+            Obj::Global(g) => Value::Str(g.name().to_owned()),
             Obj::Storage(_) | Obj::Tensor(_) => {
                 return Err(Error::unsupported("a tensor inside a metadata value"))
             }

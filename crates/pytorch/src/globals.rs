@@ -51,6 +51,29 @@ pub enum Global {
     ByteArray,
 }
 
+impl Global {
+    /// The global's name, for error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Global::RebuildTensor => "torch._utils._rebuild_tensor",
+            Global::RebuildTensorV2 => "torch._utils._rebuild_tensor_v2",
+            Global::RebuildTensorV3 => "torch._utils._rebuild_tensor_v3",
+            Global::RebuildParameter => "torch._utils._rebuild_parameter",
+            Global::RebuildParameterWithState => "torch._utils._rebuild_parameter_with_state",
+            Global::RebuildFromTypeV2 => "torch._tensor._rebuild_from_type_v2",
+            Global::TensorClass => "torch.Tensor",
+            Global::Storage(_) => "a torch storage class",
+            Global::Dtype(_) => "a torch dtype",
+            Global::OrderedDict => "collections.OrderedDict",
+            Global::Size => "torch.Size",
+            Global::Device => "torch.device",
+            Global::CodecsEncode => "_codecs.encode",
+            Global::Set => "builtins.set",
+            Global::ByteArray => "builtins.bytearray",
+        }
+    }
+}
+
 /// Looks up `module.name` in the allowlist.
 pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
     // Python 2 pickles name builtins `__builtin__`.
@@ -180,8 +203,8 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
         ));
     };
     let global = *global;
-    let what = format!("{global:?}");
-    let argv = args_of(arena, args, &what, offset)?;
+    let what = global.name();
+    let argv = args_of(arena, args, what, offset)?;
     match global {
         Global::RebuildTensor | Global::RebuildTensorV2 => {
             let min = if global == Global::RebuildTensor {
@@ -190,17 +213,17 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 6
             };
             if argv.len() < min || argv.len() > 7 {
-                return Err(bad_args(&what, offset, format!("{} arguments", argv.len())));
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
             TensorRecord::from_rebuild(arena, argv[0], argv[1], argv[2], argv[3], None, offset)
                 .map(|t| Obj::Tensor(Box::new(t)))
         }
         Global::RebuildTensorV3 => {
             if argv.len() < 7 || argv.len() > 8 {
-                return Err(bad_args(&what, offset, format!("{} arguments", argv.len())));
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
             let Obj::Global(Global::Dtype(dtype)) = arena.get(argv[6]) else {
-                return Err(bad_args(&what, offset, "the dtype argument is not a dtype"));
+                return Err(bad_args(what, offset, "the dtype argument is not a dtype"));
             };
             TensorRecord::from_rebuild(
                 arena,
@@ -215,16 +238,16 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
         }
         Global::RebuildParameter | Global::RebuildParameterWithState => {
             if argv.is_empty() {
-                return Err(bad_args(&what, offset, "no arguments"));
+                return Err(bad_args(what, offset, "no arguments"));
             }
-            tensor_arg(arena, argv[0], &what, offset)
+            tensor_arg(arena, argv[0], what, offset)
         }
         Global::RebuildFromTypeV2 => {
             let [func, new_type, inner_args, _state] = argv else {
-                return Err(bad_args(&what, offset, format!("{} arguments", argv.len())));
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
             if !matches!(arena.get(*new_type), Obj::Global(Global::TensorClass)) {
-                return Err(bad_args(&what, offset, "new_type is not torch.Tensor"));
+                return Err(bad_args(what, offset, "new_type is not torch.Tensor"));
             }
             call(arena, *func, *inner_args, offset)
         }
@@ -236,12 +259,12 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             [pairs] => {
                 let list = arena
                     .items(*pairs)
-                    .ok_or_else(|| bad_args(&what, offset, "expected a list of pairs"))?;
+                    .ok_or_else(|| bad_args(what, offset, "expected a list of pairs"))?;
                 let items = list
                     .iter()
                     .map(|&p| match arena.items(p) {
                         Some(&[k, v]) => Ok((k, v)),
-                        _ => Err(bad_args(&what, offset, "an item is not a pair")),
+                        _ => Err(bad_args(what, offset, "an item is not a pair")),
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Ok(Obj::Dict {
@@ -249,16 +272,16 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                     ordered: true,
                 })
             }
-            _ => Err(bad_args(&what, offset, format!("{} arguments", argv.len()))),
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::Size => match argv {
             [dims] => match arena.get(*dims) {
                 Obj::Tuple(items) => Ok(Obj::Tuple(items.clone())),
                 Obj::List(items) => Ok(Obj::Tuple(items.clone().into())),
-                other => Err(bad_args(&what, offset, format!("a {}", other.kind()))),
+                other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
             },
             [] => Ok(Obj::Tuple(Box::new([]))),
-            _ => Err(bad_args(&what, offset, format!("{} arguments", argv.len()))),
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::Device => {
             let mut text = String::new();
@@ -266,7 +289,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 match arena.get(a) {
                     Obj::Str(s) if i == 0 => text.push_str(s),
                     Obj::Int(n) if i == 1 => text.push_str(&format!(":{n}")),
-                    other => return Err(bad_args(&what, offset, format!("a {}", other.kind()))),
+                    other => return Err(bad_args(what, offset, format!("a {}", other.kind()))),
                 }
             }
             Ok(Obj::Str(text.into()))
@@ -275,25 +298,25 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             let (text, encoding) = match argv {
                 [t] => (*t, None),
                 [t, e] => (*t, Some(*e)),
-                _ => return Err(bad_args(&what, offset, format!("{} arguments", argv.len()))),
+                _ => return Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
             };
             let Obj::Str(text) = arena.get(text) else {
-                return Err(bad_args(&what, offset, "the text is not a str"));
+                return Err(bad_args(what, offset, "the text is not a str"));
             };
             let encoding = match encoding.map(|e| arena.get(e)) {
                 None => "utf-8",
                 Some(Obj::Str(e)) => e,
-                Some(other) => return Err(bad_args(&what, offset, format!("a {}", other.kind()))),
+                Some(other) => return Err(bad_args(what, offset, format!("a {}", other.kind()))),
             };
             let bytes: Vec<u8> = match encoding {
                 "latin1" | "latin-1" | "iso-8859-1" => text
                     .chars()
                     .map(|c| u8::try_from(u32::from(c)).map_err(|_| c))
                     .collect::<std::result::Result<_, _>>()
-                    .map_err(|c| bad_args(&what, offset, format!("{c:?} is not latin-1")))?,
+                    .map_err(|c| bad_args(what, offset, format!("{c:?} is not latin-1")))?,
                 "utf-8" | "utf8" => text.as_bytes().to_vec(),
                 other => {
-                    return Err(bad_args(&what, offset, format!("encoding {other:?}")));
+                    return Err(bad_args(what, offset, format!("encoding {other:?}")));
                 }
             };
             Ok(Obj::Bytes(bytes.into()))
@@ -303,16 +326,16 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             [items] => arena
                 .items(*items)
                 .map(|i| Obj::Set(i.to_vec()))
-                .ok_or_else(|| bad_args(&what, offset, "expected a list")),
-            _ => Err(bad_args(&what, offset, format!("{} arguments", argv.len()))),
+                .ok_or_else(|| bad_args(what, offset, "expected a list")),
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::ByteArray => match argv {
             [] => Ok(Obj::Bytes(Box::new([]))),
             [b] => match arena.get(*b) {
                 Obj::Bytes(b) => Ok(Obj::Bytes(b.clone())),
-                other => Err(bad_args(&what, offset, format!("a {}", other.kind()))),
+                other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
             },
-            _ => Err(bad_args(&what, offset, format!("{} arguments", argv.len()))),
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::TensorClass | Global::Storage(_) | Global::Dtype(_) => Err(Error::malformed(
             offset,

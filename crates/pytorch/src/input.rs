@@ -1,5 +1,7 @@
-//! Where a checkpoint's bytes come from: a map (ranges are zero-copy slices) or a
-//! positional reader (ranges are read when asked for, and only then).
+//! Where a checkpoint's bytes come from: a map (tensor bytes are zero-copy slices), a
+//! positional reader (ranges are read when asked for, and only then), or both — then
+//! small metadata reads (ZIP headers, the pickle) use positional reads, which cost
+//! less than first-touch page faults scattered over a large map.
 
 use std::sync::Arc;
 
@@ -8,60 +10,109 @@ use tensorwire_range::RangeRead;
 
 /// The bytes of a checkpoint file.
 #[derive(Clone)]
-pub enum Input {
-    /// The whole file in memory (usually a map): every range is a zero-copy slice.
-    Mapped(Bytes),
-    /// A file read with positional reads: a range is read when a tensor needs it.
-    Ranged(Arc<dyn RangeRead>),
+pub struct Input {
+    map: Option<Bytes>,
+    file: Option<Arc<dyn RangeRead>>,
+    len: u64,
 }
 
 impl std::fmt::Debug for Input {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Input::Mapped(b) => write!(f, "Mapped({} bytes)", b.len()),
-            Input::Ranged(r) => write!(f, "Ranged({} bytes)", r.len()),
-        }
+        let kind = match (&self.map, &self.file) {
+            (Some(_), Some(_)) => "Mapped+Ranged",
+            (Some(_), None) => "Mapped",
+            _ => "Ranged",
+        };
+        write!(f, "{kind}({} bytes)", self.len)
     }
 }
 
 impl Input {
+    /// The whole file in memory (usually a map): every range is a zero-copy slice.
+    pub fn mapped(map: Bytes) -> Input {
+        Input {
+            len: map.len() as u64,
+            map: Some(map),
+            file: None,
+        }
+    }
+
+    /// A file read with positional reads: a range is read when a tensor needs it.
+    pub fn ranged(file: Arc<dyn RangeRead>) -> Input {
+        Input {
+            len: file.len(),
+            map: None,
+            file: Some(file),
+        }
+    }
+
+    /// A map of `file` for tensor bytes, and `file` itself for metadata reads. The two
+    /// must hold the same bytes.
+    pub fn mapped_with_file(map: Bytes, file: Arc<dyn RangeRead>) -> Result<Input> {
+        if map.len() as u64 != file.len() {
+            return Err(Error::invalid(
+                "the map and the file have different lengths",
+            ));
+        }
+        Ok(Input {
+            len: file.len(),
+            map: Some(map),
+            file: Some(file),
+        })
+    }
+
     /// Length of the file.
     pub fn len(&self) -> u64 {
-        match self {
-            Input::Mapped(b) => b.len() as u64,
-            Input::Ranged(r) => r.len(),
-        }
+        self.len
     }
 
     /// True for an empty file.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// True when ranges are slices of memory the input already holds.
+    /// True when [`Input::read`] returns slices of a map.
     pub fn is_mapped(&self) -> bool {
-        matches!(self, Input::Mapped(_))
+        self.map.is_some()
     }
 
-    /// The bytes `offset..offset + len`, failing with [`Error::Truncated`] past the end.
-    pub fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
-        let available = self.len().saturating_sub(offset);
-        if offset > self.len() || len > available {
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        let available = self.len.saturating_sub(offset);
+        if offset > self.len || len > available {
             return Err(Error::Truncated {
                 offset,
                 needed: len,
                 available,
             });
         }
-        match self {
-            Input::Mapped(b) => b.slice_at(offset, len),
-            Input::Ranged(r) => r.read_range(offset, len),
+        Ok(())
+    }
+
+    /// Tensor bytes `offset..offset + len`: a slice of the map when there is one,
+    /// failing with [`Error::Truncated`] past the end.
+    pub fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
+        self.check(offset, len)?;
+        match (&self.map, &self.file) {
+            (Some(map), _) => map.slice_at(offset, len),
+            (None, Some(file)) => file.read_range(offset, len),
+            (None, None) => unreachable!("an Input has a map or a file"),
         }
     }
 
-    /// Up to `len` bytes from `offset` (fewer at the end of the file).
-    pub fn read_up_to(&self, offset: u64, len: u64) -> Result<Bytes> {
-        let len = len.min(self.len().saturating_sub(offset));
-        self.read(offset, len)
+    /// Metadata bytes `offset..offset + len`: read positionally when a file is
+    /// available, else sliced from the map.
+    pub fn read_meta(&self, offset: u64, len: u64) -> Result<Bytes> {
+        self.check(offset, len)?;
+        match (&self.file, &self.map) {
+            (Some(file), _) => file.read_range(offset, len),
+            (None, Some(map)) => map.slice_at(offset, len),
+            (None, None) => unreachable!("an Input has a map or a file"),
+        }
+    }
+
+    /// Up to `len` metadata bytes from `offset` (fewer at the end of the file).
+    pub fn read_meta_up_to(&self, offset: u64, len: u64) -> Result<Bytes> {
+        let len = len.min(self.len.saturating_sub(offset));
+        self.read_meta(offset, len)
     }
 }

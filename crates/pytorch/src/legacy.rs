@@ -173,7 +173,7 @@ pub fn parse(input: &Input, limits: &PickleLimits, max_metadata: u64) -> Result<
         little_endian,
         end,
     } = loop {
-        let head = input.read(0, want)?;
+        let head = input.read_meta(0, want)?;
         match parse_pickles(&head, limits) {
             Err(Error::Truncated { .. }) if want < input.len() && want < max_metadata => {
                 want = want.saturating_mul(4).min(input.len()).min(max_metadata);
@@ -229,7 +229,7 @@ pub fn parse(input: &Input, limits: &PickleLimits, max_metadata: u64) -> Result<
 
 /// Checks a storage's 8-byte element count against what the pickle declared.
 pub fn check_prefix(input: &Input, key: &str, storage: &LegacyStorage, little: bool) -> Result<()> {
-    let raw = input.read(storage.prefix_offset, 8)?;
+    let raw = input.read_meta(storage.prefix_offset, 8)?;
     let bytes: [u8; 8] = raw[..8].try_into().expect("8 bytes");
     let count = if little {
         u64::from_le_bytes(bytes)

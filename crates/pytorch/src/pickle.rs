@@ -184,12 +184,17 @@ pub fn unpickle(
     limits: &PickleLimits,
     persistent: &mut dyn PersistentLoad,
 ) -> Result<Unpickled> {
+    let mut arena = Arena::new(limits.max_objects);
+    // About one object per 8 bytes of pickle; reserving that avoids regrowing.
+    arena
+        .objects
+        .reserve((data.len() / 8).min(limits.max_objects));
     let mut vm = Machine {
         input: Input { data, pos: 0, base },
-        arena: Arena::new(limits.max_objects),
+        arena,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: HashMap::new(),
+        memo: Memo::default(),
         limits: *limits,
     };
     let root = vm.run(persistent)?;
@@ -278,13 +283,63 @@ impl<'a> Input<'a> {
     }
 }
 
+/// The memo: picklers number entries 0, 1, 2, … so a vector indexed by key serves
+/// them; a key far past the end (only a hand-made pickle has one) goes to a map, so a
+/// huge key cannot make the vector huge.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<Option<Id>>,
+    sparse: HashMap<u64, Id>,
+    len: usize,
+}
+
+/// How far past the dense part a key may land and still extend it.
+const MEMO_DENSE_SLACK: u64 = 1 << 12;
+
+impl Memo {
+    fn get(&self, key: u64) -> Option<Id> {
+        match usize::try_from(key).ok().and_then(|k| self.dense.get(k)) {
+            Some(slot) => *slot,
+            None => self.sparse.get(&key).copied(),
+        }
+    }
+
+    /// Sets `key`; returns false when that would exceed `max` entries.
+    fn put(&mut self, key: u64, id: Id, max: usize) -> bool {
+        let dense_len = self.dense.len() as u64;
+        let slot = if key < dense_len {
+            &mut self.dense[key as usize]
+        } else if key < dense_len + MEMO_DENSE_SLACK && self.sparse.is_empty() {
+            self.dense.resize(key as usize + 1, None);
+            &mut self.dense[key as usize]
+        } else {
+            if !self.sparse.contains_key(&key) {
+                if self.len >= max {
+                    return false;
+                }
+                self.len += 1;
+            }
+            self.sparse.insert(key, id);
+            return true;
+        };
+        if slot.is_none() {
+            if self.len >= max {
+                return false;
+            }
+            self.len += 1;
+        }
+        *slot = Some(id);
+        true
+    }
+}
+
 struct Machine<'a> {
     input: Input<'a>,
     arena: Arena,
     stack: Vec<Id>,
     /// Stack heights at each `MARK`.
     marks: Vec<usize>,
-    memo: HashMap<u64, Id>,
+    memo: Memo,
     limits: PickleLimits,
 }
 
@@ -341,21 +396,20 @@ impl Machine<'_> {
 
     fn memo_put(&mut self, key: u64, at: u64) -> Result<()> {
         let id = self.top(at)?;
-        if !self.memo.contains_key(&key) {
-            Error::check_limit(
-                "pickle memo entries",
-                self.memo.len() as u64 + 1,
-                self.limits.max_memo as u64,
-            )?;
+        if !self.memo.put(key, id, self.limits.max_memo) {
+            return Err(Error::LimitExceeded {
+                what: "pickle memo entries",
+                limit: self.limits.max_memo as u64,
+                found: self.limits.max_memo as u64 + 1,
+            });
         }
-        self.memo.insert(key, id);
         Ok(())
     }
 
     fn memo_get(&mut self, key: u64, at: u64) -> Result<()> {
-        let id = *self
+        let id = self
             .memo
-            .get(&key)
+            .get(key)
             .ok_or_else(|| malformed(at, format!("memo key {key} is not set")))?;
         self.push(id)
     }
@@ -650,7 +704,7 @@ impl Machine<'_> {
                     self.memo_put(key.into(), at)?;
                 }
                 0x94 => {
-                    let key = self.memo.len() as u64;
+                    let key = self.memo.len as u64;
                     self.memo_put(key, at)?;
                 }
                 // Globals and calls.

@@ -142,9 +142,19 @@ fn archive_prefix(archive: &ZipArchive) -> Result<String> {
 impl PtReader {
     /// Maps `path` privately (copy-on-write) and opens it with default limits.
     pub fn open(path: impl AsRef<Path>) -> Result<PtReader> {
+        PtReader::open_with(path, MapMode::CopyOnWrite, &Limits::default())
+    }
+
+    /// Maps `path` in `mode` for tensor bytes; metadata (the ZIP directory and
+    /// headers, the pickle) is read with positional reads, cheaper than first touches
+    /// of pages scattered over the map.
+    pub fn open_with(path: impl AsRef<Path>, mode: MapMode, limits: &Limits) -> Result<PtReader> {
         let path = path.as_ref();
-        let bytes = MappedFile::open_bytes(path, MapMode::CopyOnWrite)?;
-        PtReader::from_bytes(bytes, &Limits::default()).map_err(|e| e.with_path(path))
+        let file = Arc::new(RangeFile::open(path)?);
+        let map = MappedFile::open_bytes(path, mode)?;
+        Input::mapped_with_file(map, file)
+            .and_then(|input| PtReader::from_input(input, limits))
+            .map_err(|e| e.with_path(path))
     }
 
     /// Opens `path` for positional reads: nothing is mapped, and each tensor read
@@ -157,16 +167,16 @@ impl PtReader {
 
     /// Opens a checkpoint image already in memory (a map, a shm segment, a buffer).
     pub fn from_bytes(bytes: Bytes, limits: &Limits) -> Result<PtReader> {
-        PtReader::from_input(Input::Mapped(bytes), limits)
+        PtReader::from_input(Input::mapped(bytes), limits)
     }
 
     /// Opens a checkpoint read through `file`'s positional reads.
     pub fn from_range(file: Arc<dyn RangeRead>, limits: &Limits) -> Result<PtReader> {
-        PtReader::from_input(Input::Ranged(file), limits)
+        PtReader::from_input(Input::ranged(file), limits)
     }
 
     fn from_input(input: Input, limits: &Limits) -> Result<PtReader> {
-        let head = input.read_up_to(0, 32)?;
+        let head = input.read_meta_up_to(0, 32)?;
         if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
             PtReader::open_zip(input, limits)
         } else if legacy::sniff(&head) {
@@ -201,11 +211,11 @@ impl PtReader {
             .get(&format!("{prefix}data.pkl"))
             .expect("found by archive_prefix");
         Error::check_limit("data.pkl size", pkl_entry.size, limits.max_metadata_bytes)?;
-        let pkl = zip::read_entry(&input, pkl_entry, limits.max_metadata_bytes)?;
+        let pkl = zip::read_entry(&input, pkl_entry, limits.max_metadata_bytes, true)?;
         let little_endian = match archive.get(&format!("{prefix}byteorder")) {
             None => true,
             Some(entry) => {
-                let order = zip::read_entry(&input, entry, 16)?;
+                let order = zip::read_entry(&input, entry, 16, true)?;
                 match order.as_slice() {
                     b"little" => true,
                     b"big" => false,
@@ -368,7 +378,8 @@ impl PtReader {
             .ok_or_else(|| Error::malformed(0, format!("storage `{key}` has no data")))?;
         match data {
             StorageData::Zip(entry) if entry.method == Method::Deflated => {
-                let all = zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes)?;
+                let all =
+                    zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
                 Ok((all.slice_at(start, end - start)?, false))
             }
             StorageData::Zip(entry) => Ok((

@@ -91,7 +91,7 @@ fn find_directory(input: &Input) -> Result<Directory> {
     // The end record is 22 bytes plus a comment of at most 65 535 bytes.
     let tail_len = len.min(EOCD_LEN + 0xffff);
     let tail_start = len - tail_len;
-    let tail = input.read(tail_start, tail_len)?;
+    let tail = input.read_meta(tail_start, tail_len)?;
     let pos = (0..=tail.len() - EOCD_LEN as usize)
         .rev()
         .find(|&i| {
@@ -115,7 +115,7 @@ fn find_directory(input: &Input) -> Result<Directory> {
     };
     let needs_zip64 = dir.entries == 0xffff || dir.size == 0xffff_ffff || dir.offset == 0xffff_ffff;
     if eocd_offset >= 20 {
-        let locator = input.read(eocd_offset - 20, 20)?;
+        let locator = input.read_meta(eocd_offset - 20, 20)?;
         if u32_at(&locator, 0) == ZIP64_LOCATOR_SIG {
             let record_offset = u64_at(&locator, 8);
             let record = input
@@ -182,7 +182,7 @@ impl ZipArchive {
     pub fn parse(input: &Input, max_entries: u64, max_name: usize) -> Result<ZipArchive> {
         let dir = find_directory(input)?;
         Error::check_limit("zip record count", dir.entries, max_entries)?;
-        let central = input.read(dir.offset, dir.size)?;
+        let central = input.read_meta(dir.offset, dir.size)?;
         let mut entries = Vec::with_capacity(dir.entries as usize);
         let mut by_name = HashMap::with_capacity(dir.entries as usize);
         let mut pos = 0usize;
@@ -279,7 +279,7 @@ impl ZipArchive {
             if entry.crc32 == 0 {
                 continue;
             }
-            let data = read_entry(input, entry, max_bytes)?;
+            let data = read_entry(input, entry, max_bytes, false)?;
             let found = crc32fast::hash(&data);
             if found != entry.crc32 {
                 return Err(Error::DigestMismatch {
@@ -316,9 +316,14 @@ fn local_data_offset(input: &Input, header_offset: u64, name: &str) -> Result<u6
 }
 
 /// A record's data: a slice of the input when stored, inflated into a buffer of
-/// exactly its declared size (at most `max_bytes`) when deflated.
-pub fn read_entry(input: &Input, entry: &ZipEntry, max_bytes: u64) -> Result<Bytes> {
-    let raw = input.read(entry.data_offset, entry.compressed_size)?;
+/// exactly its declared size (at most `max_bytes`) when deflated. `meta` reads it as
+/// metadata (see [`Input::read_meta`]).
+pub fn read_entry(input: &Input, entry: &ZipEntry, max_bytes: u64, meta: bool) -> Result<Bytes> {
+    let raw = if meta {
+        input.read_meta(entry.data_offset, entry.compressed_size)?
+    } else {
+        input.read(entry.data_offset, entry.compressed_size)?
+    };
     match entry.method {
         Method::Stored => Ok(raw),
         Method::Deflated => {
