@@ -932,6 +932,12 @@ mod tests {
         unpickle(data, 0, &PickleLimits::default(), &mut NoPersistent)
     }
 
+    /// The objects of the tuple or list the pickle returned.
+    fn items_of(u: &Unpickled) -> Vec<Obj> {
+        let items = u.arena.items(u.root).unwrap();
+        items.iter().map(|&i| u.arena.get(i).clone()).collect()
+    }
+
     #[test]
     fn memoized_dict_is_shared_after_it_is_filled() {
         // {} memoized as 0, then [d, d] where d is filled after being memoized:
@@ -950,13 +956,7 @@ mod tests {
     #[test]
     fn integers_of_every_encoding() {
         let u = run(b"\x80\x02(J\xff\xff\xff\xffK\x07M\x00\x01\x8a\x02\x00\x80\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xffI42\nL-5L\nt.").unwrap();
-        let got: Vec<_> = u
-            .arena
-            .items(u.root)
-            .unwrap()
-            .iter()
-            .map(|&i| u.arena.get(i).clone())
-            .collect();
+        let got = items_of(&u);
         assert_eq!(
             got,
             vec![
@@ -1038,13 +1038,7 @@ mod tests {
     #[test]
     fn protocol_zero_strings() {
         let u = run(b"(S'a\\'b\\x41'\nVcaf\\u00e9\np0\ng0\nt.").unwrap();
-        let got: Vec<_> = u
-            .arena
-            .items(u.root)
-            .unwrap()
-            .iter()
-            .map(|&i| u.arena.get(i).clone())
-            .collect();
+        let got = items_of(&u);
         assert_eq!(
             got,
             vec![
