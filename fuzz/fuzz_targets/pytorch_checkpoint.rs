@@ -1,0 +1,63 @@
+//! Opens arbitrary bytes as a PyTorch checkpoint (ZIP or legacy) and, when it opens,
+//! reads every tensor through every path: `info`, `record`, `view`, `strided` and
+//! `verify`. Any call may return an error; none may panic, hang or allocate beyond
+//! the small limits below.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tensorwire_core::{Limits, TensorSource};
+use tensorwire_pytorch::PtReader;
+
+fn limits() -> Limits {
+    Limits {
+        max_metadata_bytes: 1 << 20,
+        max_tensors: 10_000,
+        max_decoded_bytes: 1 << 24,
+        ..Limits::default()
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let limits = limits();
+    let Ok(reader) = PtReader::from_bytes(data.to_vec().into(), &limits) else {
+        return;
+    };
+    let _ = reader.format();
+    let _ = reader.pt_format();
+    let _ = reader.is_little_endian();
+    let _ = reader.attributes().len();
+
+    let names: Vec<_> = reader.tensors().iter().map(|t| t.name.clone()).collect();
+    for name in &names {
+        let name: &str = name;
+        let info = reader
+            .info(name)
+            .unwrap_or_else(|e| panic!("listed tensor `{name}` has no info: {e}"))
+            .clone();
+        let record = reader
+            .record(name)
+            .unwrap_or_else(|e| panic!("listed tensor `{name}` has no record: {e}"));
+        let _ = record.is_contiguous();
+        let extent = record.byte_extent();
+
+        if let Ok(view) = reader.view(name) {
+            assert_eq!(
+                view.bytes.len() as u64,
+                info.nbytes,
+                "view of `{name}` holds the wrong number of bytes"
+            );
+            assert_eq!(view.dtype, info.dtype);
+            assert_eq!(view.shape, info.shape);
+        }
+        if let Ok(strided) = reader.strided(name) {
+            let (start, end) = extent.expect("strided view without a byte extent");
+            assert_eq!(
+                strided.bytes.len() as u64,
+                end - start,
+                "strided view of `{name}` does not cover its byte extent"
+            );
+            assert_eq!(strided.dtype, record.dtype);
+        }
+    }
+    let _ = reader.verify();
+});
