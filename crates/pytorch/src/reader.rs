@@ -3,10 +3,11 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::{
-    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
+    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource,
+    TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_range::{RangeFile, RangeRead};
@@ -47,8 +48,12 @@ pub struct StridedView {
 enum StorageData {
     /// A ZIP record.
     Zip(ZipEntry),
-    /// A legacy storage.
-    Legacy(LegacyStorage),
+    /// A legacy storage; `counted` is set once its 8-byte element count has been
+    /// checked against the pickle, so later reads skip that read.
+    Legacy {
+        storage: LegacyStorage,
+        counted: OnceLock<()>,
+    },
 }
 
 /// A PyTorch checkpoint (`.pt`, `.pth`, `.bin` from `torch.save`), read without Python
@@ -69,6 +74,8 @@ pub struct PtReader {
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
     limits: Limits,
+    /// The ZIP directory (ZIP files only), kept for `verify`.
+    archive: Option<ZipArchive>,
 }
 
 impl std::fmt::Debug for PtReader {
@@ -249,7 +256,7 @@ impl PtReader {
                 (key.clone(), StorageData::Zip(entry.clone()))
             })
             .collect();
-        PtReader::build(
+        let mut reader = PtReader::build(
             PtFormat::Zip,
             input,
             &unpickled.arena,
@@ -257,7 +264,9 @@ impl PtReader {
             data,
             little_endian,
             limits,
-        )
+        )?;
+        reader.archive = Some(archive);
+        Ok(reader)
     }
 
     fn open_legacy(input: Input, limits: &Limits) -> Result<PtReader> {
@@ -269,7 +278,13 @@ impl PtReader {
         let data = parsed
             .storages
             .iter()
-            .map(|(k, s)| (k.clone(), StorageData::Legacy(*s)))
+            .map(|(k, s)| {
+                let data = StorageData::Legacy {
+                    storage: *s,
+                    counted: OnceLock::new(),
+                };
+                (k.clone(), data)
+            })
             .collect();
         PtReader::build(
             PtFormat::Legacy,
@@ -342,6 +357,7 @@ impl PtReader {
             attributes: flat.attributes,
             little_endian,
             limits: *limits,
+            archive: None,
         })
     }
 
@@ -386,8 +402,8 @@ impl PtReader {
                 self.input.read(entry.data_offset + start, end - start)?,
                 self.input.is_mapped(),
             )),
-            StorageData::Legacy(storage) => {
-                legacy::check_prefix(&self.input, key, storage, self.little_endian)?;
+            StorageData::Legacy { storage, counted } => {
+                self.check_count(key, storage, counted)?;
                 Ok((
                     self.input.read(storage.data_offset + start, end - start)?,
                     self.input.is_mapped(),
@@ -396,19 +412,38 @@ impl PtReader {
         }
     }
 
+    /// Checks a legacy storage's 8-byte element count once.
+    fn check_count(
+        &self,
+        key: &str,
+        storage: &LegacyStorage,
+        counted: &OnceLock<()>,
+    ) -> Result<()> {
+        if counted.get().is_none() {
+            legacy::check_prefix(&self.input, key, storage, self.little_endian)?;
+            let _ = counted.set(());
+        }
+        Ok(())
+    }
+
+    /// The stored bytes of a tensor's extent (before any byte swap), and whether they
+    /// borrow the input.
+    fn extent(&self, record: &TensorRecord) -> Result<(Bytes, bool)> {
+        let (start, end) = record.byte_extent()?;
+        let window = record.storage.window()?.0;
+        self.storage_range(&record.storage.key, window + start, window + end)
+    }
+
     /// The tensor as torch lays it out: the bytes its strides reach, with its sizes
     /// and strides. Zero-copy for a mapped little-endian file with the storage stored
     /// raw; for big-endian files the bytes are a byte-swapped copy.
     pub fn strided(&self, name: &str) -> Result<StridedView> {
         let record = &self.records[self.position(name)?];
-        let (start, end) = record.byte_extent()?;
-        let window = record.storage.window()?.0;
-        let (bytes, borrowed) =
-            self.storage_range(&record.storage.key, window + start, window + end)?;
+        let (bytes, borrowed) = self.extent(record)?;
         let (bytes, zero_copy) = if self.little_endian {
             (bytes, borrowed)
         } else {
-            let mut copy = tensorwire_core::AlignedBuf::copy_from(&bytes)?;
+            let mut copy = AlignedBuf::copy_from(&bytes)?;
             swap_bytes(copy.as_mut_slice(), record.dtype);
             (copy.into_bytes(), false)
         };
@@ -425,19 +460,14 @@ impl PtReader {
     /// CRC-32. Returns how many checks were made.
     fn verify_all(&self) -> Result<usize> {
         match self.format {
-            PtFormat::Zip => {
-                // The archive is parsed again: verification is rare, opening is not.
-                let archive = ZipArchive::parse(
-                    &self.input,
-                    self.limits.max_tensors.saturating_add(1024),
-                    self.limits.max_name_bytes,
-                )?;
-                archive.verify(&self.input, self.limits.max_decoded_bytes)
-            }
+            PtFormat::Zip => match &self.archive {
+                Some(archive) => archive.verify(&self.input, self.limits.max_decoded_bytes),
+                None => Ok(0),
+            },
             PtFormat::Legacy => {
                 for (key, data) in &self.storages {
-                    if let StorageData::Legacy(s) = data {
-                        legacy::check_prefix(&self.input, key, s, self.little_endian)?;
+                    if let StorageData::Legacy { storage, counted } = data {
+                        self.check_count(key, storage, counted)?;
                     }
                 }
                 Ok(self.storages.len())
@@ -449,7 +479,7 @@ impl PtReader {
 fn storage_offset(data: &StorageData) -> u64 {
     match data {
         StorageData::Zip(e) => e.data_offset,
-        StorageData::Legacy(s) => s.data_offset,
+        StorageData::Legacy { storage, .. } => storage.data_offset,
     }
 }
 
@@ -476,19 +506,23 @@ impl TensorSource for PtReader {
     /// Contiguous tensors of a mapped little-endian file come back zero-copy; strided
     /// ones (transposes, slices, `expand`) as a row-major copy.
     fn view(&self, name: &str) -> Result<TensorView> {
-        let strided = self.strided(name)?;
         let record = &self.records[self.position(name)?];
-        if record.is_contiguous() {
-            return TensorView::new(
-                name,
-                strided.dtype,
-                strided.shape,
-                strided.bytes,
-                strided.zero_copy,
-            );
+        let (bytes, borrowed) = self.extent(record)?;
+        let shape = record.shape.clone();
+        if record.is_contiguous() && self.little_endian {
+            return TensorView::new(name, record.dtype, shape, bytes, borrowed);
         }
-        let bytes = record.gather(&strided.bytes, self.limits.max_decoded_bytes)?;
-        TensorView::new(name, strided.dtype, strided.shape, bytes, false)
+        // One copy: gathered into row-major order (or copied as is), then swapped in
+        // place for big-endian files.
+        let mut out = if record.is_contiguous() {
+            AlignedBuf::copy_from(&bytes)?
+        } else {
+            record.gather(&bytes, self.limits.max_decoded_bytes)?
+        };
+        if !self.little_endian {
+            swap_bytes(out.as_mut_slice(), record.dtype);
+        }
+        TensorView::new(name, record.dtype, shape, out.into_bytes(), false)
     }
 
     fn verify(&self) -> Result<usize> {

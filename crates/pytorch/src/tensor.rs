@@ -1,7 +1,7 @@
 //! Tensors as a checkpoint describes them: a storage, an element offset, sizes and
 //! strides, and the arithmetic that turns them into byte ranges, checked.
 
-use tensorwire_core::{AlignedBuf, Bytes, DType, Error, Result, Shape};
+use tensorwire_core::{AlignedBuf, DType, Error, Result, Shape};
 
 use crate::pickle::{Arena, Id, Obj};
 
@@ -25,11 +25,7 @@ pub struct StorageRef {
 impl StorageRef {
     /// Size of the stored storage in bytes.
     pub fn nbytes(&self) -> Result<u64> {
-        self.numel
-            .checked_mul(self.dtype.bits() / 8)
-            .ok_or(Error::Overflow {
-                what: "storage size in bytes",
-            })
+        self.dtype.byte_len(self.numel)
     }
 
     /// The byte range `[start, end)` of the stored storage that tensors on this
@@ -256,7 +252,7 @@ impl TensorRecord {
     /// The tensor's elements in row-major order, gathered from `extent` (the bytes of
     /// [`TensorRecord::byte_extent`]) into a fresh aligned buffer of `max_bytes` at
     /// most.
-    pub fn gather(&self, extent: &[u8], max_bytes: u64) -> Result<Bytes> {
+    pub fn gather(&self, extent: &[u8], max_bytes: u64) -> Result<AlignedBuf> {
         let nbytes = self.shape.byte_len(self.dtype)?;
         Error::check_limit("contiguous copy of a strided tensor", nbytes, max_bytes)?;
         let len = usize::try_from(nbytes).map_err(|_| Error::Overflow {
@@ -264,7 +260,7 @@ impl TensorRecord {
         })?;
         let mut out = AlignedBuf::zeroed(len)?;
         if len == 0 {
-            return Ok(out.into_bytes());
+            return Ok(out);
         }
         let elem = self.element_size() as usize;
         let dims: Vec<usize> = self.shape.dims().iter().map(|&d| d as usize).collect();
@@ -272,7 +268,7 @@ impl TensorRecord {
         let ndim = dims.len();
         if ndim == 0 {
             out.as_mut_slice().copy_from_slice(&extent[..elem]);
-            return Ok(out.into_bytes());
+            return Ok(out);
         }
         // Row by row over the innermost dimension; an index odometer for the rest.
         let inner = dims[ndim - 1];
@@ -298,7 +294,7 @@ impl TensorRecord {
                 index[axis] = 0;
             }
         }
-        Ok(out.into_bytes())
+        Ok(out)
     }
 }
 
@@ -331,11 +327,7 @@ pub fn storage_dtype(class: &str) -> Option<DType> {
 /// Reverses the byte order of every scalar in `bytes` (both halves of a complex number
 /// separately).
 pub fn swap_bytes(bytes: &mut [u8], dtype: DType) {
-    let unit = match dtype {
-        DType::Complex64 => 4,
-        DType::Complex128 => 8,
-        other => (other.bits() / 8) as usize,
-    };
+    let unit = dtype.swap_unit();
     if unit > 1 {
         for scalar in bytes.chunks_exact_mut(unit) {
             scalar.reverse();
@@ -382,7 +374,7 @@ mod tests {
         let out = t
             .gather(&storage()[s as usize..e as usize], u64::MAX)
             .unwrap();
-        assert_eq!(&values(&out)[..5], &[0, 6, 12, 18, 1]);
+        assert_eq!(&values(out.as_slice())[..5], &[0, 6, 12, 18, 1]);
 
         let sl = record(&[2, 3], &[6, 1], 8);
         let (s, e) = sl.byte_extent().unwrap();
@@ -390,7 +382,7 @@ mod tests {
         let out = sl
             .gather(&storage()[s as usize..e as usize], u64::MAX)
             .unwrap();
-        assert_eq!(values(&out), vec![8, 9, 10, 14, 15, 16]);
+        assert_eq!(values(out.as_slice()), vec![8, 9, 10, 14, 15, 16]);
     }
 
     #[test]
@@ -405,7 +397,10 @@ mod tests {
         let out = expanded
             .gather(&storage()[s as usize..e as usize], u64::MAX)
             .unwrap();
-        assert_eq!(values(&out), vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        assert_eq!(
+            values(out.as_slice()),
+            vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]
+        );
         // A stride-0 expand claiming a huge size is stopped by the copy limit.
         let huge = record(&[1 << 40], &[0], 0);
         assert!(matches!(
