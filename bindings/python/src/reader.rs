@@ -142,6 +142,11 @@ fn dense_array<'py>(
         if view.zero_copy && view.bytes.is_aligned(view.dtype.alignment()) {
             return arrays::zero_copy(py, &view.bytes, dtype, &dims);
         }
+        // The view is already read (and gathered or swapped): copy it rather than
+        // reading the tensor again.
+        let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
+        let dst = buf.as_mut_slice();
+        return maybe_detach(py, dst.len(), || copy_exact(name, dst, &view.bytes)).map(|()| array);
     }
     let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
     fill_dense(py, src, name, buf.as_mut_slice())?;
