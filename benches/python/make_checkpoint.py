@@ -7,6 +7,8 @@
 Files (each skipped when it already exists, unless --force):
   model.safetensors  written by `safetensors.numpy.save_file`
   model.zt           written by ztensor 1.2.3 (`ztensor.Writer(...).write_numpy`)
+  model.npz          written by `np.savez` (stored members)
+  model.gguf         written by `gguf.GGUFWriter` (float32 tensors)
   model.tw.zt        written by tensorwire (`tensorwire.Writer(...).add`), only when
                      `import tensorwire` works
 
@@ -95,6 +97,30 @@ def write_ztensor(path: str, tensors: dict[str, np.ndarray]) -> None:
     _write_atomically(path, w)
 
 
+def write_npz(path: str, tensors: dict[str, np.ndarray]) -> None:
+    # np.savez appends ".npz" to names without it; write through a file object.
+    def w(p: str) -> None:
+        with open(p, "wb") as f:
+            np.savez(f, **tensors)
+
+    _write_atomically(path, w)
+
+
+def write_gguf(path: str, tensors: dict[str, np.ndarray]) -> None:
+    import gguf
+
+    def w(p: str) -> None:
+        wr = gguf.GGUFWriter(p, "llama")
+        for name, arr in tensors.items():
+            wr.add_tensor(name, arr)
+        wr.write_header_to_file()
+        wr.write_kv_data_to_file()
+        wr.write_tensors_to_file()
+        wr.close()
+
+    _write_atomically(path, w)
+
+
 def write_tensorwire(path: str, tensors: dict[str, np.ndarray]) -> None:
     import tensorwire
 
@@ -116,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     os.makedirs(args.out, exist_ok=True)
-    targets = [("model.safetensors", write_safetensors, "safetensors"), ("model.zt", write_ztensor, "ztensor")]
+    targets = [
+        ("model.safetensors", write_safetensors, "safetensors"),
+        ("model.zt", write_ztensor, "ztensor"),
+        ("model.npz", write_npz, "numpy"),
+        ("model.gguf", write_gguf, "gguf"),
+    ]
     try:
         import tensorwire  # noqa: F401
 

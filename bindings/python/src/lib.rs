@@ -29,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::BytesOwner>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_function(wrap_pyfunction!(writer::convert, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_loads, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dense_parts, m)?)?;

@@ -10,7 +10,6 @@ use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
-use tensorwire::pytorch::PtReader;
 use tensorwire::zt::{Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
 
@@ -59,7 +58,11 @@ fn zt(src: &dyn TensorSource) -> Option<&ZtReader> {
 
 fn dense_info<'a>(src: &'a dyn TensorSource, name: &str) -> PyResult<&'a TensorInfo> {
     let info = src.info(name).or_raise()?;
-    if info.layout != Layout::Dense {
+    // Blocks a format names but tensorwire does not decode (GGUF quantized types,
+    // safetensors' packed floats) read as their raw bytes, as gguf.GGUFReader gives
+    // them; `.zt` objects of other layouts are read by component.
+    let raw_blocks = matches!(info.layout, Layout::Other(_)) && zt(src).is_none();
+    if info.layout != Layout::Dense && !raw_blocks {
         return Err(Error::unsupported(format!(
             "tensor `{name}` has layout {}; use read() to get its components",
             info.layout
@@ -67,6 +70,10 @@ fn dense_info<'a>(src: &'a dyn TensorSource, name: &str) -> PyResult<&'a TensorI
         .or_raise();
     }
     Ok(info)
+}
+
+fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
+    lend == Lend::Any || bytes.is_aligned(dtype.alignment())
 }
 
 /// Copies (or decodes) a dense tensor's bytes into `dst` (exactly its size).
@@ -102,15 +109,27 @@ fn overlaps(dst: &[u8], src: &[u8]) -> bool {
     !dst.is_empty() && d0 < s1 && s0 < d1
 }
 
-/// A dense tensor as a numpy array: zero-copy for raw, element-aligned tensors unless
-/// `copy` (strided torch tensors keep their strides), a fresh (writable) array
-/// otherwise. With `raw`, the array is the tensor's bytes as `uint8`.
+/// Which borrowed bytes [`dense_array`] may lend to an array without copying.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lend {
+    /// Any: numpy handles unaligned arrays (their `ALIGNED` flag is off), as
+    /// `np.frombuffer` at an odd offset gives them.
+    Any,
+    /// Only element-aligned bytes (for torch, whose kernels assume aligned data).
+    Aligned,
+}
+
+/// A dense tensor as a numpy array: zero-copy for raw tensors unless `copy` (strided
+/// tensors keep their strides; unaligned ones are copied under [`Lend::Aligned`]), a
+/// fresh (writable) array otherwise. With `raw`, the array is the tensor's bytes as
+/// `uint8`.
 fn dense_array<'py>(
     py: Python<'py>,
     src: &dyn TensorSource,
     name: &str,
     copy: bool,
     raw: bool,
+    lend: Lend,
 ) -> PyResult<Bound<'py, PyAny>> {
     let info = dense_info(src, name)?;
     let (dtype, dims): (DType, std::borrow::Cow<'_, [u64]>) = if raw {
@@ -119,34 +138,39 @@ fn dense_array<'py>(
         (info.dtype, info.shape.dims().into())
     };
     if !copy && info.encoding.is_none() {
-        if let Some(pt) = src.as_any().downcast_ref::<PtReader>() {
-            // A strided torch tensor (a transpose, a slice) stays a strided view of
-            // its storage, as torch.load gives it.
-            let record = pt.record(name).or_raise()?;
-            if !raw && !record.is_contiguous() {
-                let strided = pt.strided(name).or_raise()?;
-                if strided.zero_copy && strided.bytes.is_aligned(strided.dtype.alignment()) {
-                    return arrays::strided_zero_copy(
-                        py,
-                        &strided.bytes,
-                        strided.dtype,
-                        strided.shape.dims(),
-                        &strided.strides,
-                    );
-                }
+        let (bytes, zero_copy) = if raw {
+            let view = src.view(name).or_raise()?;
+            (view.bytes, view.zero_copy)
+        } else {
+            // A strided tensor (a transposed torch tensor, a Fortran-order NumPy
+            // array) stays a strided view of the file, as torch.load and np.load give
+            // it.
+            let strided = src.strided(name).or_raise()?;
+            if strided.is_contiguous() {
+                (strided.bytes, strided.zero_copy)
+            } else if strided.zero_copy && lendable(&strided.bytes, info.dtype, lend) {
+                return arrays::strided_zero_copy(
+                    py,
+                    &strided.bytes,
+                    strided.dtype,
+                    strided.shape.dims(),
+                    &strided.strides,
+                );
+            } else {
+                let max = tensorwire::Limits::default().max_decoded_bytes;
+                (strided.to_contiguous(max).or_raise()?.into_bytes(), false)
             }
+        };
+        // Unaligned bytes (a legacy torch file's storages and NPZ members sit at
+        // arbitrary offsets) are lent to numpy but copied for torch.
+        if zero_copy && lendable(&bytes, info.dtype, lend) {
+            return arrays::zero_copy(py, &bytes, dtype, &dims);
         }
-        let view = src.view(name).or_raise()?;
-        // Unaligned bytes (a legacy torch file's storages sit at arbitrary offsets)
-        // are copied: torch and numpy kernels expect element-aligned data.
-        if view.zero_copy && view.bytes.is_aligned(view.dtype.alignment()) {
-            return arrays::zero_copy(py, &view.bytes, dtype, &dims);
-        }
-        // The view is already read (and gathered or swapped): copy it rather than
+        // The bytes are already read (and gathered or swapped): copy them rather than
         // reading the tensor again.
         let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
         let dst = buf.as_mut_slice();
-        return maybe_detach(py, dst.len(), || copy_exact(name, dst, &view.bytes)).map(|()| array);
+        return maybe_detach(py, dst.len(), || copy_exact(name, dst, &bytes)).map(|()| array);
     }
     let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
     fill_dense(py, src, name, buf.as_mut_slice())?;
@@ -308,7 +332,7 @@ impl Reader {
 
     /// `reader[name]`: the tensor as a numpy array (zero-copy when stored raw).
     fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        dense_array(py, self.src()?, name, false, false)
+        dense_array(py, self.src()?, name, false, false, Lend::Any)
     }
 
     /// The file format (`"zt"`, `"zt-0.1"`).
@@ -353,11 +377,11 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
         match Names::extract(name)? {
-            Names::One(n) => dense_array(py, src, &n, copy, false),
+            Names::One(n) => dense_array(py, src, &n, copy, false, Lend::Any),
             Names::Many(names) => {
                 let out = PyDict::new(py);
                 for n in sorted_by_offset(src, &names)? {
-                    out.set_item(n, dense_array(py, src, n, copy, false)?)?;
+                    out.set_item(n, dense_array(py, src, n, copy, false, Lend::Any)?)?;
                 }
                 Ok(out.into_any())
             }
@@ -374,7 +398,7 @@ impl Reader {
     ) -> PyResult<(Bound<'py, PyAny>, &'static str, Vec<u64>)> {
         let src = self.src()?;
         let info = dense_info(src, name)?;
-        let array = dense_array(py, src, name, copy, true)?;
+        let array = dense_array(py, src, name, copy, true, Lend::Aligned)?;
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
@@ -396,9 +420,9 @@ impl Reader {
         let src = self.src()?;
         let info = dense_info(src, name)?;
         if dtypes::numpy_builtin(info.dtype) {
-            return dense_array(py, src, name, copy, false);
+            return dense_array(py, src, name, copy, false, Lend::Aligned);
         }
-        let array = dense_array(py, src, name, copy, true)?;
+        let array = dense_array(py, src, name, copy, true, Lend::Aligned)?;
         let parts = (array, info.dtype.name(), info.shape.dims().to_vec());
         Ok(parts.into_pyobject(py)?.into_any())
     }
@@ -497,7 +521,7 @@ impl Reader {
                 }
             }
             None => {
-                out.set_item("data", dense_array(py, src, name, copy, false)?)?;
+                out.set_item("data", dense_array(py, src, name, copy, false, Lend::Any)?)?;
             }
         }
         Ok(out)

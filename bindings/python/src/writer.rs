@@ -362,3 +362,45 @@ impl Writer {
         format!("<tensorwire.Writer ({state}) {:?}>", self.path)
     }
 }
+
+/// `tensorwire.convert(src, dst, *, format=None, compress=None, checksum="none")`:
+/// copies every tensor of any readable file into a new `.zt` or safetensors file
+/// (`format` "zt" or "safetensors"; by default from `dst`'s extension), returning the
+/// number of tensors. `compress` and `checksum` follow `Writer.write` and apply to
+/// `.zt` output only.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none"))]
+pub fn convert(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    format: Option<&str>,
+    compress: Option<&Bound<'_, PyAny>>,
+    checksum: &str,
+) -> PyResult<usize> {
+    let write = options(compress, checksum)?;
+    let format = match format {
+        None => tensorwire::OutputFormat::from_path(&dst).or_raise()?,
+        Some("zt") => tensorwire::OutputFormat::Zt,
+        Some("safetensors") => tensorwire::OutputFormat::Safetensors,
+        Some(other) => {
+            return Err(to_pyerr(Error::invalid(format!(
+                "format must be \"zt\" or \"safetensors\", not {other:?}"
+            ))))
+        }
+    };
+    if format == tensorwire::OutputFormat::Safetensors
+        && (write.compression != Compression::Raw || write.checksum != Checksum::None)
+    {
+        return Err(to_pyerr(Error::invalid(
+            "safetensors files have no compression and no digests",
+        )));
+    }
+    let options = tensorwire::ConvertOptions {
+        format: Some(format),
+        compression: write.compression,
+        checksum: write.checksum,
+    };
+    py.detach(|| tensorwire::convert(&src, &dst, &options, &mut |_, _, _| {}))
+        .or_raise()
+}

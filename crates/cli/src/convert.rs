@@ -49,12 +49,15 @@ pub struct Args {
 enum FormatArg {
     /// `.zt` 1.2.
     Zt,
+    /// safetensors.
+    Safetensors,
 }
 
 impl From<FormatArg> for OutputFormat {
     fn from(f: FormatArg) -> OutputFormat {
         match f {
             FormatArg::Zt => OutputFormat::Zt,
+            FormatArg::Safetensors => OutputFormat::Safetensors,
         }
     }
 }
@@ -68,8 +71,17 @@ pub fn run(args: &Args) -> Result<()> {
             args.dst.display()
         );
     }
+    let format = match args.format {
+        Some(f) => OutputFormat::from(f),
+        None => OutputFormat::from_path(&args.dst)?,
+    };
+    if format == OutputFormat::Safetensors
+        && (args.compress.is_some() || args.checksum != Checksum::None)
+    {
+        bail!("safetensors files have no compression and no digests: drop --compress / --checksum, or write .zt");
+    }
     let options = ConvertOptions {
-        format: args.format.map(OutputFormat::from),
+        format: Some(format),
         compression: match args.compress {
             None => Compression::Raw,
             Some(level) => Compression::Zstd(level.unwrap_or(DEFAULT_ZSTD_LEVEL)),

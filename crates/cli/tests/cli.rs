@@ -377,7 +377,7 @@ fn convert_refuses_to_overwrite_its_source() {
 fn convert_to_an_unsupported_extension_fails_without_writing() {
     let dir = tempfile::tempdir().unwrap();
     let src = sample(dir.path(), Checksum::None);
-    let dst = dir.path().join("out.safetensors");
+    let dst = dir.path().join("out.gguf");
     let o = tw([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
     assert_exit(&o, 2);
     assert!(stderr(&o).contains("unsupported"), "{}", stderr(&o));
@@ -620,4 +620,69 @@ fn quick_start_on_the_fixtures() {
         assert_eq!(dense(&src), dense(&dst), "{}", src.display());
     }
     assert!(seen > 0, "no fixtures in {}", fixtures.display());
+}
+
+/// Every format we read converts to `.zt` (and to safetensors, where safetensors has
+/// the types), and the result holds the same tensors as row-major little-endian bytes.
+#[test]
+fn converts_every_readable_format_to_zt_and_safetensors() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    // (file, whether safetensors can hold every tensor: not complex128, not GGUF blocks)
+    let sources = [
+        ("safetensors/dtypes.safetensors", true),
+        ("safetensors/raw_types.safetensors", true),
+        ("numpy/fortran.npy", true),
+        ("numpy/big_endian.npy", true),
+        ("numpy/arrays.npz", false),
+        ("numpy/compressed.npz", false),
+        ("pytorch/module.pt", true),
+        ("pytorch/views.legacy.pt", true),
+        ("gguf/plain.gguf", true),
+        ("gguf/quantized.gguf", false),
+    ];
+    let dense = |p: &Path| {
+        let src = tensorwire::open(p).unwrap();
+        let mut all: Vec<_> = src
+            .tensors()
+            .iter()
+            .map(|t| {
+                (
+                    t.name.to_string(),
+                    src.view(&t.name).unwrap().bytes.to_vec(),
+                )
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    for (rel, to_safetensors) in sources {
+        let src = fixtures.join(rel);
+        assert_exit(&tw([OsStr::new("inspect"), src.as_os_str()]), 0);
+        for ext in ["zt", "safetensors"] {
+            let dst = dir.path().join(format!("out.{ext}"));
+            let o = tw([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
+            if ext == "safetensors" && !to_safetensors {
+                assert_exit(&o, 2);
+                assert!(stderr(&o).contains("unsupported"), "{rel}: {}", stderr(&o));
+                assert!(!dst.exists(), "{rel}: a refused conversion left a file");
+                continue;
+            }
+            assert_exit(&o, 0);
+            assert_eq!(dense(&src), dense(&dst), "{rel} -> {ext}");
+            assert_exit(&tw([OsStr::new("verify"), dst.as_os_str()]), 0);
+            fs::remove_file(&dst).unwrap();
+        }
+    }
+    // safetensors has no compression or digests.
+    let src = fixtures.join("numpy/c_order.npy");
+    let dst = dir.path().join("x.safetensors");
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        dst.as_os_str(),
+        OsStr::new("--compress"),
+    ]);
+    assert_exit(&o, 2);
+    assert!(!dst.exists());
 }

@@ -14,6 +14,7 @@ mod error;
 mod limits;
 mod shape;
 mod source;
+pub mod strided;
 mod value;
 
 pub use crate::bytes::{AlignedBuf, Bytes, Owner};
@@ -22,6 +23,7 @@ pub use crate::error::{Error, Result};
 pub use crate::limits::Limits;
 pub use crate::shape::{Shape, MAX_NDIM};
 pub use crate::source::{Layout, TensorInfo, TensorSource, TensorView};
+pub use crate::strided::StridedView;
 pub use crate::value::Value;
 
 /// Rounds `offset` up to the next multiple of `align` (a power of two or any non-zero

@@ -9,6 +9,7 @@ use crate::bytes::Bytes;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
+use crate::strided::StridedView;
 use crate::value::Value;
 
 /// How a tensor's elements are laid out in its components.
@@ -155,6 +156,21 @@ pub trait TensorSource: Send + Sync {
     /// The tensor's dense bytes: borrowed from the source when stored raw, decoded
     /// otherwise. Non-dense layouts fail with [`Error::Unsupported`].
     fn view(&self, name: &str) -> Result<TensorView>;
+
+    /// The tensor as the file lays it out: its bytes with sizes and strides (in
+    /// elements). Sources that store every tensor row-major return [`Self::view`] with
+    /// row-major strides; torch checkpoints (transposes, slices) and Fortran-order
+    /// NumPy arrays return their own strides, zero-copy where `view` would gather.
+    fn strided(&self, name: &str) -> Result<StridedView> {
+        let view = self.view(name)?;
+        Ok(StridedView {
+            strides: view.shape.c_strides(),
+            dtype: view.dtype,
+            shape: view.shape,
+            bytes: view.bytes,
+            zero_copy: view.zero_copy,
+        })
+    }
 
     /// Checks every stored digest, returning how many were checked. Sources without
     /// digests return `Ok(0)`.

@@ -33,11 +33,11 @@ mod legacy;
 pub mod pickle;
 mod reader;
 mod tensor;
-mod zip;
+pub mod zip;
 
 pub use crate::flatten::ROOT_TENSOR_NAME;
 pub use crate::input::Input;
-pub use crate::reader::{PtFormat, PtReader, StridedView};
+pub use crate::reader::{PtFormat, PtReader};
 pub use crate::tensor::{StorageRef, TensorRecord};
 
 /// True when `head` (a file's first bytes, 32 are enough) looks like a torch

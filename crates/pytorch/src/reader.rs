@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use tensorwire_core::strided::swap_bytes;
 use tensorwire_core::{
-    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource,
+    AlignedBuf, Bytes, Error, Layout, Limits, Result, StridedView, TensorInfo, TensorSource,
     TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
@@ -16,7 +17,7 @@ use crate::flatten::flatten;
 use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, Obj, PersistentLoad, PickleLimits};
-use crate::tensor::{swap_bytes, StorageRef, TensorRecord};
+use crate::tensor::{StorageRef, TensorRecord};
 use crate::zip::{self, Method, ZipArchive, ZipEntry};
 
 /// Which container a checkpoint uses.
@@ -26,21 +27,6 @@ pub enum PtFormat {
     Zip,
     /// The legacy sequence of pickles followed by raw storages.
     Legacy,
-}
-
-/// A tensor laid out by strides over its storage's bytes, as torch holds it.
-#[derive(Debug, Clone)]
-pub struct StridedView {
-    /// Element type.
-    pub dtype: DType,
-    /// Sizes.
-    pub shape: Shape,
-    /// Strides in elements (never negative in torch).
-    pub strides: Vec<u64>,
-    /// The bytes from the first element to one past the last one the strides reach.
-    pub bytes: Bytes,
-    /// True when `bytes` borrows the file's memory.
-    pub zero_copy: bool,
 }
 
 /// How [`PtReader`] finds a storage's bytes.
@@ -434,28 +420,6 @@ impl PtReader {
         self.storage_range(&record.storage.key, window + start, window + end)
     }
 
-    /// The tensor as torch lays it out: the bytes its strides reach, with its sizes
-    /// and strides. Zero-copy for a mapped little-endian file with the storage stored
-    /// raw; for big-endian files the bytes are a byte-swapped copy.
-    pub fn strided(&self, name: &str) -> Result<StridedView> {
-        let record = &self.records[self.position(name)?];
-        let (bytes, borrowed) = self.extent(record)?;
-        let (bytes, zero_copy) = if self.little_endian {
-            (bytes, borrowed)
-        } else {
-            let mut copy = AlignedBuf::copy_from(&bytes)?;
-            swap_bytes(copy.as_mut_slice(), record.dtype);
-            (copy.into_bytes(), false)
-        };
-        Ok(StridedView {
-            dtype: record.dtype,
-            shape: record.shape.clone(),
-            strides: record.strides.clone(),
-            bytes,
-            zero_copy,
-        })
-    }
-
     /// Checks every storage: legacy element counts and, for ZIP files, each record's
     /// CRC-32. Returns how many checks were made.
     fn verify_all(&self) -> Result<usize> {
@@ -523,6 +487,28 @@ impl TensorSource for PtReader {
             swap_bytes(out.as_mut_slice(), record.dtype);
         }
         TensorView::new(name, record.dtype, shape, out.into_bytes(), false)
+    }
+
+    /// The tensor as torch lays it out: the bytes its strides reach, with its sizes
+    /// and strides (a transpose or slice stays strided). Zero-copy for a mapped little-endian file with the storage stored
+    /// raw; for big-endian files the bytes are a byte-swapped copy.
+    fn strided(&self, name: &str) -> Result<StridedView> {
+        let record = &self.records[self.position(name)?];
+        let (bytes, borrowed) = self.extent(record)?;
+        let (bytes, zero_copy) = if self.little_endian {
+            (bytes, borrowed)
+        } else {
+            let mut copy = AlignedBuf::copy_from(&bytes)?;
+            swap_bytes(copy.as_mut_slice(), record.dtype);
+            (copy.into_bytes(), false)
+        };
+        Ok(StridedView {
+            dtype: record.dtype,
+            shape: record.shape.clone(),
+            strides: record.strides.clone(),
+            bytes,
+            zero_copy,
+        })
     }
 
     fn verify(&self) -> Result<usize> {

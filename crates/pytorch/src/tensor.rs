@@ -234,67 +234,14 @@ impl TensorRecord {
     /// True when the elements are stored in row-major order with no gaps (sizes of 1
     /// may carry any stride, as in torch).
     pub fn is_contiguous(&self) -> bool {
-        if self.shape.dims().contains(&0) {
-            return true;
-        }
-        let mut expected = 1u64;
-        for (&size, &stride) in self.shape.dims().iter().zip(&self.strides).rev() {
-            if size != 1 {
-                if stride != expected {
-                    return false;
-                }
-                expected = expected.saturating_mul(size);
-            }
-        }
-        true
+        tensorwire_core::strided::is_row_major(self.shape.dims(), &self.strides)
     }
 
     /// The tensor's elements in row-major order, gathered from `extent` (the bytes of
     /// [`TensorRecord::byte_extent`]) into a fresh aligned buffer of `max_bytes` at
     /// most.
     pub fn gather(&self, extent: &[u8], max_bytes: u64) -> Result<AlignedBuf> {
-        let nbytes = self.shape.byte_len(self.dtype)?;
-        Error::check_limit("contiguous copy of a strided tensor", nbytes, max_bytes)?;
-        let len = usize::try_from(nbytes).map_err(|_| Error::Overflow {
-            what: "tensor size as usize",
-        })?;
-        let mut out = AlignedBuf::zeroed(len)?;
-        if len == 0 {
-            return Ok(out);
-        }
-        let elem = self.element_size() as usize;
-        let dims: Vec<usize> = self.shape.dims().iter().map(|&d| d as usize).collect();
-        let strides: Vec<usize> = self.strides.iter().map(|&s| s as usize * elem).collect();
-        let ndim = dims.len();
-        if ndim == 0 {
-            out.as_mut_slice().copy_from_slice(&extent[..elem]);
-            return Ok(out);
-        }
-        // Row by row over the innermost dimension; an index odometer for the rest.
-        let inner = dims[ndim - 1];
-        let inner_stride = strides[ndim - 1];
-        let row_bytes = inner * elem;
-        let mut index = vec![0usize; ndim - 1];
-        let dst = out.as_mut_slice();
-        for row in dst.chunks_exact_mut(row_bytes) {
-            let base: usize = index.iter().zip(&strides).map(|(&i, &s)| i * s).sum();
-            if inner_stride == elem {
-                row.copy_from_slice(&extent[base..base + row_bytes]);
-            } else {
-                for (j, d) in row.chunks_exact_mut(elem).enumerate() {
-                    let at = base + j * inner_stride;
-                    d.copy_from_slice(&extent[at..at + elem]);
-                }
-            }
-            for axis in (0..ndim - 1).rev() {
-                index[axis] += 1;
-                if index[axis] < dims[axis] {
-                    break;
-                }
-                index[axis] = 0;
-            }
-        }
-        Ok(out)
+        tensorwire_core::strided::gather(extent, self.dtype, &self.shape, &self.strides, max_bytes)
     }
 }
 
@@ -322,17 +269,6 @@ pub fn storage_dtype(class: &str) -> Option<DType> {
         "Float8_e5m2fnuzStorage" => DType::F8E5M2Fnuz,
         _ => return None,
     })
-}
-
-/// Reverses the byte order of every scalar in `bytes` (both halves of a complex number
-/// separately).
-pub fn swap_bytes(bytes: &mut [u8], dtype: DType) {
-    let unit = dtype.swap_unit();
-    if unit > 1 {
-        for scalar in bytes.chunks_exact_mut(unit) {
-            scalar.reverse();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -413,14 +349,5 @@ mod tests {
     fn extents_overflow_cleanly() {
         let r = record(&[2, 3], &[u64::MAX, 1], 0);
         assert!(matches!(r.byte_extent(), Err(Error::Overflow { .. })));
-    }
-
-    #[test]
-    fn byte_swap_keeps_complex_halves() {
-        let mut b = vec![1, 2, 3, 4, 5, 6, 7, 8];
-        swap_bytes(&mut b, DType::Complex64);
-        assert_eq!(b, vec![4, 3, 2, 1, 8, 7, 6, 5]);
-        swap_bytes(&mut b, DType::U8);
-        assert_eq!(b, vec![4, 3, 2, 1, 8, 7, 6, 5]);
     }
 }

@@ -2,8 +2,12 @@
 
 use std::path::Path;
 
-use tensorwire_core::{Error, Layout, Result, TensorSource};
+use tensorwire_core::{Error, Layout, Result, TensorSource, Value};
 use tensorwire_zt::{Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtWriter};
+
+/// The tensor attribute under which `.zt` output records the layout of a tensor
+/// written as raw bytes (`gguf:Q4_0`, `safetensors:F4`).
+pub const SOURCE_LAYOUT_KEY: &str = "tensorwire.layout";
 
 /// The format [`convert`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -12,6 +16,8 @@ pub enum OutputFormat {
     /// `.zt` 1.2.
     #[default]
     Zt,
+    /// safetensors (as the `safetensors` package's `save_file` writes it).
+    Safetensors,
 }
 
 impl OutputFormat {
@@ -19,15 +25,17 @@ impl OutputFormat {
     pub fn from_path(path: &Path) -> Result<OutputFormat> {
         match path.extension().and_then(|e| e.to_str()) {
             Some("zt") => Ok(OutputFormat::Zt),
+            Some("safetensors") => Ok(OutputFormat::Safetensors),
             other => Err(Error::unsupported(format!(
-                "writing {} files (supported: .zt)",
+                "writing {} files (supported: .zt, .safetensors)",
                 other.map_or_else(|| "extension-less".to_owned(), |e| format!(".{e}"))
             ))),
         }
     }
 }
 
-/// Options for [`convert`].
+/// Options for [`convert`]. Compression and digests apply to `.zt` output;
+/// safetensors has neither.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ConvertOptions {
     /// Output format; `None` picks it from the destination's extension.
@@ -59,10 +67,14 @@ pub fn convert_source(
     progress: &mut dyn FnMut(usize, usize, u64),
 ) -> Result<usize> {
     let dst = dst.as_ref();
-    let _format = match options.format {
+    let format = match options.format {
         Some(f) => f,
         None => OutputFormat::from_path(dst)?,
     };
+    if format == OutputFormat::Safetensors {
+        tensorwire_formats::safetensors::save_source(source, dst, progress)?;
+        return Ok(source.tensors().len());
+    }
     let write = WriteOptions {
         compression: options.compression,
         checksum: options.checksum,
@@ -84,6 +96,21 @@ pub fn convert_source(
                 &view.shape,
                 &view.bytes,
                 (!info.attributes.is_empty()).then(|| info.attributes.clone()),
+                write,
+            )?;
+        } else if let (Layout::Other(layout), None) = (&info.layout, zt) {
+            // Blocks another format names but tensorwire does not decode (GGUF
+            // quantized types, safetensors' packed floats) travel as their raw bytes,
+            // with the layout and the source's attributes (type, logical shape).
+            let view = source.view(&info.name)?;
+            let mut attributes = info.attributes.clone();
+            attributes.insert(SOURCE_LAYOUT_KEY.to_owned(), Value::Str(layout.clone()));
+            writer.add_dense_with_attributes(
+                &info.name,
+                view.dtype,
+                &view.shape,
+                &view.bytes,
+                Some(attributes),
                 write,
             )?;
         } else {

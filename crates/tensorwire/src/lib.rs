@@ -30,6 +30,7 @@ mod convert;
 mod sniff;
 
 pub use tensorwire_core as core;
+pub use tensorwire_formats as formats;
 pub use tensorwire_mmap as mmap;
 pub use tensorwire_packet as packet;
 pub use tensorwire_pytorch as pytorch;
@@ -40,5 +41,7 @@ pub use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
 };
 
-pub use crate::convert::{convert, convert_source, ConvertOptions, OutputFormat};
+pub use crate::convert::{
+    convert, convert_source, ConvertOptions, OutputFormat, SOURCE_LAYOUT_KEY,
+};
 pub use crate::sniff::{open, open_bytes, open_with, sniff, FileFormat, OpenOptions};

@@ -3,8 +3,12 @@
 use std::path::Path;
 
 use tensorwire_core::{Bytes, Error, Limits, Result, TensorSource};
+use tensorwire_formats::gguf::{self, GgufReader};
+use tensorwire_formats::npy::{self, NumpyReader};
+use tensorwire_formats::safetensors::{self, SafetensorsReader};
 use tensorwire_mmap::{MapMode, MappedFile};
-use tensorwire_pytorch::PtReader;
+use tensorwire_pytorch::zip::ZipArchive;
+use tensorwire_pytorch::{Input, PtReader};
 use tensorwire_zt::ZtReader;
 
 /// A file format tensorwire recognises.
@@ -19,6 +23,14 @@ pub enum FileFormat {
     Packet,
     /// A PyTorch checkpoint: a ZIP archive (`PK\x03\x04`) or the legacy pickle format.
     PyTorch,
+    /// A safetensors file (a header length, then a JSON object).
+    Safetensors,
+    /// A GGUF file (`GGUF`).
+    Gguf,
+    /// A NumPy array (`\x93NUMPY`).
+    Npy,
+    /// A NumPy `.npz` archive (a ZIP archive of `.npy` members).
+    Npz,
 }
 
 impl FileFormat {
@@ -29,12 +41,20 @@ impl FileFormat {
             FileFormat::Zt01 => "zt-0.1",
             FileFormat::Packet => "tenso-packet",
             FileFormat::PyTorch => "pytorch",
+            FileFormat::Safetensors => "safetensors",
+            FileFormat::Gguf => "gguf",
+            FileFormat::Npy => "npy",
+            FileFormat::Npz => "npz",
         }
     }
 }
 
 /// Recognises a format from the first bytes of a file (at least 8 are needed; 32 for
-/// legacy PyTorch checkpoints).
+/// legacy PyTorch checkpoints, and for a ZIP archive its first record's name).
+///
+/// A ZIP archive whose first record is an `.npy` member is an NPZ archive; any other
+/// ZIP archive is taken for a PyTorch checkpoint (whose first record is `data.pkl`),
+/// which [`open`] confirms from the archive's directory.
 pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     match head.get(..8) {
         Some(m) if m == tensorwire_zt::MAGIC => return Ok(FileFormat::Zt),
@@ -45,11 +65,51 @@ pub fn sniff(head: &[u8]) -> Result<FileFormat> {
         Some(m) if m == tensorwire_packet::MAGIC => return Ok(FileFormat::Packet),
         _ => {}
     }
+    if gguf::sniff(head) {
+        return Ok(FileFormat::Gguf);
+    }
+    if npy::sniff(head) {
+        return Ok(FileFormat::Npy);
+    }
+    if head.starts_with(b"PK\x03\x04") {
+        return Ok(match first_zip_name(head) {
+            Some(name) if name.ends_with(b".npy") => FileFormat::Npz,
+            _ => FileFormat::PyTorch,
+        });
+    }
     if tensorwire_pytorch::sniff(head) {
         return Ok(FileFormat::PyTorch);
     }
+    if safetensors::sniff(head) {
+        return Ok(FileFormat::Safetensors);
+    }
     Err(Error::UnknownFormat {
         head: head.iter().take(16).copied().collect(),
+    })
+}
+
+/// The name of a ZIP archive's first record, from its local header.
+fn first_zip_name(head: &[u8]) -> Option<&[u8]> {
+    let len = u16::from_le_bytes(head.get(26..28)?.try_into().ok()?) as usize;
+    head.get(30..30 + len)
+}
+
+/// Decides between a PyTorch checkpoint and an NPZ archive whose first record did not
+/// say (another tool wrote the archive): torch's have a `data.pkl` record.
+fn zip_format(bytes: &Bytes, limits: &Limits) -> Result<FileFormat> {
+    let archive = ZipArchive::parse(
+        &Input::mapped(bytes.clone()),
+        limits.max_tensors,
+        limits.max_name_bytes,
+    )?;
+    let torch = archive
+        .entries()
+        .iter()
+        .any(|e| e.name.rsplit('/').next() == Some("data.pkl"));
+    Ok(if torch {
+        FileFormat::PyTorch
+    } else {
+        FileFormat::Npz
     })
 }
 
@@ -101,7 +161,17 @@ pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>
                 &packet_limits,
             )?))
         }
-        FileFormat::PyTorch => Ok(Box::new(PtReader::from_bytes(bytes, limits)?)),
+        FileFormat::PyTorch => {
+            let zip_of_unknown_kind = bytes.starts_with(b"PK\x03\x04")
+                && !first_zip_name(&bytes).is_some_and(|n| n.ends_with(b"data.pkl"));
+            if zip_of_unknown_kind && zip_format(&bytes, limits)? == FileFormat::Npz {
+                return Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?));
+            }
+            Ok(Box::new(PtReader::from_bytes(bytes, limits)?))
+        }
+        FileFormat::Npy | FileFormat::Npz => Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?)),
+        FileFormat::Safetensors => Ok(Box::new(SafetensorsReader::from_bytes(bytes, limits)?)),
+        FileFormat::Gguf => Ok(Box::new(GgufReader::from_bytes(bytes, limits)?)),
     }
 }
 
@@ -114,6 +184,18 @@ mod tests {
         assert_eq!(sniff(b"ZTEN1000....").unwrap(), FileFormat::Zt);
         assert_eq!(sniff(b"ZTEN0001").unwrap(), FileFormat::Zt01);
         assert_eq!(sniff(b"PK\x03\x04....").unwrap(), FileFormat::PyTorch);
+        let mut npz = b"PK\x03\x04".to_vec();
+        npz.extend_from_slice(&[0; 22]);
+        npz.extend_from_slice(&5u16.to_le_bytes());
+        npz.extend_from_slice(&[0, 0]);
+        npz.extend_from_slice(b"x.npy");
+        assert_eq!(sniff(&npz).unwrap(), FileFormat::Npz);
+        assert_eq!(sniff(b"\x93NUMPY\x01\x00").unwrap(), FileFormat::Npy);
+        assert_eq!(sniff(b"GGUF\x03\x00\x00\x00").unwrap(), FileFormat::Gguf);
+        assert_eq!(
+            sniff(b"\x10\0\0\0\0\0\0\0{\"").unwrap(),
+            FileFormat::Safetensors
+        );
         assert!(matches!(
             sniff(b"PK\x05\x06...."),
             Err(Error::UnknownFormat { .. })

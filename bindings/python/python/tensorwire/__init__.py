@@ -1,8 +1,10 @@
 """tensorwire: zero-copy, safe tensor I/O.
 
-Read .zt files (ztensor 1.x and 0.1) as numpy arrays that view the file's memory,
-or as torch tensors; write .zt files ztensor 1.2.3 reads. The API follows ztensor
-1.x::
+Read tensor files as numpy arrays that view the file's memory, or as torch tensors:
+.zt (ztensor 1.x and 0.1), safetensors, GGUF, NPY/NPZ and PyTorch checkpoints (read
+safely, with no pickle code run), recognised by their magic bytes. Write .zt files
+ztensor 1.2.3 reads; ``convert(src, dst)`` writes .zt or safetensors. The API follows
+ztensor 1.x::
 
     import tensorwire
     with tensorwire.Writer("model.zt") as w:
@@ -32,6 +34,7 @@ from ._native import (
     UnsafePickleError,
     UnsupportedError,
     __version__,
+    convert,
 )
 from ._reader import Reader
 from ._types import Tensor, TensorMetadata
@@ -63,6 +66,7 @@ __all__ = [
     "UnsupportedError",
     "Writer",
     "__version__",
+    "convert",
     "open",
     "packet",
 ]

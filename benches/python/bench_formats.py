@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""safetensors, NPZ and GGUF side by side: tensorwire vs each format's own library and
+ztensor 1.2.3, against the numpy floor, on the ~500 MiB checkpoint of
+make_checkpoint.py (185 float32 tensors) written by each format's own writer.
+
+    python benches/python/make_checkpoint.py          # writes bench-data/model.*
+    python benches/python/bench_formats.py [--data bench-data] [--reps 15]
+
+Every timed run opens the file inside the timed region and returns {name: array}; the
+median of --reps runs after one warm-up (page cache warm) is reported. Before timing,
+every method's arrays are checked equal to the floor's.
+
+Floor, per file: mmap the file and np.frombuffer each tensor at its data offset, with
+the offsets, dtypes and shapes found outside the timed region (the floor parses
+nothing). NPZ members sit at arbitrary offsets, so the floor's (and tensorwire's)
+views of them may be unaligned, as np.frombuffer gives them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        del out
+    return statistics.median(times) * 1e3
+
+
+def floor(path: str, plan):
+    """plan: [(name, offset, dtype, count, shape)] found outside the timed region."""
+
+    def run():
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return {n: np.frombuffer(m, dt, c, off).reshape(s) for n, off, dt, c, s in plan}
+
+    return run
+
+
+def plan_safetensors(path: str):
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    dt = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+    return [
+        (k, 8 + n + v["data_offsets"][0], dt[v["dtype"]], int(np.prod(v["shape"])), tuple(v["shape"]))
+        for k, v in header.items()
+    ]
+
+
+def plan_npz(path: str):
+    import struct
+    import zipfile
+
+    out = []
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset + 26)
+            n, e = struct.unpack("<HH", f.read(4))
+            start = info.header_offset + 30 + n + e
+            f.seek(start)
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+            shape, fortran, dtype = read_header(f)
+            assert not fortran
+            out.append((info.filename[: -len(".npy")], f.tell(), dtype, int(np.prod(shape)), shape))
+    return out
+
+
+def plan_gguf(path: str):
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    return [(t.name, int(t.data_offset), t.data.dtype, t.data.size, t.data.shape) for t in r.tensors]
+
+
+def plan_zt(path: str):
+    import tensorwire as tw
+
+    # The .zt manifest's component offsets, as tensorwire lists them (ztensor 1.2.3
+    # has no offset API); the equality check below holds the floor to ztensor's arrays.
+    r = tw.Reader(path)
+    out = []
+    for k in r.keys():
+        m = r.metadata(k)
+        c = m.components["data"]
+        out.append((k, c["offset"], np.dtype(m.dtype), int(np.prod(m.shape)), tuple(m.shape)))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="bench-data")
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args(argv)
+
+    import tensorwire as tw
+
+    paths = {f: os.path.join(args.data, "model." + f) for f in ("safetensors", "npz", "gguf", "zt")}
+    for p in paths.values():
+        if not os.path.exists(p):
+            sys.exit(f"missing {p}: run benches/python/make_checkpoint.py first")
+        with open(p, "rb") as f:  # warm the page cache
+            while f.read(1 << 24):
+                pass
+
+    def tw_numpy(path):
+        def run():
+            r = tw.Reader(path)
+            return {k: r.read_numpy(k) for k in r.keys()}
+        return run
+
+    rows = []
+    # safetensors
+    from safetensors import safe_open
+
+    def st_safe_open():
+        with safe_open(paths["safetensors"], framework="np") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    rows += [
+        ("safetensors", "numpy floor: mmap + frombuffer", floor(paths["safetensors"], plan_safetensors(paths["safetensors"]))),
+        ("safetensors", "tensorwire read_numpy(k)", tw_numpy(paths["safetensors"])),
+        ("safetensors", "safetensors.safe_open(np).get_tensor(k)", st_safe_open),
+    ]
+    # NPZ (stored)
+    def np_load_npz():
+        with np.load(paths["npz"]) as z:
+            return {k: z[k] for k in z.files}
+
+    rows += [
+        ("npz", "numpy floor: mmap + frombuffer", floor(paths["npz"], plan_npz(paths["npz"]))),
+        ("npz", "tensorwire read_numpy(k)", tw_numpy(paths["npz"])),
+        ("npz", "np.load(npz)[k]", np_load_npz),
+    ]
+    # GGUF
+    import gguf
+
+    def gguf_reader():
+        r = gguf.GGUFReader(paths["gguf"])
+        return {t.name: t.data for t in r.tensors}
+
+    rows += [
+        ("gguf", "numpy floor: mmap + frombuffer", floor(paths["gguf"], plan_gguf(paths["gguf"]))),
+        ("gguf", "tensorwire read_numpy(k)", tw_numpy(paths["gguf"])),
+        ("gguf", "gguf.GGUFReader(path).tensors[i].data", gguf_reader),
+    ]
+    try:
+        import ztensor
+
+        def zt_numpy():
+            r = ztensor.Reader(paths["zt"])
+            return {k: r.read_numpy(k) for k in r.keys()}
+
+        rows += [
+            ("zt", "numpy floor: mmap + frombuffer", floor(paths["zt"], plan_zt(paths["zt"]))),
+            ("zt", "tensorwire read_numpy(k)", tw_numpy(paths["zt"])),
+            ("zt", "ztensor 1.2.3 read_numpy(k)", zt_numpy),
+        ]
+    except ImportError:
+        print("ztensor not installed: its rows are skipped")
+
+    # Every method returns the floor's arrays (GGUF stores dims innermost first; the
+    # gguf package and tensorwire both give the numpy shape).
+    ref = {}
+    for fmt, label, fn in rows:
+        got = fn()
+        if label.startswith("numpy floor"):
+            ref[fmt] = got
+            continue
+        assert sorted(got) == sorted(ref[fmt]), (fmt, label)
+        for k, v in got.items():
+            v = np.asarray(v)
+            assert v.shape == ref[fmt][k].shape and np.array_equal(v, ref[fmt][k]), (fmt, label, k)
+        del got
+
+    n = len(ref["safetensors"])
+    size = os.path.getsize(paths["safetensors"]) / 2**20
+    print(f"# Zero-copy read of every tensor, {n} float32 tensors, {size:.0f} MiB; "
+          f"median of {args.reps}\n")
+    print("| file | method | ms | vs floor |")
+    print("| --- | --- | ---: | ---: |")
+    base = {}
+    for fmt, label, fn in rows:
+        ms = median_ms(fn, args.reps)
+        if label.startswith("numpy floor"):
+            base[fmt] = ms
+        print(f"| {fmt} | {label} | {ms:.2f} | {ms / base[fmt]:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""safetensors, GGUF, NPY and NPZ files read through tensorwire.Reader, compared with
+what numpy (always installed) and the real packages (when installed) read; files we
+write read back by the real safetensors package."""
+
+import glob
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tensorwire
+from conftest import REPO
+
+NUMPY = os.path.join(REPO, "fixtures", "numpy")
+SAFETENSORS = os.path.join(REPO, "fixtures", "safetensors")
+GGUF = os.path.join(REPO, "fixtures", "gguf")
+
+NPY_FILES = sorted(
+    p for p in glob.glob(os.path.join(NUMPY, "*.npy"))
+    if os.path.exists(p[: -len(".npy")] + ".expected.json")
+)
+NPZ_FILES = ["arrays.npz", "compressed.npz", "one.npz"]
+REFUSED = ["object.npy", "structured.npy", "strings.npy", "datetime.npy", "with_object.npz"]
+
+
+@pytest.mark.parametrize("path", NPY_FILES, ids=os.path.basename)
+def test_npy_reads_what_numpy_reads(path):
+    want = np.load(path)
+    with tensorwire.open(path) as r:
+        assert r.format == "npy"
+        assert list(r.keys()) == ["array"]
+        got = r["array"]
+    assert got.dtype == want.dtype.newbyteorder("=")
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fortran_arrays_are_zero_copy_strided_views():
+    path = os.path.join(NUMPY, "fortran.npy")
+    got = tensorwire.open(path)["array"]
+    assert got.flags.f_contiguous and not got.flags.c_contiguous
+    assert isinstance(got.base, tensorwire.BytesOwner)
+    np.testing.assert_array_equal(got, np.load(path))
+    # A copy is C-ordered and owns its data.
+    copied = tensorwire.open(path).read_numpy("array", copy=True)
+    assert copied.flags.c_contiguous
+    np.testing.assert_array_equal(copied, got)
+
+
+def test_c_order_arrays_are_zero_copy_and_big_endian_ones_are_swapped_copies():
+    c = tensorwire.open(os.path.join(NUMPY, "c_order.npy"))["array"]
+    assert isinstance(c.base, tensorwire.BytesOwner)
+    be = tensorwire.open(os.path.join(NUMPY, "big_endian.npy"))["array"]
+    assert be.dtype == np.dtype("<f8")
+    assert not isinstance(be.base, tensorwire.BytesOwner)
+    np.testing.assert_array_equal(be, np.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.parametrize("name", NPZ_FILES)
+def test_npz_reads_what_numpy_reads(name):
+    path = os.path.join(NUMPY, name)
+    with np.load(path) as want, tensorwire.open(path) as r:
+        assert r.format == "npz"
+        assert sorted(r.keys()) == sorted(want.files)
+        for key in want.files:
+            np.testing.assert_array_equal(r[key], want[key])
+            assert r[key].shape == want[key].shape
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_arrays_that_are_not_tensors_are_refused(name):
+    with pytest.raises(tensorwire.UnsupportedError):
+        tensorwire.open(os.path.join(NUMPY, name))
+
+
+def _expected(path):
+    with open(path.replace(".safetensors", ".expected.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize(
+    "name", ["dtypes", "numpy", "metadata", "empty", "raw_types"]
+)
+def test_safetensors_fixtures_match_the_package_bytes(name):
+    path = os.path.join(SAFETENSORS, name + ".safetensors")
+    exp = _expected(path)
+    with tensorwire.open(path) as r:
+        assert r.format == "safetensors"
+        assert sorted(r.keys()) == sorted(exp["tensors"])
+        for key, t in exp["tensors"].items():
+            raw = r.read_numpy(key).tobytes() if r.metadata(key).shape else r[key].tobytes()
+            assert hashlib.sha256(raw).hexdigest() == t["sha256"], key
+        assert r.attributes == (exp["metadata"] or {})
+
+
+def test_safetensors_views_are_zero_copy_and_typed():
+    r = tensorwire.open(os.path.join(SAFETENSORS, "dtypes.safetensors"))
+    w = r["f32.weight"]
+    assert isinstance(w.base, tensorwire.BytesOwner)
+    assert w.shape == (4, 5) and w.dtype == np.float32
+    assert r["scalar"].shape == () and r["scalar"] == 2.5
+    assert r["empty"].shape == (0, 4)
+    assert r["c64"].dtype == np.complex64
+
+
+def test_safetensors_package_reads_the_same(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    path = os.path.join(SAFETENSORS, "numpy.safetensors")
+    want = st.load_file(path)
+    r = tensorwire.open(path)
+    for key, value in want.items():
+        np.testing.assert_array_equal(r[key], value)
+
+
+def test_convert_writes_files_safetensors_reads(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    for src in ["fortran.npy", "big_endian.npy", "c_order.npy"]:
+        dst = str(tmp_path / (src + ".safetensors"))
+        assert tensorwire.convert(os.path.join(NUMPY, src), dst) == 1
+        np.testing.assert_array_equal(st.load_file(dst)["array"], np.load(os.path.join(NUMPY, src)))
+
+
+def test_convert_round_trips_package_files_byte_for_byte(tmp_path):
+    src = os.path.join(SAFETENSORS, "dtypes.safetensors")
+    dst = str(tmp_path / "copy.safetensors")
+    tensorwire.convert(src, dst)
+    with open(src, "rb") as a, open(dst, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_convert_to_zt_and_back(tmp_path):
+    src = os.path.join(NUMPY, "compressed.npz")
+    zt = str(tmp_path / "a.zt")
+    assert tensorwire.convert(src, zt, compress=True, checksum="crc32c") == 18
+    with np.load(src) as want, tensorwire.open(zt) as r:
+        for key in want.files:
+            np.testing.assert_array_equal(r[key], want[key])
+
+
+def test_convert_refuses_what_safetensors_cannot_hold(tmp_path):
+    dst = str(tmp_path / "x.safetensors")
+    with pytest.raises(tensorwire.UnsupportedError):
+        tensorwire.convert(os.path.join(NUMPY, "arrays.npz"), dst)  # complex128
+    with pytest.raises(tensorwire.InvalidArgumentError):
+        tensorwire.convert(os.path.join(NUMPY, "c_order.npy"), dst, compress=True)
+    with pytest.raises(tensorwire.InvalidArgumentError):
+        tensorwire.convert(os.path.join(NUMPY, "c_order.npy"), dst, format="gguf")
+    assert not os.path.exists(dst)
+
+
+def test_gguf_reads_what_the_gguf_package_reads():
+    gguf = pytest.importorskip("gguf")
+    for name in ["plain.gguf", "quantized.gguf"]:
+        path = os.path.join(GGUF, name)
+        want = gguf.GGUFReader(path)
+        r = tensorwire.open(path)
+        assert r.format == "gguf"
+        for t in want.tensors:
+            got = r[t.name]
+            np.testing.assert_array_equal(got.reshape(-1).view(np.uint8), np.asarray(t.data).reshape(-1).view(np.uint8))
+            assert r.metadata(t.name).attributes["gguf.type"] == t.tensor_type.name
+        assert r.attributes["general.architecture"] == "tensorwire-test"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [os.path.join(NUMPY, "arrays.npz"), os.path.join(SAFETENSORS, "dtypes.safetensors"),
+     os.path.join(NUMPY, "fortran.npy")],
+    ids=os.path.basename,
+)
+def test_truncated_files_raise_format_errors(tmp_path, path):
+    data = open(path, "rb").read()
+    for cut in [1, 9, len(data) // 2, len(data) - 1]:
+        p = tmp_path / "cut"
+        p.write_bytes(data[:cut])
+        with pytest.raises(tensorwire.FormatError):
+            tensorwire.open(str(p))

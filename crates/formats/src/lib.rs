@@ -1,0 +1,21 @@
+//! Readers for the tensor formats ML engineers already hold, all zero-copy over a map:
+//!
+//! - [`safetensors`]: read (every dtype, `__metadata__` as attributes) and write
+//!   (byte-compatible with the `safetensors` package's `save_file`);
+//! - [`gguf`]: GGUF v2/v3 with its key-value metadata; quantized block types come out
+//!   as their raw blocks, named;
+//! - [`npy`]: NumPy `.npy` (v1–v3) and `.npz` archives (stored entries mapped,
+//!   deflated ones inflated on demand).
+//!
+//! Every reader validates the whole header on open (limits, ranges inside the file,
+//! sizes against shapes) so later reads cannot fail on structure, and implements
+//! [`TensorSource`](tensorwire_core::TensorSource).
+//!
+//! Not in scope: `.zt` (`tensorwire-zt`), PyTorch checkpoints (`tensorwire-pytorch`),
+//! recognising a file's format (the `tensorwire` facade).
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod gguf;
+pub mod npy;
+pub mod safetensors;

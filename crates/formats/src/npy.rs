@@ -1,0 +1,798 @@
+//! NumPy `.npy` files and `.npz` archives.
+//!
+//! An `.npy` file is the magic `\x93NUMPY`, a major and minor version byte, the header
+//! length (`u16` LE in version 1, `u32` LE in versions 2 and 3), then the header: a
+//! Python dict literal `{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }`
+//! padded with spaces and a newline so the data starts at a multiple of 64 bytes;
+//! then the elements. An `.npz` is a ZIP archive of `.npy` members (`np.savez` stores
+//! them, `np.savez_compressed` deflates them); each member's name less `.npy` is the
+//! array's name.
+//!
+//! [`NumpyReader`] parses every header on open (deflated members inflate only their
+//! first bytes for it). Little-endian C-order arrays of a mapped file or a stored
+//! member are zero-copy; Fortran-order arrays are served strided (zero-copy) by
+//! [`TensorSource::strided`] and gathered into C order by [`TensorSource::view`];
+//! big-endian arrays are byte-swapped copies; deflated members are inflated on each
+//! read. Object, string, structured and datetime arrays are refused: only numeric
+//! and boolean arrays are tensors.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use tensorwire_core::strided::{column_major_strides, swap_bytes};
+use tensorwire_core::{
+    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView, TensorInfo,
+    TensorSource, TensorView, Value,
+};
+use tensorwire_mmap::{MapMode, MappedFile};
+use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
+use tensorwire_pytorch::Input;
+
+/// The magic bytes at the start of every `.npy` file.
+pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
+
+/// Largest `.npy` header accepted, in bytes (NumPy itself refuses headers over 10 000
+/// bytes unless told otherwise; numeric arrays need far less).
+pub const MAX_HEADER_BYTES: u64 = 1 << 20;
+
+/// The name of the one array of an `.npy` file.
+pub const NPY_TENSOR_NAME: &str = "array";
+
+/// True when `head` starts with the `.npy` magic.
+pub fn sniff(head: &[u8]) -> bool {
+    head.starts_with(MAGIC)
+}
+
+/// What an `.npy` header says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyHeader {
+    /// Format version (major, minor).
+    pub version: (u8, u8),
+    /// The `descr` string, as written (`<f4`).
+    pub descr: String,
+    /// Element type.
+    pub dtype: DType,
+    /// True when the elements are stored big-endian (and need swapping).
+    pub big_endian: bool,
+    /// True when the elements are stored in column-major order.
+    pub fortran_order: bool,
+    /// Shape.
+    pub shape: Shape,
+    /// Offset of the first element from the start of the `.npy` bytes.
+    pub data_offset: u64,
+    /// Bytes of the elements.
+    pub nbytes: u64,
+}
+
+/// Length of the magic, version and header-length fields, and the header length,
+/// read from the first bytes of an `.npy` (12 suffice).
+fn preamble(head: &[u8]) -> Result<(u8, u8, u64, u64)> {
+    let truncated = |needed: u64| Error::Truncated {
+        offset: 0,
+        needed,
+        available: head.len() as u64,
+    };
+    if head.len() < 8 {
+        return Err(truncated(8));
+    }
+    if !head.starts_with(MAGIC) {
+        return Err(Error::BadMagic {
+            offset: 0,
+            expected: "\\x93NUMPY",
+            found: head[..6].to_vec(),
+        });
+    }
+    let (major, minor) = (head[6], head[7]);
+    let (fixed, len) = match major {
+        1 => {
+            let b = head.get(8..10).ok_or_else(|| truncated(10))?;
+            (10u64, u64::from(u16::from_le_bytes([b[0], b[1]])))
+        }
+        2 | 3 => {
+            let b = head.get(8..12).ok_or_else(|| truncated(12))?;
+            (
+                12u64,
+                u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            )
+        }
+        _ => {
+            return Err(Error::unsupported(format!(
+                ".npy format version {major}.{minor} (known: 1.0, 2.0, 3.0)"
+            )))
+        }
+    };
+    Error::check_limit(".npy header length", len, MAX_HEADER_BYTES)?;
+    Ok((major, minor, fixed, len))
+}
+
+/// Parses the header at the start of `npy` (which must hold at least the whole
+/// header; the data may be cut off).
+pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
+    let (major, minor, fixed, len) = preamble(npy)?;
+    let end = fixed + len;
+    let text = npy
+        .get(fixed as usize..end as usize)
+        .ok_or(Error::Truncated {
+            offset: fixed,
+            needed: len,
+            available: npy.len() as u64 - fixed,
+        })?;
+    // Versions 1 and 2 are latin-1, version 3 UTF-8; the keys and values of numeric
+    // arrays are ASCII in both, so anything else is refused below.
+    let text = std::str::from_utf8(text)
+        .map_err(|_| Error::malformed(fixed, ".npy header is not ASCII/UTF-8"))?;
+    let dict = HeaderDict::parse(text, fixed)?;
+    let (dtype, big_endian) = parse_descr(&dict.descr)?;
+    Error::check_limit(
+        "tensor rank",
+        dict.shape.len() as u64,
+        limits.max_ndim as u64,
+    )?;
+    let shape = Shape::new(dict.shape)?;
+    let nbytes = shape.byte_len(dtype)?;
+    Ok(NpyHeader {
+        version: (major, minor),
+        descr: dict.descr,
+        dtype,
+        big_endian: big_endian && dtype.swap_unit() > 1,
+        fortran_order: dict.fortran_order,
+        shape,
+        data_offset: end,
+        nbytes,
+    })
+}
+
+/// The three keys of a header dict.
+struct HeaderDict {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<u64>,
+}
+
+/// A value of the header's Python literal.
+enum Literal {
+    Str(String),
+    Bool(bool),
+    Tuple(Vec<u64>),
+}
+
+/// A cursor over the header's Python dict literal.
+struct Parser<'a> {
+    text: &'a [u8],
+    at: usize,
+    base: u64,
+}
+
+impl Parser<'_> {
+    fn error(&self, reason: impl Into<String>) -> Error {
+        Error::malformed(
+            self.base + self.at as u64,
+            format!(".npy header: {}", reason.into()),
+        )
+    }
+
+    fn skip_space(&mut self) {
+        while self.text.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_space();
+        self.text.get(self.at).copied()
+    }
+
+    fn expect(&mut self, byte: u8) -> Result<()> {
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            Ok(())
+        } else {
+            Err(self.error(format!("expected `{}`", byte as char)))
+        }
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let quote = match self.peek() {
+            Some(q @ (b'\'' | b'"')) => q,
+            _ => return Err(self.error("expected a string")),
+        };
+        let start = self.at + 1;
+        let len = self.text[start..]
+            .iter()
+            .position(|&b| b == quote || b == b'\\')
+            .ok_or_else(|| self.error("unterminated string"))?;
+        if self.text[start + len] == b'\\' {
+            return Err(self.error("escapes in header strings are not supported"));
+        }
+        self.at = start + len + 1;
+        // The text is a &str and quotes are ASCII, so this slice is UTF-8.
+        Ok(String::from_utf8_lossy(&self.text[start..start + len]).into_owned())
+    }
+
+    fn integer(&mut self) -> Result<u64> {
+        self.skip_space();
+        let start = self.at;
+        while self.text.get(self.at).is_some_and(u8::is_ascii_digit) {
+            self.at += 1;
+        }
+        let digits = std::str::from_utf8(&self.text[start..self.at]).unwrap_or_default();
+        let n = digits
+            .parse::<u64>()
+            .map_err(|_| self.error("expected a non-negative integer that fits 64 bits"))?;
+        // Python 2 long suffix.
+        if self.text.get(self.at) == Some(&b'L') {
+            self.at += 1;
+        }
+        Ok(n)
+    }
+
+    fn literal(&mut self) -> Result<Literal> {
+        match self.peek() {
+            Some(b'\'' | b'"') => self.string().map(Literal::Str),
+            Some(b'T') if self.text[self.at..].starts_with(b"True") => {
+                self.at += 4;
+                Ok(Literal::Bool(true))
+            }
+            Some(b'F') if self.text[self.at..].starts_with(b"False") => {
+                self.at += 5;
+                Ok(Literal::Bool(false))
+            }
+            Some(b'(') => {
+                self.at += 1;
+                let mut items = Vec::new();
+                loop {
+                    if self.peek() == Some(b')') {
+                        self.at += 1;
+                        return Ok(Literal::Tuple(items));
+                    }
+                    if items.len() > tensorwire_core::MAX_NDIM {
+                        return Err(self.error("shape has too many dimensions"));
+                    }
+                    items.push(self.integer()?);
+                    match self.peek() {
+                        Some(b',') => self.at += 1,
+                        Some(b')') => {}
+                        _ => return Err(self.error("expected `,` or `)` in the shape")),
+                    }
+                }
+            }
+            Some(b'[') => Err(Error::unsupported(
+                "structured .npy arrays (a list `descr`): only numeric and boolean arrays are tensors",
+            )),
+            _ => Err(self.error("expected a string, True, False or a tuple")),
+        }
+    }
+}
+
+impl HeaderDict {
+    fn parse(text: &str, base: u64) -> Result<HeaderDict> {
+        let mut p = Parser {
+            text: text.as_bytes(),
+            at: 0,
+            base,
+        };
+        let (mut descr, mut fortran, mut shape) = (None, None, None);
+        p.expect(b'{')?;
+        loop {
+            if p.peek() == Some(b'}') {
+                p.at += 1;
+                break;
+            }
+            let key = p.string()?;
+            p.expect(b':')?;
+            let value = p.literal()?;
+            let slot_taken = match (key.as_str(), value) {
+                ("descr", Literal::Str(s)) => descr.replace(s).is_some(),
+                ("fortran_order", Literal::Bool(b)) => fortran.replace(b).is_some(),
+                ("shape", Literal::Tuple(t)) => shape.replace(t).is_some(),
+                ("descr" | "fortran_order" | "shape", _) => {
+                    return Err(p.error(format!("`{key}` has the wrong type")))
+                }
+                _ => return Err(p.error(format!("unexpected key `{key}`"))),
+            };
+            if slot_taken {
+                return Err(p.error(format!("repeated key `{key}`")));
+            }
+            match p.peek() {
+                Some(b',') => p.at += 1,
+                Some(b'}') => {}
+                _ => return Err(p.error("expected `,` or `}`")),
+            }
+        }
+        if p.peek().is_some() {
+            return Err(p.error("bytes after the header dict"));
+        }
+        match (descr, fortran, shape) {
+            (Some(descr), Some(fortran_order), Some(shape)) => Ok(HeaderDict {
+                descr,
+                fortran_order,
+                shape,
+            }),
+            _ => Err(p.error("the header needs `descr`, `fortran_order` and `shape`")),
+        }
+    }
+}
+
+/// The dtype and byte order of a `descr` string.
+fn parse_descr(descr: &str) -> Result<(DType, bool)> {
+    let (big_endian, code) = match descr.as_bytes().first() {
+        Some(b'<' | b'|' | b'=') => (false, &descr[1..]),
+        Some(b'>') => (true, &descr[1..]),
+        _ => (false, descr),
+    };
+    let dtype = match code {
+        "b1" => DType::Bool,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "u1" => DType::U8,
+        "u2" => DType::U16,
+        "u4" => DType::U32,
+        "u8" => DType::U64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "c8" => DType::Complex64,
+        "c16" => DType::Complex128,
+        _ => {
+            let what = match code.as_bytes().first() {
+                Some(b'O') => "object arrays hold pickled Python objects; refusing to load them",
+                Some(b'U' | b'S' | b'a') => "string arrays are not tensors",
+                Some(b'V') => "raw void arrays (ml_dtypes types such as bfloat16 save as these) have no element type",
+                Some(b'M' | b'm') => "datetime arrays are not tensors",
+                _ => "not a numeric or boolean type",
+            };
+            return Err(Error::unsupported(format!(".npy dtype `{descr}`: {what}")));
+        }
+    };
+    Ok((dtype, big_endian))
+}
+
+/// Which container a [`NumpyReader`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumpyFormat {
+    /// One `.npy` array.
+    Npy,
+    /// An `.npz` archive of `.npy` members.
+    Npz,
+}
+
+/// Where an array's `.npy` bytes are.
+#[derive(Debug, Clone)]
+enum Location {
+    /// In memory (a map, a stored member): the whole `.npy`, header included.
+    Mapped(Bytes),
+    /// A deflated NPZ member.
+    Deflated(ZipEntry),
+}
+
+struct ArrayRecord {
+    header: NpyHeader,
+    location: Location,
+}
+
+/// An `.npy` file or `.npz` archive as a [`TensorSource`].
+pub struct NumpyReader {
+    format: NumpyFormat,
+    input: Input,
+    records: Vec<ArrayRecord>,
+    infos: Vec<TensorInfo>,
+    index: HashMap<Arc<str>, usize>,
+    attributes: BTreeMap<String, Value>,
+    limits: Limits,
+}
+
+impl NumpyReader {
+    /// Maps `path` copy-on-write and reads it as `.npy` or `.npz` (by its magic).
+    pub fn open(path: impl AsRef<Path>) -> Result<NumpyReader> {
+        NumpyReader::open_with(path, &Limits::default())
+    }
+
+    /// [`NumpyReader::open`] with explicit limits.
+    pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<NumpyReader> {
+        let path = path.as_ref();
+        let bytes =
+            MappedFile::open_bytes(path, MapMode::CopyOnWrite).map_err(|e| e.with_path(path))?;
+        NumpyReader::from_bytes(bytes, limits).map_err(|e| e.with_path(path))
+    }
+
+    /// Reads an `.npy` or `.npz` image already in memory.
+    pub fn from_bytes(bytes: Bytes, limits: &Limits) -> Result<NumpyReader> {
+        if sniff(&bytes) {
+            let header = parse_header(&bytes, limits)?;
+            check_data(&header, bytes.len() as u64, NPY_TENSOR_NAME)?;
+            let record = ArrayRecord {
+                header,
+                location: Location::Mapped(bytes.clone()),
+            };
+            NumpyReader::new(
+                NumpyFormat::Npy,
+                Input::mapped(bytes),
+                vec![(NPY_TENSOR_NAME.to_owned(), record, 0)],
+                limits,
+            )
+        } else {
+            NumpyReader::npz(Input::mapped(bytes), limits)
+        }
+    }
+
+    /// Reads an `.npz` archive from `input` (a map).
+    fn npz(input: Input, limits: &Limits) -> Result<NumpyReader> {
+        let archive = ZipArchive::parse(&input, limits.max_tensors, limits.max_name_bytes)?;
+        let mut arrays = Vec::with_capacity(archive.entries().len());
+        for entry in archive.entries() {
+            let name = entry.name.strip_suffix(".npy").unwrap_or(&entry.name);
+            let (header, location) = match entry.method {
+                Method::Stored => {
+                    let npy = input.read(entry.data_offset, entry.size)?;
+                    (
+                        parse_member(&npy, &entry.name, limits)?,
+                        Location::Mapped(npy),
+                    )
+                }
+                Method::Deflated => {
+                    let head = inflate_head(&input, entry)?;
+                    let header = parse_member(&head, &entry.name, limits)?;
+                    Error::check_limit(
+                        "decompressed zip record size",
+                        entry.size,
+                        limits.max_decoded_bytes,
+                    )?;
+                    (header, Location::Deflated(entry.clone()))
+                }
+            };
+            check_data(&header, entry.size, &entry.name)?;
+            arrays.push((
+                name.to_owned(),
+                ArrayRecord { header, location },
+                entry.data_offset,
+            ));
+        }
+        NumpyReader::new(NumpyFormat::Npz, input, arrays, limits)
+    }
+
+    fn new(
+        format: NumpyFormat,
+        input: Input,
+        arrays: Vec<(String, ArrayRecord, u64)>,
+        limits: &Limits,
+    ) -> Result<NumpyReader> {
+        let mut records = Vec::with_capacity(arrays.len());
+        let mut infos = Vec::with_capacity(arrays.len());
+        let mut index = HashMap::with_capacity(arrays.len());
+        for (name, record, member_offset) in arrays {
+            let name: Arc<str> = Arc::from(name);
+            if index.insert(name.clone(), infos.len()).is_some() {
+                return Err(Error::Duplicate {
+                    name: name.to_string(),
+                });
+            }
+            let h = &record.header;
+            let (encoding, stored_bytes) = match &record.location {
+                Location::Mapped(_) => (None, h.nbytes),
+                Location::Deflated(e) => (Some("deflate".to_owned()), e.compressed_size),
+            };
+            let mut attributes =
+                BTreeMap::from([("npy.descr".to_owned(), Value::Str(h.descr.clone()))]);
+            if h.fortran_order {
+                attributes.insert("npy.fortran_order".to_owned(), Value::Bool(true));
+            }
+            infos.push(TensorInfo {
+                name,
+                dtype: h.dtype,
+                shape: h.shape.clone(),
+                layout: Layout::Dense,
+                nbytes: h.nbytes,
+                stored_bytes,
+                offset: member_offset + if encoding.is_none() { h.data_offset } else { 0 },
+                encoding,
+                attributes,
+            });
+            records.push(record);
+        }
+        Ok(NumpyReader {
+            format,
+            input,
+            records,
+            infos,
+            index,
+            attributes: BTreeMap::new(),
+            limits: *limits,
+        })
+    }
+
+    /// Whether this is an `.npy` file or an `.npz` archive.
+    pub fn numpy_format(&self) -> NumpyFormat {
+        self.format
+    }
+
+    /// The parsed `.npy` header of an array.
+    pub fn header(&self, name: &str) -> Result<&NpyHeader> {
+        Ok(&self.records[self.position(name)?].header)
+    }
+
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The array's element bytes as stored (file order, file byte order), and whether
+    /// they borrow the input.
+    fn stored(&self, record: &ArrayRecord) -> Result<(Bytes, bool)> {
+        let h = &record.header;
+        let (npy, borrowed) = match &record.location {
+            // Inputs are always maps (see `from_bytes`), so stored members borrow.
+            Location::Mapped(npy) => (npy.clone(), true),
+            Location::Deflated(entry) => (
+                read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?,
+                false,
+            ),
+        };
+        Ok((npy.slice_at(h.data_offset, h.nbytes)?, borrowed))
+    }
+}
+
+/// Parses an NPZ member's header, naming the member in errors about its bytes.
+fn parse_member(npy: &[u8], member: &str, limits: &Limits) -> Result<NpyHeader> {
+    if !sniff(npy) {
+        return Err(Error::unsupported(format!(
+            "NPZ member `{member}` is not an .npy array"
+        )));
+    }
+    parse_header(npy, limits).map_err(|e| match e {
+        e @ (Error::Unsupported { .. } | Error::LimitExceeded { .. }) => e,
+        e => Error::malformed(0, format!("NPZ member `{member}`: {e}")),
+    })
+}
+
+/// Checks the elements fit in the `.npy` bytes (`available` long).
+fn check_data(header: &NpyHeader, available: u64, name: &str) -> Result<()> {
+    let end = header
+        .data_offset
+        .checked_add(header.nbytes)
+        .ok_or(Error::Overflow {
+            what: ".npy data end",
+        })?;
+    if end > available {
+        return Err(Error::OutOfBounds {
+            tensor: name.to_owned(),
+            offset: header.data_offset,
+            length: header.nbytes,
+            limit: available,
+        });
+    }
+    Ok(())
+}
+
+/// Inflates the first bytes of a deflated member, enough for its `.npy` header.
+fn inflate_head(input: &Input, entry: &ZipEntry) -> Result<Vec<u8>> {
+    let raw = input.read_meta(entry.data_offset, entry.compressed_size)?;
+    let decode = |reason: String| Error::Decode {
+        tensor: entry.name.to_string(),
+        encoding: "deflate".into(),
+        reason,
+    };
+    let inflate = |want: usize| -> Result<Vec<u8>> {
+        let want = want.min(usize::try_from(entry.size).unwrap_or(usize::MAX));
+        let mut out = vec![0u8; want];
+        let mut state =
+            miniz_oxide::inflate::stream::InflateState::new(miniz_oxide::DataFormat::Raw);
+        let result = miniz_oxide::inflate::stream::inflate(
+            &mut state,
+            &raw,
+            &mut out,
+            miniz_oxide::MZFlush::None,
+        );
+        match result.status {
+            Ok(_) | Err(miniz_oxide::MZError::Buf) => {
+                out.truncate(result.bytes_written);
+                Ok(out)
+            }
+            Err(e) => Err(decode(format!("{e:?}"))),
+        }
+    };
+    let head = inflate(4096)?;
+    let (_, _, fixed, len) = preamble(&head).map_err(|e| match e {
+        e @ Error::Truncated { .. } => decode(format!("inflated member too short: {e}")),
+        e => e,
+    })?;
+    let total = (fixed + len) as usize;
+    if total <= head.len() {
+        Ok(head)
+    } else {
+        inflate(total)
+    }
+}
+
+impl TensorSource for NumpyReader {
+    fn format(&self) -> &'static str {
+        match self.format {
+            NumpyFormat::Npy => "npy",
+            NumpyFormat::Npz => "npz",
+        }
+    }
+
+    fn tensors(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    fn attributes(&self) -> &BTreeMap<String, Value> {
+        &self.attributes
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.position(name).map(|i| &self.infos[i])
+    }
+
+    /// Zero-copy for a little-endian C-order array of a map or stored member; a
+    /// row-major (and byte-swapped) copy otherwise.
+    fn view(&self, name: &str) -> Result<TensorView> {
+        let strided = self.strided(name)?;
+        if strided.is_contiguous() {
+            return TensorView::new(
+                name,
+                strided.dtype,
+                strided.shape,
+                strided.bytes,
+                strided.zero_copy,
+            );
+        }
+        let row_major = strided.to_contiguous(self.limits.max_decoded_bytes)?;
+        TensorView::new(
+            name,
+            strided.dtype,
+            strided.shape,
+            row_major.into_bytes(),
+            false,
+        )
+    }
+
+    /// The array as stored: Fortran-order arrays keep their column-major strides
+    /// (zero-copy from a map).
+    fn strided(&self, name: &str) -> Result<StridedView> {
+        let record = &self.records[self.position(name)?];
+        let h = &record.header;
+        let (mut bytes, mut zero_copy) = self.stored(record)?;
+        if h.big_endian {
+            let mut copy = AlignedBuf::copy_from(&bytes)?;
+            swap_bytes(copy.as_mut_slice(), h.dtype);
+            (bytes, zero_copy) = (copy.into_bytes(), false);
+        }
+        let strides = if h.fortran_order {
+            column_major_strides(h.shape.dims())
+        } else {
+            h.shape.c_strides()
+        };
+        Ok(StridedView {
+            dtype: h.dtype,
+            shape: h.shape.clone(),
+            strides,
+            bytes,
+            zero_copy,
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(dict: &str, data: &[u8]) -> Vec<u8> {
+        let mut header = dict.to_owned();
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut v = MAGIC.to_vec();
+        v.extend_from_slice(&[1, 0]);
+        v.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    fn open(bytes: Vec<u8>) -> Result<NumpyReader> {
+        NumpyReader::from_bytes(Bytes::from_vec(bytes), &Limits::default())
+    }
+
+    #[test]
+    fn reads_c_fortran_and_big_endian_arrays() {
+        let data: Vec<u8> = (0u8..6).collect();
+        let c = open(npy(
+            "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }",
+            &data,
+        ))
+        .unwrap();
+        let v = c.view(NPY_TENSOR_NAME).unwrap();
+        assert!(v.zero_copy);
+        assert_eq!(&*v.bytes, &data[..]);
+
+        let f = open(npy(
+            "{'descr': '|u1', 'fortran_order': True, 'shape': (2, 3), }",
+            &data,
+        ))
+        .unwrap();
+        let s = f.strided(NPY_TENSOR_NAME).unwrap();
+        assert!(s.zero_copy && !s.is_contiguous());
+        assert_eq!(s.strides, vec![1, 2]);
+        assert_eq!(
+            &*f.view(NPY_TENSOR_NAME).unwrap().bytes,
+            &[0, 2, 4, 1, 3, 5]
+        );
+
+        let be = open(npy(
+            "{'descr': '>u2', 'fortran_order': False, 'shape': (1,), }",
+            &[1, 2],
+        ))
+        .unwrap();
+        let v = be.view(NPY_TENSOR_NAME).unwrap();
+        assert!(!v.zero_copy);
+        assert_eq!(&*v.bytes, &[2, 1]);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_tensor() {
+        let dict = |d: &str| format!("{{'descr': '{d}', 'fortran_order': False, 'shape': (1,), }}");
+        for descr in ["|O", "<U3", "|S4", "|V2", "<M8[ns]", "<f16"] {
+            assert!(
+                matches!(
+                    open(npy(&dict(descr), &[0; 16])),
+                    Err(Error::Unsupported { .. })
+                ),
+                "{descr}"
+            );
+        }
+        let structured = "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }";
+        assert!(matches!(
+            open(npy(structured, &[0; 4])),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_headers_are_typed_errors() {
+        let bad = [
+            "{'descr': '<f4', 'fortran_order': False}",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}",
+            "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,)}",
+            "{'descr': '<f4', 'fortran_order': 0, 'shape': (1,)}",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)} trailing",
+            "{'descr: '<f4'",
+            "[]",
+        ];
+        for dict in bad {
+            let err = open(npy(dict, &[0; 4])).err().expect(dict);
+            assert!(err.is_corrupt_data(), "{dict}: {err}");
+        }
+        let short = npy(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+            &[0; 4],
+        );
+        assert!(matches!(open(short), Err(Error::OutOfBounds { .. })));
+        let huge = npy(
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4294967296), }",
+            &[],
+        );
+        assert!(open(huge).is_err());
+        let mut v3 = npy(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (), }",
+            &[0; 4],
+        );
+        v3[6] = 9;
+        assert!(matches!(open(v3), Err(Error::Unsupported { .. })));
+        assert!(matches!(open(MAGIC.to_vec()), Err(Error::Truncated { .. })));
+    }
+}

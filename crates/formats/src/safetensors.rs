@@ -1,0 +1,1023 @@
+//! safetensors: read (zero-copy) and write (byte-compatible with the `safetensors`
+//! package).
+//!
+//! A file is `u64` LE header length `N` | `N` bytes of JSON | data. The JSON is an
+//! object mapping each tensor name to `{"dtype", "shape", "data_offsets": [begin,
+//! end]}` (offsets relative to the data region) and optionally `"__metadata__"` to a
+//! string → string map. `save_file` orders tensors by dtype (widest first, in the
+//! order of the package's dtype enum) then by name, lays their bytes out back to back
+//! in that order, and pads the JSON with spaces to a multiple of 8 bytes.
+//!
+//! [`SafetensorsReader`] checks, on open: the header length against a cap (100 MB, as
+//! the package, or [`Limits::max_metadata_bytes`] if smaller), the JSON, every dtype
+//! and shape, and that the tensors' byte ranges tile the data region exactly: no
+//! overlap, no gap, no trailing bytes, each range `shape × dtype` long.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
+use tensorwire_core::{
+    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
+};
+use tensorwire_mmap::{MapMode, MappedFile};
+
+/// Largest header the `safetensors` package accepts (and so do we), in bytes.
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The JSON key of the file-level string metadata.
+pub const METADATA_KEY: &str = "__metadata__";
+
+/// A safetensors element type, in the order of the package's dtype enum (which is the
+/// order `save_file` sorts by, widest rank first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StDType {
+    /// `BOOL`.
+    Bool,
+    /// `F4` (float4 e2m1, two per byte).
+    F4,
+    /// `F6_E2M3` (float6, packed).
+    F6E2M3,
+    /// `F6_E3M2` (float6, packed).
+    F6E3M2,
+    /// `U8`.
+    U8,
+    /// `I8`.
+    I8,
+    /// `F8_E5M2`.
+    F8E5M2,
+    /// `F8_E4M3` (the OCP e4m3fn type).
+    F8E4M3,
+    /// `F8_E8M0` (the MX scale type).
+    F8E8M0,
+    /// `I16`.
+    I16,
+    /// `U16`.
+    U16,
+    /// `F16`.
+    F16,
+    /// `BF16`.
+    BF16,
+    /// `I32`.
+    I32,
+    /// `U32`.
+    U32,
+    /// `F32`.
+    F32,
+    /// `C64` (complex of two f32).
+    C64,
+    /// `F64`.
+    F64,
+    /// `I64`.
+    I64,
+    /// `U64`.
+    U64,
+}
+
+impl StDType {
+    const ALL: [StDType; 20] = [
+        StDType::Bool,
+        StDType::F4,
+        StDType::F6E2M3,
+        StDType::F6E3M2,
+        StDType::U8,
+        StDType::I8,
+        StDType::F8E5M2,
+        StDType::F8E4M3,
+        StDType::F8E8M0,
+        StDType::I16,
+        StDType::U16,
+        StDType::F16,
+        StDType::BF16,
+        StDType::I32,
+        StDType::U32,
+        StDType::F32,
+        StDType::C64,
+        StDType::F64,
+        StDType::I64,
+        StDType::U64,
+    ];
+
+    /// The name in the JSON header (`"F32"`, `"BF16"`, `"F8_E4M3"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            StDType::Bool => "BOOL",
+            StDType::F4 => "F4",
+            StDType::F6E2M3 => "F6_E2M3",
+            StDType::F6E3M2 => "F6_E3M2",
+            StDType::U8 => "U8",
+            StDType::I8 => "I8",
+            StDType::F8E5M2 => "F8_E5M2",
+            StDType::F8E4M3 => "F8_E4M3",
+            StDType::F8E8M0 => "F8_E8M0",
+            StDType::I16 => "I16",
+            StDType::U16 => "U16",
+            StDType::F16 => "F16",
+            StDType::BF16 => "BF16",
+            StDType::I32 => "I32",
+            StDType::U32 => "U32",
+            StDType::F32 => "F32",
+            StDType::C64 => "C64",
+            StDType::F64 => "F64",
+            StDType::I64 => "I64",
+            StDType::U64 => "U64",
+        }
+    }
+
+    /// Parses a header name.
+    pub fn from_name(name: &str) -> Option<StDType> {
+        StDType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Bits per element.
+    pub fn bits(self) -> u64 {
+        match self {
+            StDType::F4 => 4,
+            StDType::F6E2M3 | StDType::F6E3M2 => 6,
+            StDType::Bool | StDType::U8 | StDType::I8 => 8,
+            StDType::F8E5M2 | StDType::F8E4M3 | StDType::F8E8M0 => 8,
+            StDType::I16 | StDType::U16 | StDType::F16 | StDType::BF16 => 16,
+            StDType::I32 | StDType::U32 | StDType::F32 => 32,
+            StDType::C64 | StDType::F64 | StDType::I64 | StDType::U64 => 64,
+        }
+    }
+
+    /// The tensorwire dtype, for the types tensorwire computes with (`None` for the
+    /// packed float4/float6 types and the e8m0 scale type, which are read as raw bytes).
+    pub fn dtype(self) -> Option<DType> {
+        Some(match self {
+            StDType::Bool => DType::Bool,
+            StDType::U8 => DType::U8,
+            StDType::I8 => DType::I8,
+            StDType::F8E5M2 => DType::F8E5M2,
+            StDType::F8E4M3 => DType::F8E4M3Fn,
+            StDType::I16 => DType::I16,
+            StDType::U16 => DType::U16,
+            StDType::F16 => DType::F16,
+            StDType::BF16 => DType::BF16,
+            StDType::I32 => DType::I32,
+            StDType::U32 => DType::U32,
+            StDType::F32 => DType::F32,
+            StDType::C64 => DType::Complex64,
+            StDType::F64 => DType::F64,
+            StDType::I64 => DType::I64,
+            StDType::U64 => DType::U64,
+            StDType::F4 | StDType::F6E2M3 | StDType::F6E3M2 | StDType::F8E8M0 => return None,
+        })
+    }
+
+    /// The safetensors type of a tensorwire dtype (`None` where safetensors has none:
+    /// the fnuz float8 types, complex128, the quantized types).
+    pub fn from_dtype(dtype: DType) -> Option<StDType> {
+        StDType::ALL.into_iter().find(|d| d.dtype() == Some(dtype))
+    }
+
+    /// Bytes of `numel` elements, or `None` when they do not fill whole bytes (or
+    /// overflow).
+    fn byte_len(self, numel: u64) -> Option<u64> {
+        let bits = numel.checked_mul(self.bits())?;
+        (bits % 8 == 0).then_some(bits / 8)
+    }
+
+    /// The layout name under which a raw-byte type is exposed (`safetensors:F4`).
+    fn raw_layout(self) -> Layout {
+        Layout::Other(format!("safetensors:{}", self.name()))
+    }
+
+    /// The safetensors type of a tensor as tensorwire lists it: its dtype, or for the
+    /// raw-byte types the name in its layout.
+    fn of_info(dtype: DType, layout: &Layout) -> Option<StDType> {
+        match layout {
+            Layout::Dense => StDType::from_dtype(dtype),
+            Layout::Other(name) => name
+                .strip_prefix("safetensors:")
+                .and_then(StDType::from_name)
+                .filter(|d| d.dtype().is_none()),
+            _ => None,
+        }
+    }
+}
+
+/// A safetensors file, validated on open; tensors are zero-copy views of its map.
+///
+/// Tensors whose type tensorwire does not compute with (`F4`, `F6_E2M3`, `F6_E3M2`,
+/// `F8_E8M0`) are listed as `u8` tensors of their byte length with the layout
+/// `safetensors:<TYPE>` and the attributes `safetensors.dtype` and
+/// `safetensors.shape`, so they can be read (and written back) as raw bytes.
+pub struct SafetensorsReader {
+    data: Bytes,
+    header_len: u64,
+    infos: Vec<TensorInfo>,
+    /// Byte range of each tensor in `data`, parallel to `infos`.
+    ranges: Vec<(u64, u64)>,
+    index: HashMap<Arc<str>, usize>,
+    metadata: Vec<(String, String)>,
+    attributes: BTreeMap<String, Value>,
+}
+
+/// The `__metadata__` entries in header order.
+type Metadata = Vec<(String, String)>;
+
+/// One tensor entry of a header, before validation against the data region.
+struct HeaderEntry {
+    name: String,
+    dtype: StDType,
+    shape: Shape,
+    begin: u64,
+    end: u64,
+}
+
+impl SafetensorsReader {
+    /// Maps `path` copy-on-write and validates its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsReader> {
+        SafetensorsReader::open_with(path, &Limits::default())
+    }
+
+    /// [`SafetensorsReader::open`] with explicit limits.
+    pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<SafetensorsReader> {
+        let path = path.as_ref();
+        let bytes =
+            MappedFile::open_bytes(path, MapMode::CopyOnWrite).map_err(|e| e.with_path(path))?;
+        SafetensorsReader::from_bytes(bytes, limits).map_err(|e| e.with_path(path))
+    }
+
+    /// Reads a file image already in memory.
+    pub fn from_bytes(bytes: Bytes, limits: &Limits) -> Result<SafetensorsReader> {
+        let file_len = bytes.len() as u64;
+        let head = bytes.get(..8).ok_or(Error::Truncated {
+            offset: 0,
+            needed: 8,
+            available: file_len,
+        })?;
+        let header_len = u64::from_le_bytes(head.try_into().expect("8 bytes"));
+        Error::check_limit(
+            "safetensors header length",
+            header_len,
+            MAX_HEADER_BYTES.min(limits.max_metadata_bytes),
+        )?;
+        if header_len > file_len - 8 {
+            return Err(Error::Truncated {
+                offset: 8,
+                needed: header_len,
+                available: file_len - 8,
+            });
+        }
+        let data_start = 8 + header_len;
+        let header = &bytes[8..data_start as usize];
+        let (entries, metadata) = parse_header(header, limits)?;
+        let data = bytes.slice(data_start as usize..)?;
+        let ranges = check_tiling(&entries, data.len() as u64, data_start)?;
+
+        let mut infos = Vec::with_capacity(entries.len());
+        let mut index = HashMap::with_capacity(entries.len());
+        for entry in &entries {
+            let name: Arc<str> = Arc::from(entry.name.as_str());
+            if index.insert(name.clone(), infos.len()).is_some() {
+                return Err(Error::Duplicate {
+                    name: entry.name.clone(),
+                });
+            }
+            infos.push(tensor_info(name, entry, data_start)?);
+        }
+        let attributes = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::Str(v.clone())))
+            .collect();
+        Ok(SafetensorsReader {
+            data,
+            header_len,
+            infos,
+            ranges,
+            index,
+            metadata,
+            attributes,
+        })
+    }
+
+    /// The `__metadata__` entries, in the order the header lists them.
+    pub fn metadata(&self) -> &[(String, String)] {
+        &self.metadata
+    }
+
+    /// Length of the JSON header in bytes (the data region starts at `8 + header_len`).
+    pub fn header_len(&self) -> u64 {
+        self.header_len
+    }
+
+    /// The stored bytes of a tensor of any type (zero-copy).
+    pub fn raw(&self, name: &str) -> Result<Bytes> {
+        let (begin, end) = self.ranges[self.position(name)?];
+        self.data.slice(begin as usize..end as usize)
+    }
+
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+}
+
+impl TensorSource for SafetensorsReader {
+    fn format(&self) -> &'static str {
+        "safetensors"
+    }
+
+    fn tensors(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    fn attributes(&self) -> &BTreeMap<String, Value> {
+        &self.attributes
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.position(name).map(|i| &self.infos[i])
+    }
+
+    /// Always zero-copy: a slice of the map.
+    fn view(&self, name: &str) -> Result<TensorView> {
+        let i = self.position(name)?;
+        let info = &self.infos[i];
+        let (begin, end) = self.ranges[i];
+        let bytes = self.data.slice(begin as usize..end as usize)?;
+        TensorView::new(name, info.dtype, info.shape.clone(), bytes, true)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn malformed(reason: impl Into<String>) -> Error {
+    // Header errors point at the JSON's first byte.
+    Error::malformed(8, reason)
+}
+
+/// Parses the JSON header into tensor entries (in header order) and metadata.
+fn parse_header(header: &[u8], limits: &Limits) -> Result<(Vec<HeaderEntry>, Metadata)> {
+    if header.first() != Some(&b'{') {
+        return Err(malformed(
+            "the header must be a JSON object starting with `{`",
+        ));
+    }
+    // serde_json bounds its own recursion (128 levels), so hostile nesting fails
+    // cleanly; the header length is capped above.
+    let root: Map<String, Json> = serde_json::from_slice(header)
+        .map_err(|e| malformed(format!("invalid JSON header: {e}")))?;
+    let count = root.len() as u64 - u64::from(root.contains_key(METADATA_KEY));
+    Error::check_limit("tensor count", count, limits.max_tensors)?;
+
+    let mut entries = Vec::with_capacity(count as usize);
+    let mut metadata = Vec::new();
+    for (name, value) in root {
+        if name == METADATA_KEY {
+            metadata = parse_metadata(value)?;
+            continue;
+        }
+        Error::check_limit(
+            "tensor name length",
+            name.len() as u64,
+            limits.max_name_bytes as u64,
+        )?;
+        entries.push(parse_entry(name, &value, limits)?);
+    }
+    Ok((entries, metadata))
+}
+
+fn parse_metadata(value: Json) -> Result<Metadata> {
+    let Json::Object(map) = value else {
+        return Err(malformed("`__metadata__` must be an object of strings"));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Json::String(s) => Ok((k, s)),
+            other => Err(malformed(format!(
+                "`__metadata__` value of `{k}` must be a string, found {other}"
+            ))),
+        })
+        .collect()
+}
+
+fn parse_entry(name: String, value: &Json, limits: &Limits) -> Result<HeaderEntry> {
+    let bad = |what: &str| malformed(format!("tensor `{name}`: {what}"));
+    let obj = value
+        .as_object()
+        .ok_or_else(|| bad("entry must be an object"))?;
+    let dtype_name = obj
+        .get("dtype")
+        .and_then(Json::as_str)
+        .ok_or_else(|| bad("missing string `dtype`"))?;
+    let dtype = StDType::from_name(dtype_name).ok_or_else(|| Error::UnknownDType {
+        name: dtype_name.to_owned(),
+    })?;
+    let dims = obj
+        .get("shape")
+        .and_then(Json::as_array)
+        .ok_or_else(|| bad("missing array `shape`"))?;
+    Error::check_limit("tensor rank", dims.len() as u64, limits.max_ndim as u64)?;
+    let dims = dims
+        .iter()
+        .map(|d| {
+            d.as_u64()
+                .ok_or_else(|| bad("shape entries must be non-negative integers"))
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    let offsets = obj
+        .get("data_offsets")
+        .and_then(Json::as_array)
+        .filter(|o| o.len() == 2)
+        .ok_or_else(|| bad("`data_offsets` must be [begin, end]"))?;
+    let begin = offsets[0]
+        .as_u64()
+        .ok_or_else(|| bad("offsets must be non-negative integers"))?;
+    let end = offsets[1]
+        .as_u64()
+        .ok_or_else(|| bad("offsets must be non-negative integers"))?;
+    if end < begin {
+        return Err(bad("`data_offsets` end is before begin"));
+    }
+    Ok(HeaderEntry {
+        shape: Shape::new(dims)?,
+        name,
+        dtype,
+        begin,
+        end,
+    })
+}
+
+/// Checks that the entries' ranges tile `0..data_len` exactly, each `shape × dtype`
+/// long, and returns each entry's range (in entry order).
+fn check_tiling(
+    entries: &[HeaderEntry],
+    data_len: u64,
+    data_start: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&i| (entries[i].begin, entries[i].end));
+    let mut covered = 0u64;
+    let mut previous: Option<&str> = None;
+    for &i in &order {
+        let e = &entries[i];
+        let expected = e.dtype.byte_len(e.shape.numel()?).ok_or_else(|| {
+            malformed(format!(
+                "tensor `{}`: {} × {} bits is not a whole number of bytes",
+                e.name,
+                e.shape,
+                e.dtype.bits()
+            ))
+        })?;
+        if e.end - e.begin != expected {
+            return Err(Error::SizeMismatch {
+                tensor: e.name.clone(),
+                expected,
+                found: e.end - e.begin,
+            });
+        }
+        if e.begin < covered {
+            return Err(Error::Overlap {
+                tensor: e.name.clone(),
+                other: previous.unwrap_or_default().to_owned(),
+                offset: data_start + e.begin,
+            });
+        }
+        if e.begin > covered {
+            return Err(Error::malformed(
+                data_start + covered,
+                format!(
+                    "gap of {} bytes in the data region before tensor `{}`",
+                    e.begin - covered,
+                    e.name
+                ),
+            ));
+        }
+        if e.end > data_len {
+            return Err(Error::OutOfBounds {
+                tensor: e.name.clone(),
+                offset: e.begin,
+                length: e.end - e.begin,
+                limit: data_len,
+            });
+        }
+        covered = e.end;
+        previous = Some(&e.name);
+    }
+    if covered != data_len {
+        return Err(Error::malformed(
+            data_start + covered,
+            format!(
+                "{} bytes at the end of the data region belong to no tensor",
+                data_len - covered
+            ),
+        ));
+    }
+    Ok(entries.iter().map(|e| (e.begin, e.end)).collect())
+}
+
+fn tensor_info(name: Arc<str>, entry: &HeaderEntry, data_start: u64) -> Result<TensorInfo> {
+    let nbytes = entry.end - entry.begin;
+    let (dtype, shape, layout, attributes) = match entry.dtype.dtype() {
+        Some(dtype) => (dtype, entry.shape.clone(), Layout::Dense, BTreeMap::new()),
+        None => {
+            let logical = entry
+                .shape
+                .dims()
+                .iter()
+                .map(|&d| Value::Int(d.into()))
+                .collect();
+            let attributes = BTreeMap::from([
+                (
+                    "safetensors.dtype".to_owned(),
+                    Value::Str(entry.dtype.name().to_owned()),
+                ),
+                ("safetensors.shape".to_owned(), Value::List(logical)),
+            ]);
+            (
+                DType::U8,
+                Shape::new(vec![nbytes])?,
+                entry.dtype.raw_layout(),
+                attributes,
+            )
+        }
+    };
+    Ok(TensorInfo {
+        name,
+        dtype,
+        shape,
+        layout,
+        nbytes,
+        stored_bytes: nbytes,
+        offset: data_start + entry.begin,
+        encoding: None,
+        attributes,
+    })
+}
+
+/// True when `head` (a file's first 10 bytes or more) looks like a safetensors file:
+/// a plausible header length followed by the JSON object's `{`.
+pub fn sniff(head: &[u8]) -> bool {
+    match (head.get(..8), head.get(8)) {
+        (Some(len), Some(b'{')) => {
+            let n = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+            (2..=MAX_HEADER_BYTES).contains(&n)
+        }
+        _ => false,
+    }
+}
+
+/// One tensor to write: its safetensors type, shape and bytes.
+struct WriteEntry {
+    name: String,
+    dtype: StDType,
+    shape: Vec<u64>,
+    nbytes: u64,
+}
+
+/// The header and tensor order `save_file` would produce for a set of tensors.
+struct Plan {
+    header: Vec<u8>,
+    /// Indices of the entries in data order.
+    order: Vec<usize>,
+}
+
+fn plan(entries: &[WriteEntry], metadata: Option<&BTreeMap<String, String>>) -> Result<Plan> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    // Widest dtype rank first, then by name: the package's order.
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&entries[a], &entries[b]);
+        b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name))
+    });
+    let mut json = String::from("{");
+    let mut first = true;
+    let mut sep = |json: &mut String| {
+        if !first {
+            json.push(',');
+        }
+        first = false;
+    };
+    if let Some(meta) = metadata {
+        sep(&mut json);
+        json.push_str(&quoted(METADATA_KEY));
+        json.push_str(":{");
+        for (i, (k, v)) in meta.iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&quoted(k));
+            json.push(':');
+            json.push_str(&quoted(v));
+        }
+        json.push('}');
+    }
+    let mut offset = 0u64;
+    for &i in &order {
+        let e = &entries[i];
+        sep(&mut json);
+        let end = offset.checked_add(e.nbytes).ok_or(Error::Overflow {
+            what: "safetensors data size",
+        })?;
+        let dims: Vec<String> = e.shape.iter().map(u64::to_string).collect();
+        json.push_str(&format!(
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{offset},{end}]}}",
+            quoted(&e.name),
+            e.dtype.name(),
+            dims.join(",")
+        ));
+        offset = end;
+    }
+    json.push('}');
+    let mut header = json.into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    Ok(Plan { header, order })
+}
+
+/// A JSON string literal, escaped as serde_json (and so the package) escapes it.
+fn quoted(s: &str) -> String {
+    serde_json::to_string(s).expect("strings always serialize")
+}
+
+/// Collects tensors and writes them as one safetensors file, byte-identical to the
+/// `safetensors` package's `save_file` for the same tensors (and, when there is at
+/// most one metadata entry, the same metadata; the package writes several metadata
+/// entries in hash order, we write them sorted).
+///
+/// ```
+/// use tensorwire_core::{Bytes, DType, Shape};
+/// use tensorwire_formats::safetensors::SafetensorsWriter;
+/// # fn main() -> tensorwire_core::Result<()> {
+/// let mut w = SafetensorsWriter::new();
+/// w.add("bias", DType::F32, &Shape::new(vec![2])?, Bytes::from_vec(vec![0; 8]))?;
+/// let mut file = Vec::new();
+/// w.write(&mut file)?;
+/// assert_eq!(&file[8..9], b"{");
+/// # Ok(()) }
+/// ```
+#[derive(Default)]
+pub struct SafetensorsWriter {
+    entries: Vec<WriteEntry>,
+    data: Vec<Bytes>,
+    names: HashSet<String>,
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+impl SafetensorsWriter {
+    /// An empty writer.
+    pub fn new() -> SafetensorsWriter {
+        SafetensorsWriter::default()
+    }
+
+    /// Sets the `__metadata__` map (written even when empty, as the package does for
+    /// `metadata={}`).
+    pub fn set_metadata(&mut self, metadata: BTreeMap<String, String>) {
+        self.metadata = Some(metadata);
+    }
+
+    /// Adds a tensor of a tensorwire dtype; `bytes` (row-major, little-endian) is kept
+    /// by reference until [`SafetensorsWriter::write`].
+    pub fn add(&mut self, name: &str, dtype: DType, shape: &Shape, bytes: Bytes) -> Result<()> {
+        let st = StDType::from_dtype(dtype).ok_or_else(|| {
+            Error::unsupported(format!("safetensors has no {dtype} type (tensor `{name}`)"))
+        })?;
+        self.add_typed(name, st, shape.dims(), bytes)
+    }
+
+    /// Adds a tensor given its safetensors type (for the packed types tensorwire reads
+    /// as raw bytes), checking `bytes` holds exactly `shape × dtype`.
+    pub fn add_typed(
+        &mut self,
+        name: &str,
+        dtype: StDType,
+        shape: &[u64],
+        bytes: Bytes,
+    ) -> Result<()> {
+        if name == METADATA_KEY {
+            return Err(Error::invalid(format!(
+                "`{METADATA_KEY}` is reserved for metadata"
+            )));
+        }
+        let expected = Shape::from_dims(shape)?
+            .numel()
+            .ok()
+            .and_then(|n| dtype.byte_len(n))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "tensor `{name}`: shape is not a whole number of bytes"
+                ))
+            })?;
+        if expected != bytes.len() as u64 {
+            return Err(Error::SizeMismatch {
+                tensor: name.to_owned(),
+                expected,
+                found: bytes.len() as u64,
+            });
+        }
+        if !self.names.insert(name.to_owned()) {
+            return Err(Error::Duplicate {
+                name: name.to_owned(),
+            });
+        }
+        self.entries.push(WriteEntry {
+            name: name.to_owned(),
+            dtype,
+            shape: shape.to_vec(),
+            nbytes: expected,
+        });
+        self.data.push(bytes);
+        Ok(())
+    }
+
+    /// Number of tensors added.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no tensor was added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Writes the file at `path`: under a temporary name in the same directory,
+    /// renamed into place once complete (so a failed write never leaves a torn file).
+    pub fn write_file(&self, path: impl AsRef<Path>) -> Result<u64> {
+        write_atomically(path.as_ref(), &mut |out| self.write(out))
+    }
+
+    /// Writes the file to `out`, returning the bytes written.
+    pub fn write(&self, out: &mut dyn Write) -> Result<u64> {
+        let plan = plan(&self.entries, self.metadata.as_ref())?;
+        write_header(out, &plan.header)?;
+        let mut written = 8 + plan.header.len() as u64;
+        for &i in &plan.order {
+            out.write_all(&self.data[i])?;
+            written += self.data[i].len() as u64;
+        }
+        out.flush()?;
+        Ok(written)
+    }
+}
+
+/// Runs `write` on a buffered temporary file next to `path`, then renames it to
+/// `path`; on failure the temporary file is removed.
+fn write_atomically(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
+) -> Result<u64> {
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| Error::invalid(format!("not a file path: {}", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file_name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| {
+        let file = std::fs::File::create(&tmp)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        let written = write(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?;
+        std::fs::rename(&tmp, path)?;
+        Ok(written)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(|e: Error| e.with_path(path))
+}
+
+/// [`write_source`] into a new file at `path` (written under a temporary name and
+/// renamed into place once complete).
+pub fn save_source(
+    source: &dyn TensorSource,
+    path: impl AsRef<Path>,
+    progress: &mut dyn FnMut(usize, usize, u64),
+) -> Result<u64> {
+    write_atomically(path.as_ref(), &mut |out| {
+        write_source(source, out, progress)
+    })
+}
+
+fn write_header(out: &mut dyn Write, header: &[u8]) -> Result<()> {
+    out.write_all(&(header.len() as u64).to_le_bytes())?;
+    out.write_all(header)?;
+    Ok(())
+}
+
+/// Writes every tensor of `source` as a safetensors file, reading each tensor only
+/// when its turn comes (so a compressed source is never decoded all at once).
+///
+/// Dense tensors of a dtype safetensors has and the raw-byte types a
+/// [`SafetensorsReader`] lists (`safetensors:F4`, …) are written; anything else fails
+/// with [`Error::Unsupported`] before a byte is written. String attributes of the
+/// source become `__metadata__` (others are rendered with their display form).
+/// `progress` is called after each tensor with (tensors done, total, bytes done).
+pub fn write_source(
+    source: &dyn TensorSource,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(usize, usize, u64),
+) -> Result<u64> {
+    let mut entries = Vec::with_capacity(source.tensors().len());
+    for info in source.tensors() {
+        let dtype = StDType::of_info(info.dtype, &info.layout).ok_or_else(|| {
+            Error::unsupported(format!(
+                "writing {} {} tensor `{}` to safetensors",
+                info.layout, info.dtype, info.name
+            ))
+        })?;
+        let shape = match info.attributes.get("safetensors.shape") {
+            Some(Value::List(dims)) if dtype.dtype().is_none() => dims
+                .iter()
+                .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| {
+                    Error::invalid(format!("tensor `{}`: bad safetensors.shape", info.name))
+                })?,
+            _ => info.shape.dims().to_vec(),
+        };
+        entries.push(WriteEntry {
+            name: info.name.to_string(),
+            dtype,
+            shape,
+            nbytes: info.nbytes,
+        });
+    }
+    let metadata: BTreeMap<String, String> = source
+        .attributes()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+            )
+        })
+        .collect();
+    let plan = plan(&entries, (!metadata.is_empty()).then_some(&metadata))?;
+    write_header(out, &plan.header)?;
+    let mut written = 8 + plan.header.len() as u64;
+    let total = plan.order.len();
+    let mut data_done = 0u64;
+    for (done, &i) in plan.order.iter().enumerate() {
+        let info = &source.tensors()[i];
+        let bytes = match source.as_any().downcast_ref::<SafetensorsReader>() {
+            Some(st) => st.raw(&info.name)?,
+            None => source.view(&info.name)?.bytes,
+        };
+        if bytes.len() as u64 != entries[i].nbytes {
+            return Err(Error::SizeMismatch {
+                tensor: info.name.to_string(),
+                expected: entries[i].nbytes,
+                found: bytes.len() as u64,
+            });
+        }
+        out.write_all(&bytes)?;
+        written += bytes.len() as u64;
+        data_done += bytes.len() as u64;
+        progress(done + 1, total, data_done);
+    }
+    out.flush()?;
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(header: &str, data: &[u8]) -> Bytes {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(data);
+        Bytes::from_vec(v)
+    }
+
+    fn open(header: &str, data: &[u8]) -> Result<SafetensorsReader> {
+        SafetensorsReader::from_bytes(file(header, data), &Limits::default())
+    }
+
+    #[test]
+    fn reads_what_it_writes() {
+        let mut w = SafetensorsWriter::new();
+        let f32s: Vec<u8> = [1.0f32, 2.0, 3.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        w.add(
+            "w",
+            DType::F32,
+            &Shape::new(vec![3]).unwrap(),
+            Bytes::from_vec(f32s.clone()),
+        )
+        .unwrap();
+        w.add(
+            "a",
+            DType::I8,
+            &Shape::new(vec![2]).unwrap(),
+            Bytes::from_vec(vec![1, 2]),
+        )
+        .unwrap();
+        w.add_typed("p", StDType::F4, &[3, 2], Bytes::from_vec(vec![7, 8, 9]))
+            .unwrap();
+        w.set_metadata(BTreeMap::from([("format".into(), "pt".into())]));
+        let mut out = Vec::new();
+        w.write(&mut out).unwrap();
+        let r = SafetensorsReader::from_bytes(Bytes::from_vec(out), &Limits::default()).unwrap();
+        assert_eq!(&*r.view("w").unwrap().bytes, &f32s[..]);
+        assert_eq!(&*r.view("a").unwrap().bytes, &[1, 2]);
+        let p = r.info("p").unwrap();
+        assert_eq!((p.dtype, p.shape.dims()), (DType::U8, &[3u64][..]));
+        assert_eq!(p.layout, Layout::Other("safetensors:F4".into()));
+        assert_eq!(r.metadata(), &[("format".to_owned(), "pt".to_owned())]);
+        assert_eq!((8 + r.header_len()) % 8, 0);
+    }
+
+    #[test]
+    fn ranges_must_tile_the_data() {
+        let t = |o: &str| format!(r#"{{"a":{{"dtype":"U8","shape":[2],"data_offsets":{o}}}}}"#);
+        assert!(open(&t("[0,2]"), &[1, 2]).is_ok());
+        assert!(matches!(
+            open(&t("[0,2]"), &[1, 2, 3]),
+            Err(Error::Malformed { .. })
+        ));
+        assert!(matches!(
+            open(&t("[1,3]"), &[1, 2, 3]),
+            Err(Error::Malformed { .. })
+        ));
+        assert!(matches!(
+            open(&t("[0,3]"), &[1, 2, 3]),
+            Err(Error::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            open(&t("[0,2]"), &[1]),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            open(&t("[2,0]"), &[1, 2]),
+            Err(Error::Malformed { .. })
+        ));
+        let two = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#;
+        assert!(matches!(open(two, &[1, 2, 3]), Err(Error::Overlap { .. })));
+    }
+
+    #[test]
+    fn bad_headers_are_typed_errors() {
+        assert!(matches!(open("[]", &[]), Err(Error::Malformed { .. })));
+        assert!(matches!(open("{\"a\":", &[]), Err(Error::Malformed { .. })));
+        let bad_dtype = r#"{"a":{"dtype":"F128","shape":[],"data_offsets":[0,16]}}"#;
+        assert!(matches!(
+            open(bad_dtype, &[0; 16]),
+            Err(Error::UnknownDType { .. })
+        ));
+        let bad_meta = r#"{"__metadata__":{"a":1}}"#;
+        assert!(matches!(open(bad_meta, &[]), Err(Error::Malformed { .. })));
+        let neg = r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}}"#;
+        assert!(matches!(open(neg, &[]), Err(Error::Malformed { .. })));
+        let mut huge = u64::MAX.to_le_bytes().to_vec();
+        huge.push(b'{');
+        assert!(matches!(
+            SafetensorsReader::from_bytes(Bytes::from_vec(huge), &Limits::default()),
+            Err(Error::LimitExceeded { .. })
+        ));
+        let mut short = 100u64.to_le_bytes().to_vec();
+        short.extend_from_slice(b"{}");
+        assert!(matches!(
+            SafetensorsReader::from_bytes(Bytes::from_vec(short), &Limits::default()),
+            Err(Error::Truncated { .. })
+        ));
+        let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
+        let deep = format!(r#"{{"__metadata__":{deep}}}"#);
+        assert!(matches!(open(&deep, &[]), Err(Error::Malformed { .. })));
+    }
+
+    #[test]
+    fn writer_refuses_what_safetensors_cannot_hold() {
+        let mut w = SafetensorsWriter::new();
+        let s = Shape::new(vec![1]).unwrap();
+        assert!(w
+            .add("c", DType::Complex128, &s, Bytes::from_vec(vec![0; 16]))
+            .is_err());
+        assert!(w
+            .add("x", DType::F32, &s, Bytes::from_vec(vec![0; 3]))
+            .is_err());
+        w.add("x", DType::F32, &s, Bytes::from_vec(vec![0; 4]))
+            .unwrap();
+        assert!(matches!(
+            w.add("x", DType::F32, &s, Bytes::from_vec(vec![0; 4])),
+            Err(Error::Duplicate { .. })
+        ));
+        assert!(w
+            .add(METADATA_KEY, DType::F32, &s, Bytes::from_vec(vec![0; 4]))
+            .is_err());
+        assert!(w
+            .add_typed("f6", StDType::F6E2M3, &[3], Bytes::from_vec(vec![0; 3]))
+            .is_err());
+    }
+
+    #[test]
+    fn sniffs_the_header() {
+        assert!(sniff(&file("{}", &[])));
+        assert!(!sniff(b"GGUF\x03\x00\x00\x00{"));
+        assert!(!sniff(b"\x02\0\0\0\0\0\0\0["));
+    }
+}
