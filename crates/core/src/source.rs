@@ -154,7 +154,10 @@ pub trait TensorSource: Send + Sync {
     }
 
     /// The tensor's dense bytes: borrowed from the source when stored raw, decoded
-    /// otherwise. Non-dense layouts fail with [`Error::Unsupported`].
+    /// otherwise. Blocks a format names but tensorwire does not decode (GGUF quantized
+    /// types, safetensors' packed floats: [`Layout::Other`] with a `u8` dtype) come
+    /// back as their raw bytes; other non-dense layouts fail with
+    /// [`Error::Unsupported`].
     fn view(&self, name: &str) -> Result<TensorView>;
 
     /// The tensor as the file lays it out: its bytes with sizes and strides (in
