@@ -363,13 +363,14 @@ impl Writer {
     }
 }
 
-/// `tensorwire.convert(src, dst, *, format=None, compress=None, checksum="none")`:
-/// copies every tensor of any readable file into a new `.zt` or safetensors file
-/// (`format` "zt" or "safetensors"; by default from `dst`'s extension), returning the
-/// number of tensors. `compress` and `checksum` follow `Writer.write` and apply to
-/// `.zt` output only.
+/// `tensorwire.convert(src, dst, *, format=None, compress=None, checksum="none",
+/// zt_version=1)`: copies every tensor of any readable file into a new `.zt` or
+/// safetensors file (`format` "zt" or "safetensors"; by default from `dst`'s
+/// extension), returning the number of tensors. `compress` and `checksum` follow
+/// `Writer.write` and apply to `.zt` output only; `zt_version=2` writes the format
+/// ztensor 2.x reads (its digests are "xxh3" or "sha256").
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none"))]
+#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none", zt_version=1))]
 pub fn convert(
     py: Python<'_>,
     src: PathBuf,
@@ -377,6 +378,7 @@ pub fn convert(
     format: Option<&str>,
     compress: Option<&Bound<'_, PyAny>>,
     checksum: &str,
+    zt_version: u32,
 ) -> PyResult<usize> {
     let write = options(compress, checksum)?;
     let format = match format {
@@ -387,6 +389,15 @@ pub fn convert(
             return Err(to_pyerr(Error::invalid(format!(
                 "format must be \"zt\" or \"safetensors\", not {other:?}"
             ))))
+        }
+    };
+    let format = match (format, zt_version) {
+        (tensorwire::OutputFormat::Zt, 2) => tensorwire::OutputFormat::Zt2,
+        (other, 1) => other,
+        _ => {
+            return Err(to_pyerr(Error::invalid(
+                "zt_version must be 1 or 2, and applies to .zt output only",
+            )))
         }
     };
     if format == tensorwire::OutputFormat::Safetensors

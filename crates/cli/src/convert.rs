@@ -35,13 +35,16 @@ pub struct Args {
     #[arg(
         long,
         default_value = "none",
-        value_parser = PossibleValuesParser::new(["none", "crc32c", "sha256"])
+        value_parser = PossibleValuesParser::new(["none", "crc32c", "sha256", "xxh3"])
             .try_map(|s| Checksum::from_name(&s)),
     )]
     checksum: Checksum,
     /// Output format (by default, from DST's extension).
     #[arg(long, value_enum)]
     format: Option<FormatArg>,
+    /// Version of `.zt` output: 1 (ztensor 1.x reads it) or 2 (ztensor 2.x reads it).
+    #[arg(long, default_value = "1", value_parser = PossibleValuesParser::new(["1", "2"]))]
+    zt_version: String,
 }
 
 /// Output formats `--format` accepts.
@@ -74,6 +77,11 @@ pub fn run(args: &Args) -> Result<()> {
     let format = match args.format {
         Some(f) => OutputFormat::from(f),
         None => OutputFormat::from_path(&args.dst)?,
+    };
+    let format = match (format, args.zt_version.as_str()) {
+        (OutputFormat::Zt, "2") => OutputFormat::Zt2,
+        (other, "1") => other,
+        _ => bail!("--zt-version applies to .zt output only"),
     };
     if format == OutputFormat::Safetensors
         && (args.compress.is_some() || args.checksum != Checksum::None)

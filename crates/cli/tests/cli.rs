@@ -686,3 +686,48 @@ fn converts_every_readable_format_to_zt_and_safetensors() {
     assert_exit(&o, 2);
     assert!(!dst.exists());
 }
+
+/// `--zt-version 2` writes `.zt` version 2 (xxh3 digests, zstd-seekable compression),
+/// which opens as `zt-2` with the same tensors and verifies.
+#[test]
+fn convert_writes_zt_version_2() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures.join("safetensors/dtypes.safetensors");
+    let dst = dir.path().join("v2.zt");
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        dst.as_os_str(),
+        OsStr::new("--zt-version"),
+        OsStr::new("2"),
+        OsStr::new("--checksum"),
+        OsStr::new("xxh3"),
+        OsStr::new("--compress"),
+    ]);
+    assert_exit(&o, 0);
+    let (a, b) = (
+        tensorwire::open(&src).unwrap(),
+        tensorwire::open(&dst).unwrap(),
+    );
+    assert_eq!(b.format(), "zt-2");
+    assert_eq!(&fs::read(&dst).unwrap()[..8], tensorwire::zt::MAGIC_V2);
+    for t in a.tensors() {
+        assert_eq!(
+            a.view(&t.name).unwrap().bytes.to_vec(),
+            b.view(&t.name).unwrap().bytes.to_vec()
+        );
+    }
+    assert!(b.verify().unwrap() >= a.tensors().len());
+    assert_exit(&tw([OsStr::new("verify"), dst.as_os_str()]), 0);
+    // Not for safetensors output.
+    let st = dir.path().join("x.safetensors");
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        st.as_os_str(),
+        OsStr::new("--zt-version"),
+        OsStr::new("2"),
+    ]);
+    assert_exit(&o, 2);
+}

@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use tensorwire_core::{Error, Layout, Result, TensorSource, Value};
-use tensorwire_zt::{Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtWriter};
+use tensorwire_zt::{
+    Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter,
+};
 
 /// The tensor attribute under which `.zt` output records the layout of a tensor
 /// written as raw bytes (`gguf:Q4_0`, `safetensors:F4`).
@@ -16,6 +18,8 @@ pub enum OutputFormat {
     /// `.zt` 1.2.
     #[default]
     Zt,
+    /// `.zt` version 2 (what ztensor 2.x reads; ztensor 1.x cannot).
+    Zt2,
     /// safetensors (as the `safetensors` package's `save_file` writes it).
     Safetensors,
 }
@@ -79,7 +83,12 @@ pub fn convert_source(
         compression: options.compression,
         checksum: options.checksum,
     };
-    let mut writer = ZtWriter::create(dst)?;
+    let version = if format == OutputFormat::Zt2 {
+        ZtVersion::V2
+    } else {
+        ZtVersion::V1
+    };
+    let mut writer = ZtWriter::create_with_version(dst, version)?;
     writer.set_attributes(source.attributes().clone());
     let zt = source.as_any().downcast_ref::<ZtReader>();
     // Write in file order so the source is read sequentially.

@@ -19,6 +19,8 @@ pub enum FileFormat {
     Zt,
     /// `.zt` version 0.1 (`ZTEN0001`).
     Zt01,
+    /// `.zt` version 2 (ztensor 2.x, `\x89ZT2\r\n\x1a\n`).
+    Zt2,
     /// A tenso tensor packet (`TNSO`).
     Packet,
     /// A PyTorch checkpoint: a ZIP archive (`PK\x03\x04`) or the legacy pickle format.
@@ -39,6 +41,7 @@ impl FileFormat {
         match self {
             FileFormat::Zt => "zt",
             FileFormat::Zt01 => "zt-0.1",
+            FileFormat::Zt2 => "zt-2",
             FileFormat::Packet => "tenso-packet",
             FileFormat::PyTorch => "pytorch",
             FileFormat::Safetensors => "safetensors",
@@ -59,6 +62,7 @@ pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     match head.get(..8) {
         Some(m) if m == tensorwire_zt::MAGIC => return Ok(FileFormat::Zt),
         Some(m) if m == tensorwire_zt::MAGIC_V01 => return Ok(FileFormat::Zt01),
+        Some(m) if m == tensorwire_zt::MAGIC_V2 => return Ok(FileFormat::Zt2),
         _ => {}
     }
     match head.get(..4) {
@@ -148,7 +152,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dy
 /// Opens a tensor file image already in memory (a map, a shm segment, a buffer).
 pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>> {
     match sniff(&bytes)? {
-        FileFormat::Zt | FileFormat::Zt01 => {
+        FileFormat::Zt | FileFormat::Zt01 | FileFormat::Zt2 => {
             Ok(Box::new(ZtReader::from_bytes_with(bytes, limits)?))
         }
         FileFormat::Packet => {
@@ -183,6 +187,7 @@ mod tests {
     fn sniffs_by_magic() {
         assert_eq!(sniff(b"ZTEN1000....").unwrap(), FileFormat::Zt);
         assert_eq!(sniff(b"ZTEN0001").unwrap(), FileFormat::Zt01);
+        assert_eq!(sniff(b"\x89ZT2\r\n\x1a\n").unwrap(), FileFormat::Zt2);
         assert_eq!(sniff(b"PK\x03\x04....").unwrap(), FileFormat::PyTorch);
         let mut npz = b"PK\x03\x04".to_vec();
         npz.extend_from_slice(&[0; 22]);

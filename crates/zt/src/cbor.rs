@@ -329,7 +329,7 @@ impl<'a> Decoder<'a> {
 }
 
 /// IEEE 754 binary16 → f64.
-fn f16_to_f64(h: u16) -> f64 {
+pub(crate) fn f16_to_f64(h: u16) -> f64 {
     let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
     let exp = i32::from((h >> 10) & 0x1f);
     let frac = f64::from(h & 0x3ff);

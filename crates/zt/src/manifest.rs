@@ -25,8 +25,11 @@ pub enum Encoding {
     /// Stored as-is.
     #[default]
     Raw,
-    /// A zstd frame; the manifest records the decoded length.
+    /// A zstd frame; the manifest records the decoded length (`.zt` 1.x `zstd`).
     Zstd,
+    /// The zstd seekable format: independent frames of at most 16 MiB decoded, then a
+    /// seek table (`.zt` 2 `zt.zstd-seekable/1`).
+    ZstdSeekable,
 }
 
 impl Encoding {
@@ -35,6 +38,7 @@ impl Encoding {
         match self {
             Encoding::Raw => "raw",
             Encoding::Zstd => "zstd",
+            Encoding::ZstdSeekable => crate::seekable::NAME,
         }
     }
 }
@@ -48,15 +52,15 @@ pub struct Component {
     pub dtype: DType,
     /// Logical type as written (`f8_e4m3fn`, `complex64`, or a name we do not know).
     pub logical_type: Option<String>,
-    /// Absolute file offset (a multiple of 64).
+    /// Absolute file offset (a multiple of 64 in 1.x, of 4096 in version 2).
     pub offset: u64,
     /// Stored bytes (compressed size for zstd).
     pub length: u64,
-    /// Decoded bytes (zstd only).
+    /// Decoded bytes (encoded components only; version 2 calls it `decoded_length`).
     pub uncompressed_length: Option<u64>,
     /// Encoding of the stored bytes.
     pub encoding: Encoding,
-    /// Digest of the stored bytes.
+    /// Digest: of the stored bytes in 1.x, of the decoded bytes in version 2.
     pub digest: Option<Digest>,
 }
 
@@ -65,16 +69,19 @@ impl Component {
     pub fn decoded_length(&self) -> u64 {
         match self.encoding {
             Encoding::Raw => self.length,
-            Encoding::Zstd => self.uncompressed_length.unwrap_or(0),
+            Encoding::Zstd | Encoding::ZstdSeekable => self.uncompressed_length.unwrap_or(0),
         }
     }
 
-    /// The logical dtype if the `type` names one we know and it matches the storage.
+    /// The logical dtype if the `type` names one we know and it matches the storage
+    /// (`bool` over `u8` is how version 2 stores booleans).
     pub fn logical_dtype(&self) -> DType {
         self.logical_type
             .as_deref()
             .and_then(|t| t.parse::<DType>().ok())
-            .filter(|d| d.storage().0 == self.dtype)
+            .filter(|d| {
+                d.storage().0 == self.dtype || (*d == DType::Bool && self.dtype == DType::U8)
+            })
             .unwrap_or(self.dtype)
     }
 }
@@ -122,7 +129,8 @@ impl Object {
 /// A parsed manifest.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Manifest {
-    /// The `version` field (`"1.2.0"`, or `"0.1.0"` for converted 0.1 files).
+    /// The `version` field (`"1.2.0"`, `"0.1.0"` for 0.1 files, `"2"` for version 2
+    /// files, whose manifest has no version field).
     pub version: String,
     /// File-level attributes.
     pub attributes: BTreeMap<String, Value>,
@@ -725,7 +733,7 @@ fn read_v01_record(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Object> {
     };
     let uncompressed_length = match encoding {
         Encoding::Raw => None,
-        Encoding::Zstd => Some(shape.byte_len(dtype)?),
+        _ => Some(shape.byte_len(dtype)?),
     };
     let component = Component {
         role: Cow::Borrowed("data"),

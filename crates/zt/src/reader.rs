@@ -12,8 +12,10 @@ use tensorwire_core::{
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
+use crate::digest::DigestState;
 use crate::manifest::{decode_v01, decode_v1, Component, Ctx, Encoding, Manifest, Object};
-use crate::{ALIGNMENT, MAGIC, MAGIC_V01};
+use crate::{manifest_v2, seekable};
+use crate::{ALIGNMENT, MAGIC, MAGIC_V01, MAGIC_V2, V2_ALIGNMENT, V2_FOOTER_LEN};
 
 /// Which `.zt` container version a file uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +24,9 @@ pub enum ZtVersion {
     V0_1,
     /// `ZTEN1000`: the 1.x manifest with objects and components.
     V1,
+    /// `89 5A 54 32 0D 0A 1A 0A` (ztensor 2.x): 4096-aligned blobs, a deterministic
+    /// CBOR manifest of objects and parts, and a 40-byte footer with its XXH3 hash.
+    V2,
 }
 
 /// A validated `.zt` file over any [`Bytes`] (a map, a shm segment, a buffer).
@@ -37,6 +42,9 @@ pub struct ZtReader {
     /// One cell per component (flattened in object order): set once its digest has
     /// been checked, so zero-copy views of verified raw data cost nothing afterwards.
     verified: Vec<OnceLock<()>>,
+    /// One cell per component: set once its decoded bytes passed the content rules
+    /// of its logical type (version 2 `bool` bytes are 0 or 1).
+    content_ok: Vec<OnceLock<()>>,
     first_component: Vec<usize>,
     /// The object found by the last name lookup (a one-entry cache).
     last_position: AtomicUsize,
@@ -71,14 +79,20 @@ impl ZtReader {
         ZtReader::from_bytes_with(bytes, &Limits::default())
     }
 
-    /// Opens a `.zt` image held in `bytes`.
+    /// Opens a `.zt` image held in `bytes` (version 2, 1.x or 0.1, told apart by the
+    /// leading magic). The whole manifest is checked here.
     pub fn from_bytes_with(bytes: Bytes, limits: &Limits) -> Result<ZtReader> {
-        let (version, manifest, data_end) = parse_container(&bytes, limits)?;
-        validate_layout(&manifest, data_end, version, limits)?;
+        let (version, manifest) = if bytes.get(..8) == Some(MAGIC_V2.as_slice()) {
+            (ZtVersion::V2, parse_v2(&bytes, limits)?)
+        } else {
+            let (version, manifest, data_end) = parse_container(&bytes, limits)?;
+            validate_layout(&manifest, data_end, version, limits)?;
+            (version, manifest)
+        };
         let infos: Vec<TensorInfo> = manifest
             .objects
             .iter()
-            .map(info_of)
+            .map(|o| info_of(o, version))
             .collect::<Result<_>>()?;
         let mut first_component = Vec::with_capacity(manifest.objects.len());
         let mut n = 0;
@@ -90,6 +104,7 @@ impl ZtReader {
             bytes,
             version,
             verified: (0..n).map(|_| OnceLock::new()).collect(),
+            content_ok: (0..n).map(|_| OnceLock::new()).collect(),
             manifest,
             infos,
             first_component,
@@ -103,7 +118,8 @@ impl ZtReader {
         self.version
     }
 
-    /// The manifest's `version` string (`"1.2.0"`, `"0.1.0"` for 0.1 files).
+    /// The manifest's `version` string (`"1.2.0"`, `"0.1.0"` for 0.1 files, `"2"` for
+    /// version 2 files).
     pub fn manifest_version(&self) -> &str {
         &self.manifest.version
     }
@@ -164,46 +180,98 @@ impl ZtReader {
         Ok((oi, ci, comp))
     }
 
-    /// The stored bytes of a located component, digest checked (once per reader).
+    /// The digest cell of a located component.
+    fn cell(&self, oi: usize, ci: usize) -> &OnceLock<()> {
+        &self.verified[self.first_component[oi] + ci]
+    }
+
+    /// `name/role` of a located component, for errors.
+    fn label(&self, oi: usize, comp: &Component) -> String {
+        format!("{}/{}", self.manifest.objects[oi].name, comp.role)
+    }
+
+    /// True when the component's digest covers its stored bytes: always in 1.x, for
+    /// raw parts in version 2 (whose digests cover the decoded bytes).
+    fn digest_covers_stored(&self, comp: &Component) -> bool {
+        self.version != ZtVersion::V2 || comp.encoding == Encoding::Raw
+    }
+
+    /// The stored bytes of a located component, digest checked (once per reader)
+    /// when the digest covers them.
     fn stored_at(&self, oi: usize, ci: usize, comp: &Component) -> Result<Bytes> {
         let stored = self.bytes.slice_at(comp.offset, comp.length)?;
         if let Some(digest) = &comp.digest {
-            let cell = &self.verified[self.first_component[oi] + ci];
-            if cell.get().is_none() {
-                let obj = &self.manifest.objects[oi];
-                digest.verify(&stored, &format!("{}/{}", obj.name, comp.role))?;
+            let cell = self.cell(oi, ci);
+            if cell.get().is_none() && self.digest_covers_stored(comp) {
+                digest.verify(&stored, &self.label(oi, comp))?;
                 let _ = cell.set(());
             }
         }
         Ok(stored)
     }
 
+    /// Checks a version 2 digest over freshly decoded bytes (once per reader).
+    fn check_decoded(&self, oi: usize, ci: usize, comp: &Component, decoded: &[u8]) -> Result<()> {
+        if let Some(digest) = &comp.digest {
+            let cell = self.cell(oi, ci);
+            if cell.get().is_none() {
+                digest.verify(decoded, &self.label(oi, comp))?;
+                let _ = cell.set(());
+            }
+        }
+        Ok(())
+    }
+
     /// The decoded bytes of a located component: zero-copy when raw.
     fn decoded_at(&self, oi: usize, ci: usize, comp: &Component) -> Result<Bytes> {
         let stored = self.stored_at(oi, ci, comp)?;
+        if comp.encoding == Encoding::Raw {
+            return Ok(stored);
+        }
+        let n = usize::try_from(comp.decoded_length()).map_err(|_| Error::Overflow {
+            what: "decoded length as usize",
+        })?;
+        let mut buf = AlignedBuf::zeroed(n)?;
+        self.decode_to(oi, ci, comp, &stored, buf.as_mut_slice())?;
+        Ok(buf.into_bytes())
+    }
+
+    /// Decodes (or, when raw, copies) a component's stored bytes into `dst` (exactly
+    /// its decoded length); for `zt.zstd-seekable/1`, checks the digest over the result.
+    fn decode_to(
+        &self,
+        oi: usize,
+        ci: usize,
+        comp: &Component,
+        stored: &[u8],
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let what = self.label(oi, comp);
         match comp.encoding {
-            Encoding::Raw => Ok(stored),
-            Encoding::Zstd => {
-                let n = usize::try_from(comp.decoded_length()).map_err(|_| Error::Overflow {
-                    what: "decoded length as usize",
-                })?;
-                let mut buf = AlignedBuf::zeroed(n)?;
-                let what = format!("{}/{}", self.manifest.objects[oi].name, comp.role);
-                decode_zstd(&stored, buf.as_mut_slice(), &what)?;
-                Ok(buf.into_bytes())
+            Encoding::Raw => {
+                parallel_copy(dst, stored);
+                Ok(())
+            }
+            Encoding::Zstd => decode_zstd(stored, dst, &what),
+            Encoding::ZstdSeekable => {
+                seekable::decode_into(stored, dst, &what)?;
+                self.check_decoded(oi, ci, comp, dst)
             }
         }
     }
 
     /// The stored (possibly compressed) bytes of a component, zero-copy, after checking
-    /// its digest (once per reader).
+    /// its digest (once per reader) when the digest covers them: always in 1.x, only
+    /// for raw parts in version 2, whose digests cover the decoded bytes (checked by
+    /// [`ZtReader::component`] and `verify`).
     pub fn stored(&self, name: &str, role: &str) -> Result<Bytes> {
         let (oi, ci, comp) = self.locate(name, role)?;
         self.stored_at(oi, ci, comp)
     }
 
     /// A component's decoded bytes: a zero-copy view of the file for raw components, a
-    /// fresh 64-byte-aligned buffer for zstd ones. Digests are checked first.
+    /// fresh 64-byte-aligned buffer for encoded ones. Digests are checked first (1.x)
+    /// or over the decoded bytes (version 2).
     pub fn component(&self, name: &str, role: &str) -> Result<Bytes> {
         let (oi, ci, comp) = self.locate(name, role)?;
         self.decoded_at(oi, ci, comp)
@@ -221,13 +289,40 @@ impl ZtReader {
             });
         }
         let stored = self.stored_at(oi, ci, comp)?;
-        match comp.encoding {
-            Encoding::Raw => {
-                parallel_copy(dst, &stored);
-                Ok(())
+        self.decode_to(oi, ci, comp, &stored, dst)
+    }
+
+    /// For a version 2 dense tensor: fails unless tensorwire can interpret the
+    /// logical type of its `data` (unregistered ones, `f8_e8m0` and `f4_e2m1` are
+    /// refused; their bytes stay readable through [`ZtReader::component`]).
+    fn interpretable(&self, obj: &Object) -> Result<()> {
+        if self.version == ZtVersion::V2 {
+            if let Some(data) = obj
+                .component("data")
+                .filter(|d| !manifest_v2::can_interpret(d))
+            {
+                return Err(Error::unsupported(format!(
+                    "tensor `{}` has logical type `{}`, which has no tensorwire dtype; read its `data` component instead",
+                    obj.name,
+                    data.logical_type.as_deref().unwrap_or_default()
+                )));
             }
-            Encoding::Zstd => decode_zstd(&stored, dst, &format!("{name}/{role}")),
         }
+        Ok(())
+    }
+
+    /// The content rules of a version 2 logical type over decoded bytes: `bool`
+    /// bytes are 0 or 1 (checked once per reader).
+    fn check_content(&self, oi: usize, ci: usize, comp: &Component, decoded: &[u8]) -> Result<()> {
+        if self.version != ZtVersion::V2 || comp.logical_type.as_deref() != Some("bool") {
+            return Ok(());
+        }
+        let cell = &self.content_ok[self.first_component[oi] + ci];
+        if cell.get().is_none() {
+            check_bool(decoded, 0, &self.label(oi, comp))?;
+            let _ = cell.set(());
+        }
+        Ok(())
     }
 
     /// Copies a dense tensor's decoded bytes into `dst` (exactly
@@ -235,7 +330,10 @@ impl ZtReader {
     pub fn read_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
         let obj = self.object(name)?;
         require_dense(obj)?;
-        self.component_into(name, "data", dst)
+        self.interpretable(obj)?;
+        self.component_into(name, "data", dst)?;
+        let (oi, ci, comp) = self.locate(name, "data")?;
+        self.check_content(oi, ci, comp, dst)
     }
 
     /// The limits this reader was opened with.
@@ -305,6 +403,22 @@ fn check_zstd_length(stored: &[u8], declared: u64, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Fails unless every byte is 0 or 1 (`index` is the element number of `bytes[0]`).
+fn check_bool(bytes: &[u8], index: u64, what: &str) -> Result<()> {
+    match bytes.iter().position(|&b| b > 1) {
+        None => Ok(()),
+        Some(i) => Err(Error::Decode {
+            tensor: what.to_owned(),
+            encoding: "bool".to_owned(),
+            reason: format!(
+                "element {} is {:#04x}; bool bytes must be 0x00 or 0x01",
+                index + i as u64,
+                bytes[i]
+            ),
+        }),
+    }
+}
+
 fn require_dense(obj: &Object) -> Result<()> {
     if obj.layout != Layout::Dense {
         return Err(Error::unsupported(format!(
@@ -318,6 +432,84 @@ fn require_dense(obj: &Object) -> Result<()> {
 fn read_u64_le(bytes: &[u8], at: usize) -> Option<u64> {
     let b: [u8; 8] = bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
     Some(u64::from_le_bytes(b))
+}
+
+/// Opens a version 2 container: footer, manifest bounds, size and XXH3 hash, the
+/// manifest itself, and the whole-file validation of its blobs.
+fn parse_v2(bytes: &[u8], limits: &Limits) -> Result<Manifest> {
+    let len = bytes.len() as u64;
+    let min = MAGIC_V2.len() as u64 + V2_FOOTER_LEN;
+    if len < min {
+        return Err(Error::Truncated {
+            offset: 0,
+            needed: min,
+            available: len,
+        });
+    }
+    let footer_at = (len - V2_FOOTER_LEN) as usize;
+    let footer = &bytes[footer_at..];
+    if footer[32..] != MAGIC_V2[..] {
+        return Err(Error::BadMagic {
+            offset: len - 8,
+            expected: ".zt 2 footer magic 89 5A 54 32 0D 0A 1A 0A",
+            found: footer[32..].to_vec(),
+        });
+    }
+    let field = |at: usize| read_u64_le(footer, at).unwrap_or_default();
+    let version = u32::from_le_bytes([footer[24], footer[25], footer[26], footer[27]]);
+    if version != 2 {
+        return Err(Error::unsupported(format!(
+            ".zt footer version {version} (this reader knows 2)"
+        )));
+    }
+    let (offset, length, hash) = (field(0), field(8), field(16));
+    let data_end = len - V2_FOOTER_LEN;
+    if length == 0 {
+        if offset != 0 || hash != 0 {
+            return Err(Error::malformed(
+                footer_at as u64,
+                "a footer without a manifest must have a zero manifest offset and hash",
+            ));
+        }
+        return Err(Error::unsupported(
+            "a .zt 2 data shard (no manifest): open the model's root file",
+        ));
+    }
+    Error::check_limit(
+        "manifest size",
+        length,
+        limits.max_metadata_bytes.min(crate::V2_MAX_MANIFEST),
+    )?;
+    if offset % V2_ALIGNMENT != 0 {
+        return Err(Error::Misaligned {
+            tensor: "<manifest>".to_owned(),
+            offset,
+            alignment: V2_ALIGNMENT,
+        });
+    }
+    let end = offset.checked_add(length).filter(|&e| e <= data_end);
+    if offset < V2_ALIGNMENT || end.is_none() {
+        return Err(Error::OutOfBounds {
+            tensor: "<manifest>".to_owned(),
+            offset,
+            length,
+            limit: data_end,
+        });
+    }
+    let manifest_bytes = &bytes[offset as usize..(offset + length) as usize];
+    let found = xxhash_rust::xxh3::xxh3_64(manifest_bytes);
+    if found != hash {
+        return Err(Error::DigestMismatch {
+            tensor: "<manifest>".to_owned(),
+            algorithm: "xxh3",
+            expected: format!("{hash:016x}"),
+            found: format!("{found:016x}"),
+        });
+    }
+    let ctx = Ctx { offset, limits };
+    let manifest = manifest_v2::decode(manifest_bytes, &ctx)?;
+    manifest_v2::validate(&manifest, data_end, (offset, length), limits)?;
+    Ok(manifest)
 }
 
 /// Checks magic and footer, and decodes the manifest. Returns the end of the data
@@ -336,14 +528,14 @@ fn parse_container(bytes: &[u8], limits: &Limits) -> Result<(ZtVersion, Manifest
     } else {
         return Err(Error::BadMagic {
             offset: 0,
-            expected: "ZTEN1000 or ZTEN0001",
+            expected: "ZTEN1000, ZTEN0001 or the .zt 2 magic 89 5A 54 32 0D 0A 1A 0A",
             found: head.to_vec(),
         });
     };
     // v1: [magic][blobs][manifest][u64 size][magic]; v0.1: [magic][blobs][manifest][u64 size]
     let trailer: u64 = match version {
         ZtVersion::V1 => 16,
-        ZtVersion::V0_1 => 8,
+        _ => 8,
     };
     if len < 8 + trailer {
         return Err(Error::Truncated {
@@ -385,7 +577,7 @@ fn parse_container(bytes: &[u8], limits: &Limits) -> Result<(ZtVersion, Manifest
     };
     let manifest = match version {
         ZtVersion::V1 => decode_v1(manifest_bytes, &ctx)?,
-        ZtVersion::V0_1 => decode_v01(manifest_bytes, &ctx)?,
+        _ => decode_v01(manifest_bytes, &ctx)?,
     };
     Ok((version, manifest, manifest_start))
 }
@@ -505,15 +697,19 @@ pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
     Ok(())
 }
 
-fn info_of(obj: &Object) -> Result<TensorInfo> {
+fn info_of(obj: &Object, version: ZtVersion) -> Result<TensorInfo> {
     let encoding = obj
         .components
         .iter()
         .find(|c| c.encoding != Encoding::Raw)
         .map(|c| c.encoding.name().to_owned());
+    let dtype = match version {
+        ZtVersion::V2 => obj.primary().map_or(DType::U8, manifest_v2::element_dtype),
+        _ => obj.dtype(),
+    };
     Ok(TensorInfo {
         name: obj.name.clone(),
-        dtype: obj.dtype(),
+        dtype,
         shape: obj.shape.clone(),
         layout: obj.layout.clone(),
         nbytes: obj.components.iter().map(Component::decoded_length).sum(),
@@ -529,6 +725,7 @@ impl TensorSource for ZtReader {
         match self.version {
             ZtVersion::V1 => "zt",
             ZtVersion::V0_1 => "zt-0.1",
+            ZtVersion::V2 => "zt-2",
         }
     }
 
@@ -548,6 +745,7 @@ impl TensorSource for ZtReader {
         let oi = self.position(name)?;
         let obj = &self.manifest.objects[oi];
         require_dense(obj)?;
+        self.interpretable(obj)?;
         // Validated on open: a dense object has a `data` component of exactly
         // shape × dtype bytes.
         let (ci, data) = obj
@@ -558,18 +756,25 @@ impl TensorSource for ZtReader {
             .ok_or_else(|| Error::NotFound {
                 name: format!("{name}/data"),
             })?;
+        let bytes = self.decoded_at(oi, ci, data)?;
+        self.check_content(oi, ci, data, &bytes)?;
         Ok(TensorView {
-            dtype: data.logical_dtype(),
+            dtype: self.infos[oi].dtype,
             shape: obj.shape.clone(),
-            bytes: self.decoded_at(oi, ci, data)?,
+            bytes,
             zero_copy: data.encoding == Encoding::Raw,
         })
     }
 
-    /// Checks every digest and that every zstd component decodes to exactly its
-    /// declared length (streamed, without holding the decoded bytes). Returns the
-    /// number of digests checked.
+    /// Checks every digest and that every encoded component decodes to exactly its
+    /// declared length (streamed, without holding the decoded bytes); in version 2
+    /// also the content rules of the logical types (`bool` bytes are 0 or 1, an odd
+    /// `f4_e2m1` count leaves the last high nibble zero). Returns the number of
+    /// digests checked.
     fn verify(&self) -> Result<usize> {
+        if self.version == ZtVersion::V2 {
+            return self.verify_v2();
+        }
         let mut checked = 0;
         for obj in &self.manifest.objects {
             for c in &obj.components {
@@ -586,5 +791,58 @@ impl TensorSource for ZtReader {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl ZtReader {
+    /// `verify` for version 2: digests over the decoded bytes, seekable streams
+    /// decoded frame by frame through one scratch buffer.
+    fn verify_v2(&self) -> Result<usize> {
+        let mut checked = 0;
+        for (oi, obj) in self.manifest.objects.iter().enumerate() {
+            for (ci, c) in obj.components.iter().enumerate() {
+                let what = self.label(oi, c);
+                let stored = self.bytes.slice_at(c.offset, c.length)?;
+                let mut state = c.digest.as_ref().map(|d| DigestState::new(d.checksum()));
+                let is_bool = c.logical_type.as_deref() == Some("bool");
+                let mut seen = 0u64;
+                let mut last = None;
+                let mut feed = |chunk: &[u8]| -> Result<()> {
+                    if let Some(s) = state.as_mut() {
+                        s.update(chunk);
+                    }
+                    if is_bool {
+                        check_bool(chunk, seen, &what)?;
+                    }
+                    seen += chunk.len() as u64;
+                    if let Some(&b) = chunk.last() {
+                        last = Some(b);
+                    }
+                    Ok(())
+                };
+                match c.encoding {
+                    Encoding::Raw => feed(&stored)?,
+                    _ => seekable::for_each_frame(&stored, c.decoded_length(), &what, &mut feed)?,
+                }
+                if let (Some(digest), Some(state)) = (&c.digest, state) {
+                    digest.check(state, &what)?;
+                    let _ = self.cell(oi, ci).set(());
+                    checked += 1;
+                }
+                if c.logical_type.as_deref() == Some("f4_e2m1")
+                    && obj.layout == Layout::Dense
+                    && obj.shape.numel()? % 2 == 1
+                    && last.is_some_and(|b| b & 0xf0 != 0)
+                {
+                    return Err(Error::Decode {
+                        tensor: what,
+                        encoding: "f4_e2m1".to_owned(),
+                        reason: "the unused high nibble after an odd element count is not zero"
+                            .to_owned(),
+                    });
+                }
+            }
+        }
+        Ok(checked)
     }
 }

@@ -1,8 +1,8 @@
-//! Writing `.zt` 1.2 files.
+//! Writing `.zt` 1.2 and version 2 files.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use tensorwire_core::{align_up, DType, Error, Layout, Limits, Result, Shape, Value};
@@ -10,7 +10,11 @@ use tensorwire_core::{align_up, DType, Error, Layout, Limits, Result, Shape, Val
 use crate::digest::{Checksum, DigestState};
 use crate::manifest::{self, Component, Encoding, Manifest, Object};
 use crate::reader::{check_object, ZtReader, ZtVersion};
-use crate::{ALIGNMENT, MAGIC, WRITE_VERSION};
+use crate::{manifest_v2, seekable};
+use crate::{
+    ALIGNMENT, MAGIC, MAGIC_V2, V2_ALIGNMENT, V2_CANONICAL_ALIGNMENT, V2_MAX_MANIFEST,
+    WRITE_VERSION,
+};
 
 /// How a component is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,7 +22,9 @@ pub enum Compression {
     /// Stored raw (zero-copy readable).
     #[default]
     Raw,
-    /// zstd at the given level (1–22; ztensor's `compress=True` is level 3).
+    /// zstd at the given level (1–22; ztensor's `compress=True` is level 3): one zstd
+    /// frame in a 1.x file, `zt.zstd-seekable/1` (1 MiB frames with checksums and a
+    /// seek table, as ztensor 2.x writes at level 3) in a version 2 file.
     Zstd(i32),
 }
 
@@ -27,7 +33,9 @@ pub enum Compression {
 pub struct WriteOptions {
     /// Compression of each component.
     pub compression: Compression,
-    /// Digest recorded for each component (over the stored bytes).
+    /// Digest recorded for each component: over the stored bytes in a 1.x file
+    /// (`None`, `Crc32c` or `Sha256`), over the decoded bytes in a version 2 file
+    /// (`None`, `Xxh3` or `Sha256`; ztensor 2.x writes `Xxh3`).
     pub checksum: Checksum,
 }
 
@@ -74,7 +82,17 @@ enum Target {
     Stream,
 }
 
-/// Writes a `.zt` 1.2 file: blobs first, manifest and footer on [`ZtWriter::finish`].
+/// Writes a `.zt` file: blobs first, manifest and footer on [`ZtWriter::finish`].
+///
+/// [`ZtWriter::new`] and [`ZtWriter::create`] write version 1.2 (what ztensor 1.2.3
+/// writes, byte for byte). [`ZtWriter::with_version`] and
+/// [`ZtWriter::create_with_version`] with [`ZtVersion::V2`] write version 2, laid out
+/// as ztensor 2.x lays it out: blobs at multiples of 65536 (see
+/// [`ZtWriter::set_alignment`]) in the order they are added, parts of an object in
+/// name order, raw parts with byte-identical contents sharing one blob, the manifest
+/// at the next aligned offset after the last blob, then the footer. Adding tensors in
+/// ascending name order, raw, with [`Checksum::Xxh3`] gives ztensor's canonical form:
+/// the same bytes `ztensor.Writer(path)` writes for the same tensors.
 ///
 /// ```
 /// use tensorwire_core::{DType, Shape};
@@ -85,17 +103,50 @@ enum Target {
 /// let file: Vec<u8> = w.finish_into().unwrap();
 /// assert_eq!(&file[..8], b"ZTEN1000");
 /// ```
+///
+/// Version 2:
+///
+/// ```
+/// use tensorwire_core::{DType, Shape};
+/// use tensorwire_zt::{Checksum, WriteOptions, ZtVersion, ZtWriter, MAGIC_V2};
+/// let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
+/// let data: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// let canonical = WriteOptions { checksum: Checksum::Xxh3, ..WriteOptions::default() };
+/// w.add_dense("w", DType::F32, &Shape::new(vec![2]).unwrap(), &data, canonical).unwrap();
+/// let file: Vec<u8> = w.finish_into().unwrap();
+/// assert_eq!(&file[..8], MAGIC_V2);
+/// assert_eq!(&file[file.len() - 8..], MAGIC_V2);
+/// ```
 pub struct ZtWriter<W: Write> {
     out: Option<W>,
     target: Target,
     manifest: Manifest,
     offset: u64,
     finished: bool,
+    version: ZtVersion,
+    /// Blob alignment (64 in 1.x; 65536 by default in version 2).
+    align: u64,
+    /// Version 2 blob sharing: (xxh3-128, length) of each raw blob written → where it
+    /// is, and (for streams, which cannot be read back) its SHA-256, which confirms a
+    /// match before a blob is shared.
+    shared: HashMap<BlobKey, SharedBlob>,
 }
 
+/// A raw blob's xxh3-128 and length.
+type BlobKey = (u128, u64);
+/// Where a raw blob was written, and its SHA-256 when it cannot be read back.
+type SharedBlob = (u64, Option<[u8; 32]>);
+
 impl ZtWriter<BufWriter<File>> {
-    /// Creates a new file at `path` (replacing any file there when finished).
+    /// Creates a new 1.2 file at `path` (replacing any file there when finished).
     pub fn create(path: impl AsRef<Path>) -> Result<Self> {
+        ZtWriter::create_with_version(path, ZtVersion::V1)
+    }
+
+    /// Creates a new file of `version` ([`ZtVersion::V1`] or [`ZtVersion::V2`]) at
+    /// `path`, replacing any file there when finished. It is written under a
+    /// temporary name and renamed into place by [`ZtWriter::finish`].
+    pub fn create_with_version(path: impl AsRef<Path>, version: ZtVersion) -> Result<Self> {
         let path = path.as_ref().to_owned();
         let file_name = path
             .file_name()
@@ -105,7 +156,7 @@ impl ZtWriter<BufWriter<File>> {
         tmp_name.push(format!(".tmp-{}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
         let file = File::create(&tmp).map_err(|e| Error::from(e).with_path(&tmp))?;
-        let mut w = ZtWriter::start(BufWriter::with_capacity(1 << 20, file))?;
+        let mut w = ZtWriter::start(BufWriter::with_capacity(1 << 20, file), version)?;
         w.target = Target::Create { tmp, path };
         Ok(w)
     }
@@ -121,8 +172,14 @@ impl ZtWriter<BufWriter<File>> {
             tensorwire_mmap::MapMode::ReadOnly,
             &Limits::default(),
         )?;
-        if reader.version() != ZtVersion::V1 {
-            return Err(Error::unsupported("appending to a 0.1 file").with_path(&path));
+        match reader.version() {
+            ZtVersion::V1 => {}
+            ZtVersion::V0_1 => {
+                return Err(Error::unsupported("appending to a 0.1 file").with_path(&path))
+            }
+            ZtVersion::V2 => {
+                return Err(Error::unsupported("appending to a .zt 2 file").with_path(&path))
+            }
         }
         let len = reader.bytes().len() as u64;
         let manifest_len = u64::from_le_bytes(
@@ -156,28 +213,83 @@ impl ZtWriter<BufWriter<File>> {
             manifest,
             offset: tail_at,
             finished: false,
+            version: ZtVersion::V1,
+            align: ALIGNMENT,
+            shared: HashMap::new(),
         })
     }
 }
 
 impl<W: Write> ZtWriter<W> {
-    /// Starts a file on any writer (the header is written now).
+    /// Starts a 1.2 file on any writer (the header is written now).
     pub fn new(out: W) -> Result<Self> {
-        ZtWriter::start(out)
+        ZtWriter::start(out, ZtVersion::V1)
     }
 
-    fn start(mut out: W) -> Result<Self> {
-        out.write_all(MAGIC)?;
+    /// Starts a file of `version` ([`ZtVersion::V1`] or [`ZtVersion::V2`]) on any
+    /// writer (the header is written now). Version 0.1 is read-only.
+    pub fn with_version(out: W, version: ZtVersion) -> Result<Self> {
+        ZtWriter::start(out, version)
+    }
+
+    fn start(mut out: W, version: ZtVersion) -> Result<Self> {
+        let (magic, manifest_version, align) = match version {
+            ZtVersion::V1 => (MAGIC, WRITE_VERSION, ALIGNMENT),
+            ZtVersion::V2 => (MAGIC_V2, manifest_v2::VERSION, V2_CANONICAL_ALIGNMENT),
+            ZtVersion::V0_1 => {
+                return Err(Error::unsupported(
+                    "writing .zt 0.1 files (write version 1.2 or 2)",
+                ))
+            }
+        };
+        out.write_all(magic)?;
         Ok(ZtWriter {
             out: Some(out),
             target: Target::Stream,
             manifest: Manifest {
-                version: WRITE_VERSION.to_owned(),
+                version: manifest_version.to_owned(),
                 ..Manifest::default()
             },
-            offset: MAGIC.len() as u64,
+            offset: magic.len() as u64,
             finished: false,
+            version,
+            align,
+            shared: HashMap::new(),
         })
+    }
+
+    /// The container version being written.
+    pub fn version(&self) -> ZtVersion {
+        self.version
+    }
+
+    /// Sets the blob alignment of a version 2 file: a power of two, at least 4096
+    /// ([`V2_ALIGNMENT`]); the default is 65536, ztensor's canonical placement (what
+    /// `ztensor.Writer(path, canonical=False, align=...)` chooses). Only before the
+    /// first tensor; 1.x files are always 64-byte aligned.
+    pub fn set_alignment(&mut self, alignment: u64) -> Result<()> {
+        if self.version != ZtVersion::V2 {
+            return Err(Error::invalid(
+                "the blob alignment is fixed (64 bytes) in .zt 1.x files",
+            ));
+        }
+        if !alignment.is_power_of_two() || alignment < V2_ALIGNMENT {
+            return Err(Error::invalid(format!(
+                "alignment must be a power of two of at least {V2_ALIGNMENT}, not {alignment}"
+            )));
+        }
+        if !self.manifest.objects.is_empty() {
+            return Err(Error::invalid(
+                "the alignment must be set before the first tensor",
+            ));
+        }
+        self.align = alignment;
+        Ok(())
+    }
+
+    /// The blob alignment in use.
+    pub fn alignment(&self) -> u64 {
+        self.align
     }
 
     /// Sets the file-level attributes.
@@ -192,7 +304,8 @@ impl<W: Write> ZtWriter<W> {
 
     /// Adds a dense tensor of `dtype` and `shape` from its little-endian bytes. Logical
     /// types are stored as ztensor does (`complex64` as `f32` pairs with
-    /// `type: complex64`, float8 as `u8` with its `type`).
+    /// `type: complex64`, float8 as `u8` with its `type`; in version 2, `bool` as `u8`
+    /// with `type: bool`).
     pub fn add_dense(
         &mut self,
         name: &str,
@@ -222,7 +335,11 @@ impl<W: Write> ZtWriter<W> {
                 found: data.len() as u64,
             });
         }
-        let (storage, _) = dtype.storage();
+        let (mut storage, _) = dtype.storage();
+        if self.version == ZtVersion::V2 && dtype == DType::Bool {
+            // Version 2 has no bool storage type: bool is a logical type over u8.
+            storage = DType::U8;
+        }
         if !storage.is_primitive()
             || matches!(
                 dtype,
@@ -267,6 +384,14 @@ impl<W: Write> ZtWriter<W> {
         }
         if components.is_empty() {
             return Err(Error::invalid(format!("object `{name}` has no components")));
+        }
+        if self.version == ZtVersion::V2 {
+            return self.add_object_v2(name, shape, layout, attributes, components, options);
+        }
+        if options.checksum == Checksum::Xxh3 {
+            return Err(Error::unsupported(
+                "xxh3 digests in a .zt 1.2 file (it records crc32c or sha256)",
+            ));
         }
         for c in components {
             if !c.dtype.is_primitive() {
@@ -381,7 +506,173 @@ impl<W: Write> ZtWriter<W> {
         })
     }
 
+    /// [`ZtWriter::add_object`] for version 2: the object is checked as the reader
+    /// will check it, then its parts are written in name order.
+    fn add_object_v2(
+        &mut self,
+        name: &str,
+        shape: &Shape,
+        layout: Layout,
+        attributes: Option<BTreeMap<String, Value>>,
+        components: &[ComponentData<'_>],
+        options: WriteOptions,
+    ) -> Result<()> {
+        let limits = Limits::default();
+        manifest_v2::check_name(name, "object name", &limits)?;
+        if shape.ndim() > manifest_v2::MAX_RANK {
+            return Err(Error::invalid(format!(
+                "object `{name}`: rank {} is above {}",
+                shape.ndim(),
+                manifest_v2::MAX_RANK
+            )));
+        }
+        if options.checksum == Checksum::Crc32c {
+            return Err(Error::unsupported(
+                "crc32c digests in a .zt 2 file (it records xxh3 or sha256)",
+            ));
+        }
+        if let Some(attributes) = &attributes {
+            for key in attributes.keys() {
+                manifest_v2::check_name(key, "attribute key", &limits)?;
+            }
+        }
+        let layout = manifest_v2::layout_of(&manifest_v2::layout_id(&layout)?);
+        let mut parts: Vec<(Component, &[u8])> = Vec::with_capacity(components.len());
+        for c in components {
+            manifest_v2::check_name(c.role, "part name", &limits)?;
+            // `bool` is a logical type over `u8` in version 2.
+            let (dtype, logical_type) = match (c.dtype, c.logical_type) {
+                (DType::Bool, None | Some("bool")) => (DType::U8, Some("bool")),
+                (dtype, logical) => (dtype, logical),
+            };
+            if !dtype.is_primitive() || dtype == DType::Bool {
+                return Err(Error::invalid(format!(
+                    "component `{}` of `{name}`: {} is not a .zt 2 storage dtype",
+                    c.role, c.dtype
+                )));
+            }
+            let encoding = match options.compression {
+                Compression::Raw => Encoding::Raw,
+                Compression::Zstd(_) => Encoding::ZstdSeekable,
+            };
+            parts.push((
+                Component {
+                    role: c.role.to_owned().into(),
+                    dtype,
+                    logical_type: logical_type.map(str::to_owned),
+                    offset: 0,
+                    length: c.data.len() as u64,
+                    uncompressed_length: (encoding != Encoding::Raw).then_some(c.data.len() as u64),
+                    encoding,
+                    digest: None,
+                },
+                c.data,
+            ));
+        }
+        parts.sort_by(|a, b| a.0.role.as_bytes().cmp(b.0.role.as_bytes()));
+        let planned = Object {
+            name: std::sync::Arc::from(name),
+            shape: shape.clone(),
+            layout,
+            attributes,
+            components: parts.iter().map(|(c, _)| c.clone()).collect(),
+        };
+        manifest_v2::check_object(&planned, self.offset).map_err(|e| match e {
+            Error::Malformed { reason, .. } => Error::invalid(reason),
+            other => other,
+        })?;
+        let mut written = Vec::with_capacity(parts.len());
+        for (mut c, data) in parts {
+            let mut digest = DigestState::new(options.checksum);
+            digest.update(data);
+            c.digest = digest.finish();
+            let (offset, length) = match options.compression {
+                Compression::Raw => (self.write_or_share(data)?, data.len() as u64),
+                Compression::Zstd(level) => {
+                    let start = self.pad_to_alignment()?;
+                    let out = self.out()?;
+                    let n = seekable::encode_to(data, level, out)?;
+                    self.offset += n;
+                    (start, n)
+                }
+            };
+            c.offset = offset;
+            c.length = length;
+            written.push(c);
+        }
+        let object = Object {
+            components: written,
+            ..planned
+        };
+        let at = self
+            .manifest
+            .objects
+            .binary_search_by(|o| (*o.name).cmp(name))
+            .unwrap_or_else(|i| i);
+        self.manifest.objects.insert(at, object);
+        Ok(())
+    }
+
+    /// Pads with zeros to the next multiple of the alignment; returns that offset.
+    fn pad_to_alignment(&mut self) -> Result<u64> {
+        let Some(start) = align_up(self.offset, self.align) else {
+            return Err(Error::Overflow {
+                what: "file offset",
+            });
+        };
+        const ZEROS: [u8; 4096] = [0u8; 4096];
+        let mut gap = start - self.offset;
+        while gap > 0 {
+            let n = gap.min(ZEROS.len() as u64) as usize;
+            self.out()?.write_all(&ZEROS[..n])?;
+            gap -= n as u64;
+        }
+        self.offset = start;
+        Ok(start)
+    }
+
+    /// Writes a raw version 2 blob, or returns the offset of an earlier blob with the
+    /// very same bytes (as ztensor 2.x shares them). A match on xxh3-128 and length is
+    /// confirmed on the bytes themselves: read back from the file being written, or,
+    /// for a stream that cannot be read back, by SHA-256.
+    fn write_or_share(&mut self, data: &[u8]) -> Result<u64> {
+        let key = (xxhash_rust::xxh3::xxh3_128(data), data.len() as u64);
+        let stream = matches!(self.target, Target::Stream);
+        let sha = |data: &[u8]| -> [u8; 32] {
+            use sha2::Digest as _;
+            sha2::Sha256::digest(data).into()
+        };
+        if let Some(&(offset, sum)) = self.shared.get(&key) {
+            let same = match (&self.target, sum) {
+                _ if data.is_empty() => true,
+                (Target::Create { tmp, .. }, _) => {
+                    let tmp = tmp.clone();
+                    self.out()?.flush()?;
+                    let mut file = File::open(&tmp)?;
+                    file.seek(SeekFrom::Start(offset))?;
+                    let mut back = vec![0u8; data.len()];
+                    file.read_exact(&mut back)?;
+                    back == data
+                }
+                (_, Some(sum)) => sum == sha(data),
+                (_, None) => false,
+            };
+            if same {
+                return Ok(offset);
+            }
+        }
+        let start = self.pad_to_alignment()?;
+        self.out()?.write_all(data)?;
+        self.offset += data.len() as u64;
+        let sum = stream.then(|| sha(data));
+        self.shared.entry(key).or_insert((start, sum));
+        Ok(start)
+    }
+
     fn write_tail(&mut self) -> Result<u64> {
+        if self.version == ZtVersion::V2 {
+            return self.write_tail_v2();
+        }
         let cbor = manifest::encode(&self.manifest)?;
         let total = self.offset + cbor.len() as u64 + 16;
         let out = self.out()?;
@@ -390,6 +681,29 @@ impl<W: Write> ZtWriter<W> {
         out.write_all(MAGIC)?;
         out.flush()?;
         Ok(total)
+    }
+
+    /// Version 2 tail: the manifest at the next aligned offset, then the 40-byte
+    /// footer (manifest offset, length, XXH3-64 of the manifest, version 2, zero,
+    /// magic).
+    fn write_tail_v2(&mut self) -> Result<u64> {
+        let cbor = manifest_v2::encode(&self.manifest)?;
+        if cbor.len() as u64 > V2_MAX_MANIFEST {
+            return Err(Error::invalid("the manifest would exceed 1 GiB"));
+        }
+        let at = self.pad_to_alignment()?;
+        let mut footer = [0u8; 40];
+        footer[0..8].copy_from_slice(&at.to_le_bytes());
+        footer[8..16].copy_from_slice(&(cbor.len() as u64).to_le_bytes());
+        footer[16..24].copy_from_slice(&xxhash_rust::xxh3::xxh3_64(&cbor).to_le_bytes());
+        footer[24..28].copy_from_slice(&2u32.to_le_bytes());
+        footer[32..40].copy_from_slice(MAGIC_V2);
+        let out = self.out()?;
+        out.write_all(&cbor)?;
+        out.write_all(&footer)?;
+        out.flush()?;
+        self.offset = at + cbor.len() as u64 + footer.len() as u64;
+        Ok(self.offset)
     }
 
     /// Writes the manifest and footer and returns the underlying writer.
