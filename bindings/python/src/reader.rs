@@ -148,13 +148,16 @@ fn dense_array<'py>(
             let strided = src.strided(name).or_raise()?;
             if strided.is_contiguous() {
                 (strided.bytes, strided.zero_copy)
-            } else if strided.zero_copy && lendable(&strided.bytes, info.dtype, lend) {
+            } else if let (true, Some(strides)) = (
+                strided.zero_copy && lendable(&strided.bytes, info.dtype, lend),
+                &strided.strides,
+            ) {
                 return arrays::strided_zero_copy(
                     py,
                     &strided.bytes,
                     strided.dtype,
                     strided.shape.dims(),
-                    &strided.strides,
+                    strides,
                 );
             } else {
                 let max = tensorwire::Limits::default().max_decoded_bytes;

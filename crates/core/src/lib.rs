@@ -11,6 +11,7 @@
 mod bytes;
 mod dtype;
 mod error;
+mod index;
 mod limits;
 mod shape;
 mod source;
@@ -20,6 +21,7 @@ mod value;
 pub use crate::bytes::{AlignedBuf, Bytes, Owner};
 pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};
+pub use crate::index::TensorIndex;
 pub use crate::limits::Limits;
 pub use crate::shape::{Shape, MAX_NDIM};
 pub use crate::source::{Layout, TensorInfo, TensorSource, TensorView};

@@ -161,13 +161,13 @@ pub trait TensorSource: Send + Sync {
     fn view(&self, name: &str) -> Result<TensorView>;
 
     /// The tensor as the file lays it out: its bytes with sizes and strides (in
-    /// elements). Sources that store every tensor row-major return [`Self::view`] with
-    /// row-major strides; torch checkpoints (transposes, slices) and Fortran-order
+    /// elements). Sources that store every tensor row-major return [`Self::view`]
+    /// (strides `None`); torch checkpoints (transposes, slices) and Fortran-order
     /// NumPy arrays return their own strides, zero-copy where `view` would gather.
     fn strided(&self, name: &str) -> Result<StridedView> {
         let view = self.view(name)?;
         Ok(StridedView {
-            strides: view.shape.c_strides(),
+            strides: None,
             dtype: view.dtype,
             shape: view.shape,
             bytes: view.bytes,

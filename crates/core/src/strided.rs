@@ -14,8 +14,9 @@ pub struct StridedView {
     pub dtype: DType,
     /// Sizes.
     pub shape: Shape,
-    /// Strides in elements (never negative).
-    pub strides: Vec<u64>,
+    /// Strides in elements (never negative); `None` for row-major, the common case,
+    /// so a contiguous tensor costs no strides allocation.
+    pub strides: Option<Vec<u64>>,
     /// The bytes from the first element to one past the last one the strides reach.
     pub bytes: Bytes,
     /// True when `bytes` borrows the source's memory.
@@ -26,19 +27,23 @@ impl StridedView {
     /// True when the strides are row-major, so `bytes` already holds the elements in
     /// order.
     pub fn is_contiguous(&self) -> bool {
-        is_row_major(self.shape.dims(), &self.strides)
+        self.strides
+            .as_deref()
+            .is_none_or(|s| is_row_major(self.shape.dims(), s))
     }
 
     /// The elements in row-major order, gathered into a fresh aligned buffer of
     /// `max_bytes` at most.
     pub fn to_contiguous(&self, max_bytes: u64) -> Result<AlignedBuf> {
-        gather(
-            &self.bytes,
-            self.dtype,
-            &self.shape,
-            &self.strides,
-            max_bytes,
-        )
+        let row_major;
+        let strides = match &self.strides {
+            Some(strides) => strides,
+            None => {
+                row_major = self.shape.c_strides();
+                &row_major
+            }
+        };
+        gather(&self.bytes, self.dtype, &self.shape, strides, max_bytes)
     }
 }
 

@@ -41,14 +41,14 @@
 //! Not in scope: dequantizing, writing GGUF, big-endian files, GGUF v1.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::{
-    align_up, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource,
-    TensorView, Value,
+    align_up, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorIndex, TensorInfo,
+    TensorSource, TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -282,8 +282,7 @@ pub struct GgufReader {
     /// Built from `metadata` on first use (metadata can hold large vocabularies).
     attributes: OnceLock<BTreeMap<String, Value>>,
     tensors: Vec<GgufTensorInfo>,
-    infos: Vec<TensorInfo>,
-    index: HashMap<Arc<str>, usize>,
+    index: TensorIndex,
 }
 
 impl fmt::Debug for GgufReader {
@@ -316,16 +315,10 @@ impl GgufReader {
     /// Opens a GGUF image held in `bytes`.
     pub fn from_bytes(bytes: Bytes, limits: &Limits) -> Result<GgufReader> {
         let header = parse_header(bytes.as_slice(), limits)?;
-        let mut infos = Vec::with_capacity(header.tensors.len());
+        let mut index = TensorIndex::with_capacity(header.tensors.len());
         for t in &header.tensors {
-            infos.push(tensor_info(t)?);
+            index.push(tensor_info(t)?)?;
         }
-        let index = header
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (Arc::clone(&t.name), i))
-            .collect();
         Ok(GgufReader {
             bytes,
             version: header.version,
@@ -334,7 +327,6 @@ impl GgufReader {
             metadata: header.metadata,
             attributes: OnceLock::new(),
             tensors: header.tensors,
-            infos,
             index,
         })
     }
@@ -387,12 +379,7 @@ impl GgufReader {
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.index
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::NotFound {
-                name: name.to_owned(),
-            })
+        self.index.position(name)
     }
 }
 
@@ -402,7 +389,7 @@ impl TensorSource for GgufReader {
     }
 
     fn tensors(&self) -> &[TensorInfo] {
-        &self.infos
+        self.index.infos()
     }
 
     fn attributes(&self) -> &BTreeMap<String, Value> {
@@ -411,14 +398,14 @@ impl TensorSource for GgufReader {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.position(name).map(|i| &self.infos[i])
+        self.index.get(name)
     }
 
     /// Plain tensors as their dtype and logical shape; block types as their raw
     /// blocks (`U8`, bytes per row last). Always zero-copy.
     fn view(&self, name: &str) -> Result<TensorView> {
         let i = self.position(name)?;
-        let info = &self.infos[i];
+        let info = self.index.at(i);
         let t = &self.tensors[i];
         let bytes = self.bytes.slice_at(t.file_offset, t.nbytes)?;
         TensorView::new(name, info.dtype, info.shape.clone(), bytes, true)

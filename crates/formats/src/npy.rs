@@ -17,14 +17,14 @@
 //! and boolean arrays are tensors.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use tensorwire_core::strided::{column_major_strides, swap_bytes};
 use tensorwire_core::{
-    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView, TensorInfo,
-    TensorSource, TensorView, Value,
+    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView, TensorIndex,
+    TensorInfo, TensorSource, TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
@@ -379,8 +379,7 @@ pub struct NumpyReader {
     format: NumpyFormat,
     input: Input,
     records: Vec<ArrayRecord>,
-    infos: Vec<TensorInfo>,
-    index: HashMap<Arc<str>, usize>,
+    index: TensorIndex,
     attributes: BTreeMap<String, Value>,
     limits: Limits,
 }
@@ -461,15 +460,9 @@ impl NumpyReader {
         limits: &Limits,
     ) -> Result<NumpyReader> {
         let mut records = Vec::with_capacity(arrays.len());
-        let mut infos = Vec::with_capacity(arrays.len());
-        let mut index = HashMap::with_capacity(arrays.len());
+        let mut index = TensorIndex::with_capacity(arrays.len());
         for (name, record, member_offset) in arrays {
             let name: Arc<str> = Arc::from(name);
-            if index.insert(name.clone(), infos.len()).is_some() {
-                return Err(Error::Duplicate {
-                    name: name.to_string(),
-                });
-            }
             let h = &record.header;
             let (encoding, stored_bytes) = match &record.location {
                 Location::Mapped(_) => (None, h.nbytes),
@@ -480,7 +473,7 @@ impl NumpyReader {
             if h.fortran_order {
                 attributes.insert("npy.fortran_order".to_owned(), Value::Bool(true));
             }
-            infos.push(TensorInfo {
+            index.push(TensorInfo {
                 name,
                 dtype: h.dtype,
                 shape: h.shape.clone(),
@@ -490,14 +483,13 @@ impl NumpyReader {
                 offset: member_offset + if encoding.is_none() { h.data_offset } else { 0 },
                 encoding,
                 attributes,
-            });
+            })?;
             records.push(record);
         }
         Ok(NumpyReader {
             format,
             input,
             records,
-            infos,
             index,
             attributes: BTreeMap::new(),
             limits: *limits,
@@ -515,12 +507,7 @@ impl NumpyReader {
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.index
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::NotFound {
-                name: name.to_owned(),
-            })
+        self.index.position(name)
     }
 
     /// The array's element bytes as stored (file order, file byte order), and whether
@@ -620,7 +607,7 @@ impl TensorSource for NumpyReader {
     }
 
     fn tensors(&self) -> &[TensorInfo] {
-        &self.infos
+        self.index.infos()
     }
 
     fn attributes(&self) -> &BTreeMap<String, Value> {
@@ -628,7 +615,7 @@ impl TensorSource for NumpyReader {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.position(name).map(|i| &self.infos[i])
+        self.index.get(name)
     }
 
     /// Zero-copy for a little-endian C-order array of a map or stored member; a
@@ -665,11 +652,9 @@ impl TensorSource for NumpyReader {
             swap_bytes(copy.as_mut_slice(), h.dtype);
             (bytes, zero_copy) = (copy.into_bytes(), false);
         }
-        let strides = if h.fortran_order {
-            column_major_strides(h.shape.dims())
-        } else {
-            h.shape.c_strides()
-        };
+        let strides = h
+            .fortran_order
+            .then(|| column_major_strides(h.shape.dims()));
         Ok(StridedView {
             dtype: h.dtype,
             shape: h.shape.clone(),
@@ -725,7 +710,7 @@ mod tests {
         .unwrap();
         let s = f.strided(NPY_TENSOR_NAME).unwrap();
         assert!(s.zero_copy && !s.is_contiguous());
-        assert_eq!(s.strides, vec![1, 2]);
+        assert_eq!(s.strides, Some(vec![1, 2]));
         assert_eq!(
             &*f.view(NPY_TENSOR_NAME).unwrap().bytes,
             &[0, 2, 4, 1, 3, 5]

@@ -14,14 +14,15 @@
 //! overlap, no gap, no trailing bytes, each range `shape × dtype` long.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 use tensorwire_core::{
-    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
+    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorIndex, TensorInfo, TensorSource,
+    TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -210,10 +211,9 @@ impl StDType {
 pub struct SafetensorsReader {
     data: Bytes,
     header_len: u64,
-    infos: Vec<TensorInfo>,
-    /// Byte range of each tensor in `data`, parallel to `infos`.
+    index: TensorIndex,
+    /// Byte range of each tensor in `data`, by position in `index`.
     ranges: Vec<(u64, u64)>,
-    index: HashMap<Arc<str>, usize>,
     metadata: Vec<(String, String)>,
     attributes: BTreeMap<String, Value>,
 }
@@ -271,16 +271,14 @@ impl SafetensorsReader {
         let data = bytes.slice(data_start as usize..)?;
         let ranges = check_tiling(&entries, data.len() as u64, data_start)?;
 
-        let mut infos = Vec::with_capacity(entries.len());
-        let mut index = HashMap::with_capacity(entries.len());
+        // JSON object keys are unique, so names cannot repeat here.
+        let mut index = TensorIndex::with_capacity(entries.len());
         for entry in &entries {
-            let name: Arc<str> = Arc::from(entry.name.as_str());
-            if index.insert(name.clone(), infos.len()).is_some() {
-                return Err(Error::Duplicate {
-                    name: entry.name.clone(),
-                });
-            }
-            infos.push(tensor_info(name, entry, data_start)?);
+            index.push(tensor_info(
+                Arc::from(entry.name.as_str()),
+                entry,
+                data_start,
+            )?)?;
         }
         let attributes = metadata
             .iter()
@@ -289,7 +287,6 @@ impl SafetensorsReader {
         Ok(SafetensorsReader {
             data,
             header_len,
-            infos,
             ranges,
             index,
             metadata,
@@ -314,12 +311,7 @@ impl SafetensorsReader {
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.index
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::NotFound {
-                name: name.to_owned(),
-            })
+        self.index.position(name)
     }
 }
 
@@ -329,7 +321,7 @@ impl TensorSource for SafetensorsReader {
     }
 
     fn tensors(&self) -> &[TensorInfo] {
-        &self.infos
+        self.index.infos()
     }
 
     fn attributes(&self) -> &BTreeMap<String, Value> {
@@ -337,13 +329,13 @@ impl TensorSource for SafetensorsReader {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.position(name).map(|i| &self.infos[i])
+        self.index.get(name)
     }
 
     /// Always zero-copy: a slice of the map.
     fn view(&self, name: &str) -> Result<TensorView> {
         let i = self.position(name)?;
-        let info = &self.infos[i];
+        let info = self.index.at(i);
         let (begin, end) = self.ranges[i];
         let bytes = self.data.slice(begin as usize..end as usize)?;
         TensorView::new(name, info.dtype, info.shape.clone(), bytes, true)
@@ -859,9 +851,12 @@ pub fn write_source(
     let mut written = 8 + plan.header.len() as u64;
     let total = plan.order.len();
     let mut data_done = 0u64;
+    // A safetensors source hands out its raw types' bytes with `raw`, whatever view
+    // they have.
+    let same_format = source.as_any().downcast_ref::<SafetensorsReader>();
     for (done, &i) in plan.order.iter().enumerate() {
         let info = &source.tensors()[i];
-        let bytes = match source.as_any().downcast_ref::<SafetensorsReader>() {
+        let bytes = match same_format {
             Some(st) => st.raw(&info.name)?,
             None => source.view(&info.name)?.bytes,
         };

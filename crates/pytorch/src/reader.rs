@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::strided::swap_bytes;
 use tensorwire_core::{
-    AlignedBuf, Bytes, Error, Layout, Limits, Result, StridedView, TensorInfo, TensorSource,
-    TensorView, Value,
+    AlignedBuf, Bytes, Error, Layout, Limits, Result, StridedView, TensorIndex, TensorInfo,
+    TensorSource, TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_range::{RangeFile, RangeRead};
@@ -53,9 +53,8 @@ enum StorageData {
 pub struct PtReader {
     format: PtFormat,
     input: Input,
-    infos: Vec<TensorInfo>,
+    index: TensorIndex,
     records: Vec<TensorRecord>,
-    index: HashMap<Arc<str>, usize>,
     storages: HashMap<Box<str>, StorageData>,
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
@@ -69,7 +68,7 @@ impl std::fmt::Debug for PtReader {
         f.debug_struct("PtReader")
             .field("format", &self.format)
             .field("input", &self.input)
-            .field("tensors", &self.infos.len())
+            .field("tensors", &self.index.len())
             .finish()
     }
 }
@@ -299,9 +298,8 @@ impl PtReader {
             (arena.len() as u64).saturating_mul(4).max(1 << 16),
             limits.max_tensors,
         )?;
-        let mut infos = Vec::with_capacity(flat.tensors.len());
+        let mut index = TensorIndex::with_capacity(flat.tensors.len());
         let mut records = Vec::with_capacity(flat.tensors.len());
-        let mut index = HashMap::with_capacity(flat.tensors.len());
         for (name, record) in flat.tensors {
             Error::check_limit(
                 "tensor name length",
@@ -314,8 +312,7 @@ impl PtReader {
             let (start, end) = record.byte_extent()?;
             let base = storage_offset(data) + record.storage.window()?.0;
             let name: Arc<str> = name.into();
-            index.insert(name.clone(), infos.len());
-            infos.push(TensorInfo {
+            index.push(TensorInfo {
                 name,
                 dtype: record.dtype,
                 shape: record.shape.clone(),
@@ -330,13 +327,12 @@ impl PtReader {
                     _ => None,
                 },
                 attributes: BTreeMap::new(),
-            });
+            })?;
             records.push(record.clone());
         }
         Ok(PtReader {
             format,
             input,
-            infos,
             records,
             index,
             storages,
@@ -363,12 +359,7 @@ impl PtReader {
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.index
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::NotFound {
-                name: name.to_owned(),
-            })
+        self.index.position(name)
     }
 
     /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
@@ -456,7 +447,7 @@ impl TensorSource for PtReader {
     }
 
     fn tensors(&self) -> &[TensorInfo] {
-        &self.infos
+        self.index.infos()
     }
 
     fn attributes(&self) -> &BTreeMap<String, Value> {
@@ -464,7 +455,7 @@ impl TensorSource for PtReader {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.position(name).map(|i| &self.infos[i])
+        self.index.get(name)
     }
 
     /// Contiguous tensors of a mapped little-endian file come back zero-copy; strided
@@ -505,7 +496,7 @@ impl TensorSource for PtReader {
         Ok(StridedView {
             dtype: record.dtype,
             shape: record.shape.clone(),
-            strides: record.strides.clone(),
+            strides: (!record.is_contiguous()).then(|| record.strides.clone()),
             bytes,
             zero_copy,
         })

@@ -3,9 +3,7 @@
 use std::path::Path;
 
 use tensorwire_core::{Error, Layout, Result, TensorSource, Value};
-use tensorwire_zt::{
-    Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter,
-};
+use tensorwire_zt::{Checksum, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter};
 
 /// The tensor attribute under which `.zt` output records the layout of a tensor
 /// written as raw bytes (`gguf:Q4_0`, `safetensors:F4`).
@@ -126,26 +124,7 @@ pub fn convert_source(
             let zt = zt.ok_or_else(|| {
                 Error::unsupported(format!("converting {} tensor `{}`", info.layout, info.name))
             })?;
-            let obj = zt.object(&info.name)?;
-            let datas = obj
-                .components
-                .iter()
-                .map(|c| zt.component(&info.name, &c.role))
-                .collect::<Result<Vec<_>>>()?;
-            let comps: Vec<ComponentData<'_>> = obj
-                .components
-                .iter()
-                .zip(&datas)
-                .map(|(c, d)| c.with_data(d))
-                .collect();
-            writer.add_object(
-                &info.name,
-                &obj.shape,
-                obj.layout.clone(),
-                obj.attributes.clone(),
-                &comps,
-                write,
-            )?;
+            writer.copy_object(zt, &info.name, write)?;
         }
         done_bytes += info.nbytes;
         progress(i + 1, total, done_bytes);

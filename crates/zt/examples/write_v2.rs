@@ -637,17 +637,6 @@ pub fn write_seeds(dir: &Path) -> Result<usize> {
             w.set_alignment(4096)?;
             w.set_attributes(reader.attributes().clone());
             for obj in group {
-                let datas = obj
-                    .components
-                    .iter()
-                    .map(|c| reader.component(&obj.name, &c.role))
-                    .collect::<Result<Vec<_>>>()?;
-                let comps: Vec<ComponentData<'_>> = obj
-                    .components
-                    .iter()
-                    .zip(&datas)
-                    .map(|(c, d)| c.with_data(d))
-                    .collect();
                 let options = WriteOptions {
                     compression: match obj.components[0].encoding {
                         Encoding::Raw => Compression::Raw,
@@ -658,14 +647,7 @@ pub fn write_seeds(dir: &Path) -> Result<usize> {
                         .as_ref()
                         .map_or(Checksum::None, |d| d.checksum()),
                 };
-                w.add_object(
-                    &obj.name,
-                    &obj.shape,
-                    obj.layout.clone(),
-                    obj.attributes.clone(),
-                    &comps,
-                    options,
-                )?;
+                w.copy_object(&reader, &obj.name, options)?;
             }
             let bytes = w.finish_into()?;
             if bytes.len() <= 65536 {

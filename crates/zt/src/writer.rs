@@ -364,6 +364,36 @@ impl<W: Write> ZtWriter<W> {
         )
     }
 
+    /// Copies object `name` of `reader` (every component, as stored or decoded,
+    /// with its shape, layout and attributes) into this file, written with `options`.
+    pub fn copy_object(
+        &mut self,
+        reader: &ZtReader,
+        name: &str,
+        options: WriteOptions,
+    ) -> Result<()> {
+        let obj = reader.object(name)?;
+        let datas = obj
+            .components
+            .iter()
+            .map(|c| reader.component(name, &c.role))
+            .collect::<Result<Vec<_>>>()?;
+        let comps: Vec<ComponentData<'_>> = obj
+            .components
+            .iter()
+            .zip(&datas)
+            .map(|(c, d)| c.with_data(d))
+            .collect();
+        self.add_object(
+            name,
+            &obj.shape,
+            obj.layout.clone(),
+            obj.attributes.clone(),
+            &comps,
+            options,
+        )
+    }
+
     /// Adds an object of any layout from its components.
     pub fn add_object(
         &mut self,

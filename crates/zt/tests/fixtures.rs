@@ -2,8 +2,11 @@
 //! (see `fixtures/zt/make_fixtures.py`), read back equal to the arrays that made them,
 //! and rewriting them with our writer gives the same bytes ztensor wrote.
 
+mod common;
+
+use common::hex;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value as Json;
 use tensorwire_core::{DType, Layout, TensorSource, Value};
@@ -11,32 +14,12 @@ use tensorwire_zt::{
     Checksum, ComponentData, Compression, Encoding, WriteOptions, ZtReader, ZtVersion, ZtWriter,
 };
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zt")
-}
-
 fn fixtures() -> Vec<(PathBuf, Json)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(fixture_dir()).expect("fixtures/zt exists") {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if let Some(stem) = name.strip_suffix(".expected.json") {
-            let json: Json =
-                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            out.push((fixture_dir().join(format!("{stem}.zt")), json));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(
-        out.len() >= 8,
-        "expected the fixture set, found {}",
-        out.len()
-    );
-    out
+    common::fixtures("zt", 8)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+fn fixture_dir() -> PathBuf {
+    common::fixture_dir("zt")
 }
 
 fn json_to_value(j: &Json) -> Value {

@@ -4,8 +4,11 @@
 //! errors; the writer round-trips and refuses what the reader refuses; and, when a
 //! ztensor 2.x interpreter is around, ztensor reads the files we write.
 
+mod common;
+
+use common::hex;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value as Json;
 use sha2::{Digest as _, Sha256};
@@ -19,32 +22,12 @@ use tensorwire_zt::{
 #[allow(dead_code)]
 mod write_v2;
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zt/v2")
-}
-
 fn fixtures() -> Vec<(PathBuf, Json)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(fixture_dir()).expect("fixtures/zt/v2 exists") {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if let Some(stem) = name.strip_suffix(".expected.json") {
-            let json: Json =
-                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            out.push((fixture_dir().join(format!("{stem}.zt")), json));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(
-        out.len() >= 9,
-        "expected the v2 fixture set, found {}",
-        out.len()
-    );
-    out
+    common::fixtures("zt/v2", 9)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+fn fixture_dir() -> PathBuf {
+    common::fixture_dir("zt/v2")
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -311,27 +294,13 @@ fn rewriting_a_v2_fixture_reproduces_ztensors_bytes() {
         for name in expected["write_order"].as_array().unwrap() {
             let name = name.as_str().unwrap();
             let obj = reader.object(name).unwrap();
-            let datas: Vec<Bytes> = obj
-                .components
-                .iter()
-                .map(|c| reader.component(name, &c.role).unwrap())
-                .collect();
-            let comps: Vec<ComponentData<'_>> = obj
-                .components
-                .iter()
-                .zip(&datas)
-                .map(|(c, d)| c.with_data(d))
-                .collect();
             let compression = match obj.components[0].encoding {
                 Encoding::Raw => Compression::Raw,
                 _ => Compression::Zstd(3),
             };
-            w.add_object(
+            w.copy_object(
+                &reader,
                 name,
-                &obj.shape,
-                obj.layout.clone(),
-                obj.attributes.clone(),
-                &comps,
                 WriteOptions {
                     compression,
                     checksum: Checksum::Xxh3,

@@ -1,8 +1,47 @@
-//! Helpers shared by the zt integration tests: build `.zt` images by hand.
+//! Helpers shared by the zt integration tests: build `.zt` images by hand, load the
+//! committed fixtures with their expectations.
 
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
+
 use ciborium::Value as Cbor;
+use serde_json::Value as Json;
+
+/// `fixtures/<sub>` of the repository.
+pub fn fixture_dir(sub: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(sub)
+}
+
+/// Every `X.zt` of `fixtures/<sub>` that has an `X.expected.json`, with that JSON,
+/// sorted by path; at least `min` of them.
+pub fn fixtures(sub: &str, min: usize) -> Vec<(PathBuf, Json)> {
+    let dir = fixture_dir(sub);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the fixture directory exists") {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if let Some(stem) = name.strip_suffix(".expected.json") {
+            let json: Json =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            out.push((dir.join(format!("{stem}.zt")), json));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(
+        out.len() >= min,
+        "expected the fixture set in {sub}, found {}",
+        out.len()
+    );
+    out
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 pub fn text(s: &str) -> Cbor {
     Cbor::Text(s.to_owned())

@@ -1,0 +1,114 @@
+//! [`TensorIndex`]: a reader's tensor list with lookup by name.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::source::TensorInfo;
+
+/// The tensors a reader lists, in its canonical order, with a name → position index:
+/// what every [`TensorSource`](crate::TensorSource) implementation keeps, so
+/// `tensors()` and `info()` are one line each and a position also indexes the
+/// reader's own per-tensor records.
+#[derive(Debug, Clone, Default)]
+pub struct TensorIndex {
+    infos: Vec<TensorInfo>,
+    by_name: HashMap<Arc<str>, usize>,
+}
+
+impl TensorIndex {
+    /// An empty index with room for `n` tensors.
+    pub fn with_capacity(n: usize) -> TensorIndex {
+        TensorIndex {
+            infos: Vec::with_capacity(n),
+            by_name: HashMap::with_capacity(n),
+        }
+    }
+
+    /// Appends a tensor, returning its position; a name already listed is an
+    /// [`Error::Duplicate`].
+    pub fn push(&mut self, info: TensorInfo) -> Result<usize> {
+        // A refused duplicate leaves the index as it was.
+        if self.by_name.contains_key(&info.name) {
+            return Err(Error::Duplicate {
+                name: info.name.to_string(),
+            });
+        }
+        let at = self.infos.len();
+        self.by_name.insert(Arc::clone(&info.name), at);
+        self.infos.push(info);
+        Ok(at)
+    }
+
+    /// The position of `name`, or [`Error::NotFound`].
+    pub fn position(&self, name: &str) -> Result<usize> {
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The info of `name`, or [`Error::NotFound`].
+    pub fn get(&self, name: &str) -> Result<&TensorInfo> {
+        self.position(name).map(|i| &self.infos[i])
+    }
+
+    /// Every tensor, in the order they were pushed.
+    pub fn infos(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    /// The info at a position returned by [`TensorIndex::position`].
+    pub fn at(&self, position: usize) -> &TensorInfo {
+        &self.infos[position]
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.infos.len()
+    }
+
+    /// True when no tensor is listed.
+    pub fn is_empty(&self) -> bool {
+        self.infos.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{DType, Layout, Shape};
+
+    fn info(name: &str) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            dtype: DType::U8,
+            shape: Shape::scalar(),
+            layout: Layout::Dense,
+            nbytes: 1,
+            stored_bytes: 1,
+            offset: 0,
+            encoding: None,
+            attributes: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn finds_by_name_and_refuses_duplicates() {
+        let mut index = TensorIndex::with_capacity(2);
+        assert_eq!(index.push(info("a")).unwrap(), 0);
+        assert_eq!(index.push(info("b")).unwrap(), 1);
+        assert!(matches!(
+            index.push(info("a")),
+            Err(Error::Duplicate { .. })
+        ));
+        assert_eq!(index.len(), 2);
+        assert_eq!(index.position("b").unwrap(), 1);
+        assert_eq!(&*index.get("a").unwrap().name, "a");
+        assert!(matches!(index.get("c"), Err(Error::NotFound { .. })));
+    }
+}
