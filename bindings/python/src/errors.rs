@@ -17,9 +17,12 @@
 //! ```
 //!
 //! Operating-system errors become the matching `OSError` subclass
-//! (`FileNotFoundError`, …) with the file name set.
+//! (`FileNotFoundError`, …) with the file name set; a lock wait that runs out is a
+//! `TimeoutError`, and a value a shared-memory cache cannot hold a `MemoryError`.
 
-use pyo3::exceptions::{PyException, PyKeyError, PyMemoryError, PyOSError, PyValueError};
+use pyo3::exceptions::{
+    PyException, PyKeyError, PyMemoryError, PyOSError, PyTimeoutError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -161,6 +164,8 @@ pub fn to_pyerr(err: Error) -> PyErr {
             }
         }
         Error::NotFound { .. } => raise(|c| &c.not_found, msg),
+        Error::Timeout { .. } => PyTimeoutError::new_err(msg),
+        Error::NoSpace { .. } => PyMemoryError::new_err(msg),
         Error::InvalidArgument { .. } | Error::Duplicate { .. } => {
             raise(|c| &c.invalid_argument, msg)
         }

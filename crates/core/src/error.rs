@@ -194,6 +194,26 @@ pub enum Error {
         offset: u64,
     },
 
+    /// Waiting for a lock (or another shared resource) ran out of time.
+    #[error("timed out after {waited_ms} ms waiting for {what}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long, in milliseconds.
+        waited_ms: u64,
+    },
+
+    /// A fixed-size store (a shared-memory cache) cannot hold a value.
+    #[error("no space: {what} needs {needed} bytes, {available} available")]
+    NoSpace {
+        /// What was being stored.
+        what: String,
+        /// Bytes it needs.
+        needed: u64,
+        /// Bytes the store could offer (its whole capacity when the value can never fit).
+        available: u64,
+    },
+
     /// A caller passed an invalid argument.
     #[error("invalid argument: {reason}")]
     InvalidArgument {

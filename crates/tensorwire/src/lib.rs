@@ -35,6 +35,7 @@ pub use tensorwire_mmap as mmap;
 pub use tensorwire_packet as packet;
 pub use tensorwire_pytorch as pytorch;
 pub use tensorwire_range as range;
+pub use tensorwire_shm as shm;
 pub use tensorwire_zt as zt;
 
 pub use tensorwire_core::{

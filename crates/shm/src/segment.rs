@@ -1,0 +1,453 @@
+//! Shared-memory segments: named POSIX objects and anonymous memfds, mapped shared.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use tensorwire_core::{Bytes, Error, Owner, Result};
+
+use crate::name::posix_path;
+
+/// How a segment is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `PROT_READ`: views only.
+    ReadOnly,
+    /// `PROT_READ | PROT_WRITE`: writes are seen by every process mapping the segment.
+    ReadWrite,
+}
+
+/// How [`Segment::create`] makes a named segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// Permission bits of the new object (default `0o600`: this user only).
+    pub mode: u32,
+    /// Fail with `AlreadyExists` when the name is taken (default). When false, an
+    /// existing segment of exactly the requested size is opened instead.
+    pub exclusive: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            mode: 0o600,
+            exclusive: true,
+        }
+    }
+}
+
+/// A mapped shared-memory object.
+///
+/// The mapping is `MAP_SHARED`: every process that maps the same object sees the same
+/// bytes, and writes made through [`Segment::write_at`] or [`Segment::as_mut_ptr`] are
+/// visible to all of them. Readers of memory another process writes must agree with
+/// it on a protocol (a lock, a published flag); the segment itself only guarantees
+/// that the memory stays mapped while this value (or a [`Bytes`] over it) lives.
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+    fd: OwnedFd,
+    name: Option<String>,
+    access: Access,
+}
+
+// SAFETY: the mapping is owned by this value and unmapped only in `Drop`; the raw
+// pointer is never reassigned. Access to the shared bytes is as thread-safe as access
+// to any shared mapping: reads through `&[u8]` and writes through the explicit
+// pointer APIs, whose callers coordinate as documented.
+unsafe impl Send for Segment {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates the named segment `name` (no leading `/`) of `size` bytes, zero-filled,
+    /// mapped read-write.
+    pub fn create(name: &str, size: usize, options: &CreateOptions) -> Result<Segment> {
+        check_size(size)?;
+        let path = posix_path(name)?;
+        let mut flags = libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC;
+        if options.exclusive {
+            flags |= libc::O_EXCL;
+        }
+        let fd = shm_open(&path, flags, options.mode).map_err(|e| named(e, name))?;
+        let existing = file_size(&fd)?;
+        if existing != 0 && !options.exclusive {
+            if existing != size as u64 {
+                return Err(Error::invalid(format!(
+                    "shared-memory segment {name:?} exists with {existing} bytes, not {size}"
+                )));
+            }
+        } else if let Err(e) = set_size(&fd, size) {
+            // Do not leave a half-made object behind under the name.
+            let _ = Segment::unlink(name);
+            return Err(named(e, name));
+        }
+        Segment::map(fd, size, Access::ReadWrite, Some(name.to_owned()))
+    }
+
+    /// Opens the existing named segment `name` and maps all of it.
+    pub fn open(name: &str, access: Access) -> Result<Segment> {
+        let path = posix_path(name)?;
+        let flags = match access {
+            Access::ReadOnly => libc::O_RDONLY,
+            Access::ReadWrite => libc::O_RDWR,
+        } | libc::O_CLOEXEC;
+        let fd = shm_open(&path, flags, 0).map_err(|e| named(e, name))?;
+        let size = file_size(&fd)?;
+        if size == 0 {
+            return Err(Error::invalid(format!(
+                "shared-memory segment {name:?} is empty (its creator has not sized it)"
+            )));
+        }
+        let size = usize::try_from(size).map_err(|_| Error::Overflow {
+            what: "segment size as usize",
+        })?;
+        Segment::map(fd, size, access, Some(name.to_owned()))
+    }
+
+    /// Removes the name `name`. Processes that have it mapped keep their maps; the
+    /// memory is freed when the last one is gone.
+    pub fn unlink(name: &str) -> Result<()> {
+        let path = posix_path(name)?;
+        // SAFETY: `path` is a valid NUL-terminated string.
+        if unsafe { libc::shm_unlink(path.as_ptr()) } != 0 {
+            return Err(named(io::Error::last_os_error(), name));
+        }
+        Ok(())
+    }
+
+    /// An anonymous segment of `size` bytes (`memfd_create`), zero-filled, mapped
+    /// read-write. Its size is sealed (`F_SEAL_SHRINK | F_SEAL_GROW`), so a process
+    /// that receives its descriptor can map it without fearing that the sender
+    /// truncates it under the map. `label` shows in `/proc/<pid>/fd` only.
+    #[cfg(target_os = "linux")]
+    pub fn memfd(label: &str, size: usize) -> Result<Segment> {
+        check_size(size)?;
+        let label = CString::new(label.replace('\0', "_"))
+            .map_err(|_| Error::invalid("memfd label contains a NUL byte"))?;
+        // SAFETY: `label` is NUL-terminated; the flags are valid for memfd_create.
+        let raw = unsafe {
+            libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        set_size(&fd, size)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS on a descriptor we own, with valid seal bits.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        Segment::map(fd, size, Access::ReadWrite, None)
+    }
+
+    /// Maps a segment received as a descriptor (for example over a Unix socket).
+    /// Refuses a memfd whose size is not sealed, unless `require_sealed` is false:
+    /// its sender could shrink it and make our reads fault.
+    #[cfg(target_os = "linux")]
+    pub fn from_fd(fd: OwnedFd, access: Access, require_sealed: bool) -> Result<Segment> {
+        let size = file_size(&fd)?;
+        if size == 0 {
+            return Err(Error::invalid("shared-memory descriptor has size 0"));
+        }
+        if require_sealed && !size_sealed(&fd) {
+            return Err(Error::invalid(
+                "shared-memory descriptor is not sealed against shrinking",
+            ));
+        }
+        let size = usize::try_from(size).map_err(|_| Error::Overflow {
+            what: "segment size as usize",
+        })?;
+        Segment::map(fd, size, access, None)
+    }
+
+    fn map(fd: OwnedFd, len: usize, access: Access, name: Option<String>) -> Result<Segment> {
+        let prot = match access {
+            Access::ReadOnly => libc::PROT_READ,
+            Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        };
+        // SAFETY: a fresh shared mapping of `len` bytes of an object at least that
+        // large (checked or sized by the caller); the kernel picks the address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error().into());
+        }
+        Ok(Segment {
+            base: base.cast(),
+            len,
+            fd,
+            name,
+            access,
+        })
+    }
+
+    /// The name the segment was created or opened by (`None` for a memfd).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty segments are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How the segment is mapped.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The descriptor, for passing the segment to another process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// True when the segment's size is sealed against shrinking (memfd).
+    pub fn is_size_sealed(&self) -> bool {
+        size_sealed(&self.fd)
+    }
+
+    /// The first byte of the map. Every byte up to `len()` is mapped while `self` lives.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.base
+    }
+
+    /// The first byte of the map, for writing; `None` for a read-only map. Writes are
+    /// visible to every process mapping the segment, so callers coordinate them.
+    pub fn as_mut_ptr(&self) -> Option<*mut u8> {
+        (self.access == Access::ReadWrite).then_some(self.base)
+    }
+
+    /// The mapped bytes. Another process may change them at any time unless the
+    /// protocol in use forbids it.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `base..base+len` is mapped readable for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.base, self.len) }
+    }
+
+    /// Copies `data` into the segment at `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let base = self
+            .as_mut_ptr()
+            .ok_or_else(|| Error::invalid("segment is mapped read-only"))?;
+        self.check_range(offset, data.len())?;
+        // SAFETY: the range is inside the writable map (checked); `data` cannot overlap
+        // it mutably since we only hold `&[u8]` to it.
+        unsafe { std::ptr::copy(data.as_ptr(), base.add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Checks that `offset..offset+len` lies inside the segment.
+    pub fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                tensor: self.name.clone().unwrap_or_else(|| "memfd".into()),
+                offset: offset as u64,
+                length: len as u64,
+                limit: self.len as u64,
+            }),
+        }
+    }
+
+    /// Shares the segment as [`Bytes`] over all of it.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_arc(Arc::new(self))
+    }
+}
+
+impl Owner for Segment {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are exactly the mapping made in `map`, unmapped once
+        // here; no `Bytes` over it remains (they hold an `Arc` to this value).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("name", &self.name)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+fn check_size(size: usize) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid(
+            "a shared-memory segment needs at least 1 byte",
+        ));
+    }
+    if size > isize::MAX as usize {
+        return Err(Error::invalid(format!("segment size {size} is too large")));
+    }
+    Ok(())
+}
+
+fn shm_open(path: &CString, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is NUL-terminated; shm_open returns a new descriptor or -1.
+    let raw = unsafe { libc::shm_open(path.as_ptr(), flags, mode as libc::mode_t) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: shm_open returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn file_size(fd: &OwnedFd) -> Result<u64> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` is a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    Ok(st.st_size.max(0) as u64)
+}
+
+fn set_size(fd: &OwnedFd, size: usize) -> io::Result<()> {
+    let len = libc::off_t::try_from(size)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
+    // SAFETY: `fd` is an open, writable descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn size_sealed(fd: &OwnedFd) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: F_GET_SEALS only reads the descriptor's seal set.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        false
+    }
+}
+
+/// An I/O error that names the segment.
+fn named(err: io::Error, name: &str) -> Error {
+    Error::from(err).with_path(format!("/dev/shm/{name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique(tag: &str) -> String {
+        format!(
+            "tw_test_{tag}_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        )
+    }
+
+    #[test]
+    fn create_write_open_read_unlink() {
+        let name = unique("seg");
+        let seg = Segment::create(&name, 10_000, &CreateOptions::default()).unwrap();
+        assert_eq!(seg.len(), 10_000);
+        assert!(seg.as_slice().iter().all(|&b| b == 0));
+        seg.write_at(9_990, b"0123456789").unwrap();
+        assert!(seg.write_at(9_991, b"0123456789").is_err());
+
+        let other = Segment::open(&name, Access::ReadOnly).unwrap();
+        assert_eq!(&other.as_slice()[9_990..], b"0123456789");
+        assert!(other.write_at(0, b"x").is_err());
+        assert!(other.as_mut_ptr().is_none());
+
+        // A second exclusive create fails; a non-exclusive one needs the same size.
+        let again = Segment::create(&name, 10_000, &CreateOptions::default()).unwrap_err();
+        assert!(again.to_string().contains(&name), "{again}");
+        let shared = CreateOptions {
+            exclusive: false,
+            ..CreateOptions::default()
+        };
+        assert!(Segment::create(&name, 10_000, &shared).is_ok());
+        assert!(Segment::create(&name, 20_000, &shared).is_err());
+
+        Segment::unlink(&name).unwrap();
+        // The maps outlive the name.
+        assert_eq!(&other.as_slice()[9_990..9_992], b"01");
+        let gone = Segment::open(&name, Access::ReadOnly).unwrap_err();
+        assert!(matches!(gone.root(), Error::Io(e) if e.kind() == io::ErrorKind::NotFound));
+    }
+
+    #[test]
+    fn new_segments_are_private_to_the_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let name = unique("mode");
+        let _seg = Segment::create(&name, 64, &CreateOptions::default()).unwrap();
+        let mode =
+            std::fs::metadata(format!("/dev/shm/{name}")).map(|m| m.permissions().mode() & 0o777);
+        Segment::unlink(&name).unwrap();
+        if let Ok(mode) = mode {
+            assert_eq!(mode, 0o600);
+        }
+    }
+
+    #[test]
+    fn bad_sizes_and_names_are_refused() {
+        assert!(Segment::create("x", 0, &CreateOptions::default()).is_err());
+        assert!(Segment::create("a/b", 8, &CreateOptions::default()).is_err());
+        assert!(Segment::open("", Access::ReadOnly).is_err());
+    }
+
+    #[test]
+    fn bytes_keep_the_map_alive() {
+        let seg = Segment::memfd("bytes", 4096).unwrap();
+        seg.write_at(0, b"abc").unwrap();
+        let bytes = seg.into_bytes();
+        let tail = bytes.slice(1..3).unwrap();
+        drop(bytes);
+        assert_eq!(&*tail, b"bc");
+    }
+
+    #[test]
+    fn memfd_travels_as_a_sealed_descriptor() {
+        let seg = Segment::memfd("tw-test", 8192).unwrap();
+        assert!(seg.is_size_sealed());
+        seg.write_at(100, b"shared").unwrap();
+        let dup = seg.fd().try_clone_to_owned().unwrap();
+        let other = Segment::from_fd(dup, Access::ReadOnly, true).unwrap();
+        assert_eq!(&other.as_slice()[100..106], b"shared");
+        seg.write_at(100, b"SHARED").unwrap();
+        assert_eq!(&other.as_slice()[100..106], b"SHARED");
+
+        // An ordinary file descriptor is not sealed.
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(4096).unwrap();
+        let err = Segment::from_fd(file.into(), Access::ReadOnly, true).unwrap_err();
+        assert!(err.to_string().contains("sealed"), "{err}");
+    }
+}
