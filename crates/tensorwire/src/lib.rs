@@ -29,6 +29,7 @@
 mod convert;
 mod sniff;
 
+pub use tensorwire_cache as cache;
 pub use tensorwire_core as core;
 pub use tensorwire_formats as formats;
 pub use tensorwire_mmap as mmap;

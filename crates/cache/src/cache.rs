@@ -1,0 +1,1320 @@
+//! The cache: operations over one segment, each under the robust lock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tensorwire_core::{Bytes, Error, Owner, Result};
+use tensorwire_packet::{packet_info, PacketInfo, PacketLimits};
+use tensorwire_shm::{Access, CreateOptions, LockGuard, ProcessId, RobustMutex, Segment};
+
+use crate::layout::{e, h, Layout, BLOCK_ALIGN, HEADER_SIZE, MAGIC, MAX_KEY_BYTES, MAX_PROCESSES};
+use crate::region::Region;
+
+/// Slot states.
+pub(crate) const FREE: u8 = 0;
+/// Reserved by a writer that is filling the block (invisible to readers).
+pub(crate) const WRITING: u8 = 1;
+/// Published: in the index and the LRU list.
+pub(crate) const READY: u8 = 2;
+/// Removed (deleted, evicted, overwritten, expired) while readers still pin it; freed
+/// when the last pin goes.
+pub(crate) const RETIRED: u8 = 3;
+
+/// "No slot" in LRU links and the free-slot list.
+pub(crate) const NONE: u32 = u32::MAX;
+/// Index bucket states other than a slot number.
+pub(crate) const EMPTY: u32 = u32::MAX;
+pub(crate) const TOMBSTONE: u32 = u32::MAX - 1;
+/// Header field (after the documented ones): head of the free-slot list.
+pub(crate) const FREE_SLOT_HEAD: usize = 216;
+
+/// Where a `put` can be told to stop for ever (crash tests: the process is killed
+/// there). Not for production use.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutStage {
+    /// Lock held, block and slot reserved.
+    Reserved,
+    /// Lock released, value half written.
+    Filling,
+    /// Lock held, new entry published, old entry not yet retired.
+    Publishing,
+    /// Lock held, an in-place update half written.
+    InPlace,
+}
+
+/// How a cache is created or attached.
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    /// Entry slots (default: [`Layout::default_entries`] of the size).
+    pub max_entries: Option<usize>,
+    /// Processes (handles) that can attach at once, at most 256 (default 256).
+    pub max_processes: usize,
+    /// Longest wait for the lock before an operation fails with a timeout (default
+    /// 10 s).
+    pub lock_timeout: Duration,
+    /// Permission bits of a new segment (default `0o600`).
+    pub mode: u32,
+    /// Crash-test hook: stop inside `put` at this stage.
+    #[doc(hidden)]
+    pub pause_at: Option<PutStage>,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheOptions {
+            max_entries: None,
+            max_processes: MAX_PROCESSES,
+            lock_timeout: Duration::from_secs(10),
+            mode: 0o600,
+            pause_at: None,
+        }
+    }
+}
+
+/// What [`TensorCache::info`] reports about one entry, without decoding it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryInfo {
+    /// Bytes of the stored value.
+    pub size: u64,
+    /// Bytes of its block in the pool.
+    pub alloc_size: u64,
+    /// Time since it was put.
+    pub age: Duration,
+    /// Its time to live, if any.
+    pub ttl: Option<Duration>,
+    /// The packet header, when the value is a tensor packet with one dtype and shape.
+    pub packet: Option<PacketInfo>,
+}
+
+/// Counters and occupancy of a cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheStats {
+    /// Live entries.
+    pub entries: u64,
+    /// Entry slots.
+    pub max_entries: u64,
+    /// Bytes of the segment.
+    pub pool_size: u64,
+    /// Bytes of the data region.
+    pub data_region_size: u64,
+    /// Bytes allocated to blocks (live and retired).
+    pub used_bytes: u64,
+    /// Bytes free in the data region.
+    pub free_bytes: u64,
+    /// Bytes held by removed entries that readers still pin.
+    pub pinned_bytes: u64,
+    /// Successful gets.
+    pub hits: u64,
+    /// Gets that found nothing (or an expired entry).
+    pub misses: u64,
+    /// Entries evicted to make room.
+    pub evictions: u64,
+    /// Entries dropped because their TTL ran out.
+    pub expirations: u64,
+    /// Times the cache was repaired after a process died holding the lock.
+    pub recoveries: u64,
+    /// Live processes (handles) attached now.
+    pub processes: u64,
+}
+
+impl CacheStats {
+    /// `hits / (hits + misses)`, 0 before any get.
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+/// This handle's registration and the pins it holds.
+struct Me {
+    pid: u32,
+    slot: usize,
+    /// Local reference counts of pinned entry slots (the shared bitmap has one bit per
+    /// process, so many views of one entry cost one bit).
+    pins: HashMap<u32, u32>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) region: Region,
+    pub(crate) layout: Layout,
+    mutex: RobustMutex,
+    name: String,
+    options: CacheOptions,
+    me: Mutex<Me>,
+}
+
+/// A shared-memory tensor cache many processes attach to by name.
+///
+/// Values are byte strings (tensor packets, for the Python API), stored in
+/// 64-byte-aligned blocks of one segment. [`get`](TensorCache::get) returns a
+/// zero-copy [`Bytes`] view that pins the entry: while any view lives, the bytes stay
+/// exactly as they were, even if another process deletes, evicts or overwrites the key
+/// (the new value goes to a new block; the old block is freed when the last pin goes).
+///
+/// Every operation takes the segment's robust mutex. A process that dies holding it
+/// (or mid-`put`) leaves no torn entry: the next locker rebuilds the index, LRU list
+/// and free space from the entry slots, which are only ever published whole, and keeps
+/// every healthy entry. See `docs/shm-cache.md`.
+#[derive(Clone)]
+pub struct TensorCache {
+    shared: Arc<Shared>,
+}
+
+fn now_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid and is overwritten by clock_gettime.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and out-pointer. CLOCK_MONOTONIC is system-wide, so
+    // times written by one process compare with another's.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+/// FNV-1a, 64 bits: the key index's hash (stored in the slot to skip most compares).
+pub(crate) fn hash_key(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::invalid(format!(
+            "cache key is {} bytes of UTF-8, above the limit of {MAX_KEY_BYTES}",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+fn unique_name() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("tw_cache_{}_{:x}_{n}", std::process::id(), now_ns())
+}
+
+impl TensorCache {
+    /// Creates a cache of `size` bytes under `name` (a fresh unique name when `None`).
+    /// Fails if the name is taken.
+    pub fn create(name: Option<&str>, size: usize, options: CacheOptions) -> Result<TensorCache> {
+        let name = name.map_or_else(unique_name, str::to_owned);
+        let entries = options
+            .max_entries
+            .unwrap_or_else(|| Layout::default_entries(size));
+        let layout = Layout::compute(size, entries, options.max_processes)?;
+        let create = CreateOptions {
+            mode: options.mode,
+            exclusive: true,
+        };
+        let segment = Arc::new(Segment::create(&name, size, &create)?);
+        let result = Self::initialize(Arc::clone(&segment), layout, name.clone(), options);
+        if result.is_err() {
+            let _ = Segment::unlink(&name);
+        }
+        result
+    }
+
+    fn initialize(
+        segment: Arc<Segment>,
+        layout: Layout,
+        name: String,
+        options: CacheOptions,
+    ) -> Result<TensorCache> {
+        let region = Region::new(Arc::clone(&segment))
+            .ok_or_else(|| Error::invalid("cache segment is read-only"))?;
+        for (off, value, width) in layout.header_fields() {
+            match width {
+                4 => region.set32(off, value as u32),
+                _ => region.set64(off, value),
+            }
+        }
+        // SAFETY: the segment was just created exclusively; no other process can have
+        // found it yet (the magic, written last, is not there).
+        let mutex = unsafe { RobustMutex::initialize(segment, h::MUTEX)? };
+        let shared = Shared {
+            region,
+            layout,
+            mutex,
+            name,
+            options,
+            me: Mutex::new(Me {
+                pid: 0,
+                slot: 0,
+                pins: HashMap::new(),
+            }),
+        };
+        shared.reset_tables();
+        // Publish: attachers wait for the magic before reading anything else.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        shared.region.write_bytes(h::MAGIC, MAGIC);
+        let cache = TensorCache {
+            shared: Arc::new(shared),
+        };
+        cache.shared.locked(|_| Ok(()))?;
+        Ok(cache)
+    }
+
+    /// Attaches to the cache another process created under `name`. Waits up to one
+    /// second for a creator that is still initializing it; refuses a segment that is
+    /// not a tensorwire cache or whose header does not hold together.
+    pub fn attach(name: &str, options: CacheOptions) -> Result<TensorCache> {
+        let segment = Arc::new(Segment::open(name, Access::ReadWrite)?);
+        if segment.len() < HEADER_SIZE {
+            return Err(Error::Truncated {
+                offset: 0,
+                needed: HEADER_SIZE as u64,
+                available: segment.len() as u64,
+            });
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        let layout = loop {
+            let header = &segment.as_slice()[..HEADER_SIZE];
+            match Layout::from_header(header, segment.len()) {
+                Err(Error::BadMagic { found, .. })
+                    if found.iter().all(|&b| b == 0) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                other => break other?,
+            }
+        };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let region = Region::new(Arc::clone(&segment))
+            .ok_or_else(|| Error::invalid("cache segment is read-only"))?;
+        // SAFETY: the header checked out (magic, version, geometry), so the creator
+        // initialized the mutex at this offset before writing the magic.
+        let mutex = unsafe { RobustMutex::attach(segment, h::MUTEX)? };
+        let cache = TensorCache {
+            shared: Arc::new(Shared {
+                region,
+                layout,
+                mutex,
+                name: name.to_owned(),
+                options,
+                me: Mutex::new(Me {
+                    pid: 0,
+                    slot: 0,
+                    pins: HashMap::new(),
+                }),
+            }),
+        };
+        cache.shared.locked(|_| Ok(()))?;
+        Ok(cache)
+    }
+
+    /// Removes the segment's name (attached processes keep working; the memory goes
+    /// when the last one detaches).
+    pub fn unlink(&self) -> Result<()> {
+        Segment::unlink(&self.shared.name)
+    }
+
+    /// The segment name other processes attach by.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The geometry.
+    pub fn layout(&self) -> &Layout {
+        &self.shared.layout
+    }
+
+    /// Stores `value` under `key`, replacing what was there. Returns the bytes stored.
+    pub fn put(&self, key: &str, value: &[u8], ttl: Option<Duration>) -> Result<usize> {
+        self.put_with(key, value.len(), ttl, |buf| {
+            buf[..value.len()].copy_from_slice(value);
+            Ok(value.len())
+        })
+    }
+
+    /// Stores a value written in place by `fill`, which gets a block of `len` bytes in
+    /// shared memory (holding stale bytes) and returns how many it wrote (≤ `len`).
+    /// Nobody sees the value until `fill` returns and it is published whole. A failing
+    /// `fill` stores nothing; the old value stays, except when the update was going in
+    /// place (the key's own block, unpinned and of the same size), where the key is
+    /// removed, its old bytes being partly overwritten.
+    ///
+    /// Errors: the key is too long; `NoSpace` when the value is larger than the data
+    /// region, or when it cannot fit even after evicting every entry (pinned memory
+    /// and fragmentation); `Timeout` when the lock is not free in time.
+    pub fn put_with<F>(
+        &self,
+        key: &str,
+        len: usize,
+        ttl: Option<Duration>,
+        fill: F,
+    ) -> Result<usize>
+    where
+        F: FnOnce(&mut [u8]) -> Result<usize>,
+    {
+        check_key(key)?;
+        self.shared.put_with(key.as_bytes(), len, ttl, fill)
+    }
+
+    /// The value under `key`, as a zero-copy view that pins it; `None` when absent or
+    /// expired.
+    pub fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        check_key(key)?;
+        Shared::get(&self.shared, key.as_bytes())
+    }
+
+    /// Removes `key`; true when it was there.
+    pub fn delete(&self, key: &str) -> Result<bool> {
+        check_key(key)?;
+        self.shared.locked(|me| {
+            Ok(match self.shared.lookup(key.as_bytes()) {
+                Some((bucket, slot)) => {
+                    self.shared.remove(slot, Some(bucket), me);
+                    true
+                }
+                None => false,
+            })
+        })
+    }
+
+    /// True when `key` holds a live (unexpired) value. Does not count as a hit or miss.
+    pub fn contains(&self, key: &str) -> Result<bool> {
+        Ok(self.info(key)?.is_some())
+    }
+
+    /// Size, age, TTL and packet header of `key`'s value, without decoding it.
+    pub fn info(&self, key: &str) -> Result<Option<EntryInfo>> {
+        check_key(key)?;
+        let s = &self.shared;
+        s.locked(|me| {
+            let Some((bucket, slot)) = s.lookup(key.as_bytes()) else {
+                return Ok(None);
+            };
+            let now = now_ns();
+            if s.expired(slot, now) {
+                s.expire(slot, bucket, me);
+                return Ok(None);
+            }
+            let sl = s.layout.slot(slot);
+            let r = &s.region;
+            let (off, len) = s.value_range(slot)?;
+            // SAFETY: the lock is held, so no process writes or frees the block now.
+            let bytes = unsafe { r.data(off, len) }.unwrap_or(&[]);
+            let packet = packet_info(bytes, &PacketLimits::default()).ok();
+            let created = r.get64(sl + e::CREATED_NS);
+            let expires = r.get64(sl + e::EXPIRES_NS);
+            Ok(Some(EntryInfo {
+                size: len as u64,
+                alloc_size: r.get64(sl + e::ALLOC_SIZE),
+                age: Duration::from_nanos(now.saturating_sub(created)),
+                ttl: (expires != 0).then(|| Duration::from_nanos(expires - created)),
+                packet,
+            }))
+        })
+    }
+
+    /// The live keys, most recently used first.
+    pub fn keys(&self) -> Result<Vec<String>> {
+        let s = &self.shared;
+        s.locked(|_| {
+            let now = now_ns();
+            let mut keys = Vec::new();
+            let mut at = s.region.get32(h::LRU_HEAD);
+            let mut steps = 0;
+            while let Some(slot) = s.valid_slot(at) {
+                if !s.expired(slot, now) {
+                    keys.push(String::from_utf8_lossy(&s.key_of(slot)).into_owned());
+                }
+                at = s.region.get32(s.layout.slot(slot) + e::LRU_NEXT);
+                steps += 1;
+                if steps > s.layout.max_entries {
+                    break;
+                }
+            }
+            Ok(keys)
+        })
+    }
+
+    /// Number of live keys.
+    pub fn len(&self) -> Result<usize> {
+        Ok(self.keys()?.len())
+    }
+
+    /// True when no key is live.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Removes every entry (pinned values stay valid for their readers).
+    pub fn clear(&self) -> Result<()> {
+        let s = &self.shared;
+        s.locked(|me| {
+            for slot in 0..s.layout.max_entries as u32 {
+                if s.region.get8(s.layout.slot(slot) + e::STATE) == READY {
+                    s.remove(slot, None, me);
+                }
+            }
+            s.rebuild_index();
+            Ok(())
+        })
+    }
+
+    /// Counters and occupancy.
+    pub fn stats(&self) -> Result<CacheStats> {
+        let s = &self.shared;
+        s.locked(|_| {
+            let r = &s.region;
+            let l = &s.layout;
+            let mut pinned = 0;
+            for slot in 0..l.max_entries as u32 {
+                if r.get8(l.slot(slot) + e::STATE) == RETIRED {
+                    pinned += r.get64(l.slot(slot) + e::ALLOC_SIZE);
+                }
+            }
+            let processes = (0..l.max_processes)
+                .filter_map(|p| {
+                    ProcessId::from_words([r.get64(l.process(p)), r.get64(l.process(p) + 8)])
+                })
+                .filter(ProcessId::is_alive)
+                .count() as u64;
+            let used = r.get64(h::USED_BYTES);
+            Ok(CacheStats {
+                entries: r.get32(h::ENTRY_COUNT).into(),
+                max_entries: l.max_entries as u64,
+                pool_size: l.segment_size as u64,
+                data_region_size: l.data_size as u64,
+                used_bytes: used,
+                free_bytes: (l.data_size as u64).saturating_sub(used),
+                pinned_bytes: pinned,
+                hits: r.get64(h::HITS),
+                misses: r.get64(h::MISSES),
+                evictions: r.get64(h::EVICTIONS),
+                expirations: r.get64(h::EXPIRATIONS),
+                recoveries: r.get64(h::RECOVERIES),
+                processes,
+            })
+        })
+    }
+
+    /// Checks every structure against the entry slots (index, LRU list, free table,
+    /// counters, pins); an error names the first inconsistency. For tests and
+    /// `tensorwire verify`.
+    pub fn check_consistency(&self) -> Result<()> {
+        self.shared.locked(|_| self.shared.check_consistency())
+    }
+}
+
+impl Shared {
+    /// Runs `f` under the lock, repairing the cache first when a holder died (or a
+    /// repair was interrupted), with this handle registered. `f` gets this handle's
+    /// registry slot.
+    pub(crate) fn locked<T>(&self, f: impl FnOnce(usize) -> Result<T>) -> Result<T> {
+        let mut guard = self.mutex.lock(Some(self.options.lock_timeout))?;
+        self.repair_if_needed(&mut guard)?;
+        let me = self.register()?;
+        f(me)
+    }
+
+    fn repair_if_needed(&self, guard: &mut LockGuard<'_>) -> Result<()> {
+        let r = &self.region;
+        if guard.owner_died() || r.get32(h::NEEDS_RECOVERY) != 0 {
+            // Mark first: if we die mid-repair, the next locker repairs again.
+            r.set32(h::NEEDS_RECOVERY, 1);
+            guard.mark_consistent()?;
+            self.recover();
+            r.add64(h::RECOVERIES, 1);
+            r.set32(h::NEEDS_RECOVERY, 0);
+        }
+        Ok(())
+    }
+
+    /// This handle's registry slot, claiming one on first use and again in a forked
+    /// child. Lock held.
+    fn register(&self) -> Result<usize> {
+        let mut me = self.me.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if me.pid == pid {
+            return Ok(me.slot);
+        }
+        let id = ProcessId::current();
+        let slot = match self.claim_process_slot(id) {
+            Some(slot) => slot,
+            None => {
+                // Make room by dropping processes that died without detaching.
+                self.recover();
+                self.claim_process_slot(id).ok_or(Error::LimitExceeded {
+                    what: "processes attached to the cache",
+                    limit: self.layout.max_processes as u64,
+                    found: self.layout.max_processes as u64 + 1,
+                })?
+            }
+        };
+        me.pid = pid;
+        me.slot = slot;
+        me.pins.clear();
+        Ok(slot)
+    }
+
+    fn claim_process_slot(&self, id: ProcessId) -> Option<usize> {
+        let r = &self.region;
+        let slot =
+            (0..self.layout.max_processes).find(|&p| r.get64(self.layout.process(p)) == 0)?;
+        let [pid, start] = id.to_words();
+        r.set64(self.layout.process(slot) + 8, start);
+        r.set64(self.layout.process(slot), pid);
+        Some(slot)
+    }
+
+    /// Empty tables: all slots free, no index entries, one free extent. Creator only
+    /// (and `recover` builds the same from the surviving entries).
+    fn reset_tables(&self) {
+        let r = &self.region;
+        let l = &self.layout;
+        for b in 0..l.index_capacity {
+            r.set32(l.index_offset + b * 4, EMPTY);
+        }
+        r.set32(h::TOMBSTONES, 0);
+        for slot in 0..l.max_entries as u32 {
+            r.zero(l.slot(slot), e::KEY);
+        }
+        self.rebuild_free_slots();
+        r.set32(h::LRU_HEAD, NONE);
+        r.set32(h::LRU_TAIL, NONE);
+        r.set32(h::ENTRY_COUNT, 0);
+        self.rebuild_free_table(&mut []);
+    }
+
+    // ----- slots -----
+
+    pub(crate) fn valid_slot(&self, v: u32) -> Option<u32> {
+        ((v as usize) < self.layout.max_entries).then_some(v)
+    }
+
+    pub(crate) fn key_of(&self, slot: u32) -> Vec<u8> {
+        let sl = self.layout.slot(slot);
+        let len = (self.region.get8(sl + e::KEY_LEN) as usize).min(MAX_KEY_BYTES);
+        let mut key = vec![0u8; len];
+        self.region.read_bytes(sl + e::KEY, &mut key);
+        key
+    }
+
+    /// Absolute offset and length of a slot's value, checked against the data region.
+    fn value_range(&self, slot: u32) -> Result<(usize, usize)> {
+        let sl = self.layout.slot(slot);
+        let r = &self.region;
+        let off = r.get64(sl + e::DATA_OFFSET);
+        let alloc = r.get64(sl + e::ALLOC_SIZE);
+        let len = r.get64(sl + e::VALUE_LEN);
+        if len > alloc
+            || off
+                .checked_add(alloc)
+                .is_none_or(|end| end > self.layout.data_size as u64)
+        {
+            return Err(Error::malformed(
+                sl as u64,
+                format!("cache entry {slot} points outside the data region"),
+            ));
+        }
+        Ok((self.layout.data_offset + off as usize, len as usize))
+    }
+
+    fn expired(&self, slot: u32, now: u64) -> bool {
+        let at = self.region.get64(self.layout.slot(slot) + e::EXPIRES_NS);
+        at != 0 && now >= at
+    }
+
+    fn pop_free_slot(&self) -> Option<u32> {
+        let r = &self.region;
+        let slot = self.valid_slot(r.get32(FREE_SLOT_HEAD))?;
+        let sl = self.layout.slot(slot);
+        if r.get8(sl + e::STATE) != FREE {
+            // A torn list: rebuild it from the states.
+            self.rebuild_free_slots();
+            return self.pop_free_slot_checked();
+        }
+        r.set32(FREE_SLOT_HEAD, r.get32(sl + e::LRU_NEXT));
+        Some(slot)
+    }
+
+    fn pop_free_slot_checked(&self) -> Option<u32> {
+        let r = &self.region;
+        let slot = self.valid_slot(r.get32(FREE_SLOT_HEAD))?;
+        r.set32(
+            FREE_SLOT_HEAD,
+            r.get32(self.layout.slot(slot) + e::LRU_NEXT),
+        );
+        Some(slot)
+    }
+
+    /// Frees a slot and its block.
+    fn free_slot(&self, slot: u32) {
+        let r = &self.region;
+        let sl = self.layout.slot(slot);
+        let off = r.get64(sl + e::DATA_OFFSET);
+        let alloc = r.get64(sl + e::ALLOC_SIZE);
+        r.set8(sl + e::STATE, FREE);
+        if alloc > 0 {
+            self.free_block(off, alloc);
+        }
+        r.zero(sl, e::KEY);
+        r.set32(sl + e::LRU_NEXT, r.get32(FREE_SLOT_HEAD));
+        r.set32(FREE_SLOT_HEAD, slot);
+    }
+
+    pub(crate) fn rebuild_free_slots(&self) {
+        let r = &self.region;
+        let mut head = NONE;
+        for slot in (0..self.layout.max_entries as u32).rev() {
+            let sl = self.layout.slot(slot);
+            if r.get8(sl + e::STATE) == FREE {
+                r.set32(sl + e::LRU_NEXT, head);
+                head = slot;
+            }
+        }
+        r.set32(FREE_SLOT_HEAD, head);
+    }
+
+    // ----- key index -----
+
+    fn bucket_off(&self, b: usize) -> usize {
+        self.layout.index_offset + (b & (self.layout.index_capacity - 1)) * 4
+    }
+
+    fn slot_has_key(&self, slot: u32, key: &[u8], hash: u64) -> bool {
+        let sl = self.layout.slot(slot);
+        let r = &self.region;
+        r.get8(sl + e::STATE) == READY
+            && r.get64(sl + e::KEY_HASH) == hash
+            && r.get8(sl + e::KEY_LEN) as usize == key.len()
+            && self.key_of(slot) == key
+    }
+
+    /// `(bucket, slot)` of the live entry for `key`.
+    pub(crate) fn lookup(&self, key: &[u8]) -> Option<(usize, u32)> {
+        let hash = hash_key(key);
+        let cap = self.layout.index_capacity;
+        for i in 0..cap {
+            let b = (hash as usize).wrapping_add(i) & (cap - 1);
+            match self.region.get32(self.bucket_off(b)) {
+                EMPTY => return None,
+                TOMBSTONE => continue,
+                v => {
+                    if let Some(slot) = self.valid_slot(v) {
+                        if self.slot_has_key(slot, key, hash) {
+                            return Some((b, slot));
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn index_insert(&self, slot: u32) {
+        let hash = self.region.get64(self.layout.slot(slot) + e::KEY_HASH);
+        let cap = self.layout.index_capacity;
+        for i in 0..cap {
+            let b = (hash as usize).wrapping_add(i) & (cap - 1);
+            match self.region.get32(self.bucket_off(b)) {
+                EMPTY => {
+                    self.region.set32(self.bucket_off(b), slot);
+                    return;
+                }
+                TOMBSTONE => {
+                    self.region.set32(self.bucket_off(b), slot);
+                    let t = self.region.get32(h::TOMBSTONES);
+                    self.region.set32(h::TOMBSTONES, t.saturating_sub(1));
+                    return;
+                }
+                _ => {}
+            }
+        }
+        // Full of live buckets cannot happen (capacity ≥ 2 × slots); rebuild anyway.
+        self.rebuild_index();
+    }
+
+    fn index_remove(&self, bucket: usize) {
+        let r = &self.region;
+        r.set32(self.bucket_off(bucket), TOMBSTONE);
+        let t = r.get32(h::TOMBSTONES) + 1;
+        r.set32(h::TOMBSTONES, t);
+        if t as usize > self.layout.index_capacity / 4 {
+            self.rebuild_index();
+        }
+    }
+
+    /// The index from the READY slots (also clears tombstones).
+    pub(crate) fn rebuild_index(&self) {
+        let r = &self.region;
+        let l = &self.layout;
+        for b in 0..l.index_capacity {
+            r.set32(l.index_offset + b * 4, EMPTY);
+        }
+        r.set32(h::TOMBSTONES, 0);
+        for slot in 0..l.max_entries as u32 {
+            if r.get8(l.slot(slot) + e::STATE) == READY {
+                self.index_insert(slot);
+            }
+        }
+    }
+
+    // ----- LRU list (head = most recent) -----
+
+    pub(crate) fn lru_push_head(&self, slot: u32) {
+        let r = &self.region;
+        let sl = self.layout.slot(slot);
+        let head = r.get32(h::LRU_HEAD);
+        r.set32(sl + e::LRU_PREV, NONE);
+        r.set32(sl + e::LRU_NEXT, head);
+        match self.valid_slot(head) {
+            Some(hd) => r.set32(self.layout.slot(hd) + e::LRU_PREV, slot),
+            None => r.set32(h::LRU_TAIL, slot),
+        }
+        r.set32(h::LRU_HEAD, slot);
+    }
+
+    fn lru_unlink(&self, slot: u32) {
+        let r = &self.region;
+        let sl = self.layout.slot(slot);
+        let prev = r.get32(sl + e::LRU_PREV);
+        let next = r.get32(sl + e::LRU_NEXT);
+        match self.valid_slot(prev) {
+            Some(p) => r.set32(self.layout.slot(p) + e::LRU_NEXT, next),
+            None => r.set32(h::LRU_HEAD, next),
+        }
+        match self.valid_slot(next) {
+            Some(n) => r.set32(self.layout.slot(n) + e::LRU_PREV, prev),
+            None => r.set32(h::LRU_TAIL, prev),
+        }
+        r.set32(sl + e::LRU_PREV, NONE);
+        r.set32(sl + e::LRU_NEXT, NONE);
+    }
+
+    fn touch(&self, slot: u32) {
+        let tick = self.region.get64(h::ACCESS_TICK) + 1;
+        self.region.set64(h::ACCESS_TICK, tick);
+        self.region
+            .set64(self.layout.slot(slot) + e::LAST_ACCESS, tick);
+        if self.region.get32(h::LRU_HEAD) != slot {
+            self.lru_unlink(slot);
+            self.lru_push_head(slot);
+        }
+    }
+
+    // ----- free-extent table (offsets relative to the data region) -----
+
+    fn extent(&self, i: usize) -> (u64, u64) {
+        let off = self.layout.free_offset + i * 16;
+        (self.region.get64(off), self.region.get64(off + 8))
+    }
+
+    fn set_extent(&self, i: usize, (o, n): (u64, u64)) {
+        let off = self.layout.free_offset + i * 16;
+        self.region.set64(off, o);
+        self.region.set64(off + 8, n);
+    }
+
+    fn free_count(&self) -> usize {
+        (self.region.get32(h::FREE_COUNT) as usize).min(self.layout.max_entries + 2)
+    }
+
+    /// First fit. Returns the block's offset in the data region.
+    fn alloc_block(&self, size: u64) -> Option<u64> {
+        let count = self.free_count();
+        let i = (0..count).find(|&i| self.extent(i).1 >= size)?;
+        let (o, n) = self.extent(i);
+        if n == size {
+            for j in i..count - 1 {
+                self.set_extent(j, self.extent(j + 1));
+            }
+            self.region.set32(h::FREE_COUNT, (count - 1) as u32);
+        } else {
+            self.set_extent(i, (o + size, n - size));
+        }
+        self.region.add64(h::USED_BYTES, size);
+        Some(o)
+    }
+
+    /// Returns a block to the table, merging it with free neighbours.
+    fn free_block(&self, off: u64, size: u64) {
+        let count = self.free_count();
+        let at = (0..count)
+            .find(|&i| self.extent(i).0 > off)
+            .unwrap_or(count);
+        let merge_prev = at > 0 && {
+            let (po, pn) = self.extent(at - 1);
+            po + pn == off
+        };
+        let merge_next = at < count && off + size == self.extent(at).0;
+        match (merge_prev, merge_next) {
+            (true, true) => {
+                let (po, pn) = self.extent(at - 1);
+                let (_, nn) = self.extent(at);
+                self.set_extent(at - 1, (po, pn + size + nn));
+                for j in at..count - 1 {
+                    self.set_extent(j, self.extent(j + 1));
+                }
+                self.region.set32(h::FREE_COUNT, (count - 1) as u32);
+            }
+            (true, false) => {
+                let (po, pn) = self.extent(at - 1);
+                self.set_extent(at - 1, (po, pn + size));
+            }
+            (false, true) => {
+                let (_, nn) = self.extent(at);
+                self.set_extent(at, (off, size + nn));
+            }
+            (false, false) => {
+                if count >= self.layout.max_entries + 2 {
+                    // Cannot happen (one extent per gap between ≤ max_entries blocks);
+                    // leave the bytes unused rather than corrupt the table.
+                    return;
+                }
+                for j in (at..count).rev() {
+                    self.set_extent(j + 1, self.extent(j));
+                }
+                self.set_extent(at, (off, size));
+                self.region.set32(h::FREE_COUNT, (count + 1) as u32);
+            }
+        }
+        let used = self.region.get64(h::USED_BYTES);
+        self.region.set64(h::USED_BYTES, used.saturating_sub(size));
+    }
+
+    /// The free table as the complement of `blocks` (offset, size) in the data region.
+    pub(crate) fn rebuild_free_table(&self, blocks: &mut [(u64, u64)]) {
+        blocks.sort_unstable();
+        let mut at = 0u64;
+        let mut count = 0usize;
+        let mut used = 0u64;
+        for &(o, n) in blocks.iter() {
+            if o > at {
+                self.set_extent(count, (at, o - at));
+                count += 1;
+            }
+            at = at.max(o + n);
+            used += n;
+        }
+        let end = self.layout.data_size as u64;
+        if end > at {
+            self.set_extent(count, (at, end - at));
+            count += 1;
+        }
+        self.region.set32(h::FREE_COUNT, count as u32);
+        self.region.set64(h::USED_BYTES, used);
+    }
+
+    // ----- entry lifecycle (lock held) -----
+
+    /// Takes a READY entry out of sight (index, LRU); frees it, or retires it when a
+    /// reader pins it.
+    fn remove(&self, slot: u32, bucket: Option<usize>, _me: usize) {
+        let r = &self.region;
+        let sl = self.layout.slot(slot);
+        match bucket {
+            Some(b) => self.index_remove(b),
+            None => {
+                // Find its bucket (clear() rebuilds the index afterwards anyway).
+                let key = self.key_of(slot);
+                if let Some((b, s)) = self.lookup(&key) {
+                    if s == slot {
+                        self.index_remove(b);
+                    }
+                }
+            }
+        }
+        self.lru_unlink(slot);
+        let count = r.get32(h::ENTRY_COUNT);
+        r.set32(h::ENTRY_COUNT, count.saturating_sub(1));
+        if r.get32(sl + e::PIN_COUNT) == 0 {
+            self.free_slot(slot);
+        } else {
+            r.set8(sl + e::STATE, RETIRED);
+        }
+    }
+
+    fn expire(&self, slot: u32, bucket: usize, me: usize) {
+        self.remove(slot, Some(bucket), me);
+        self.region.add64(h::EXPIRATIONS, 1);
+    }
+
+    /// Removes every expired entry; true if any went.
+    fn purge_expired(&self, me: usize) -> bool {
+        let now = now_ns();
+        let mut any = false;
+        for slot in 0..self.layout.max_entries as u32 {
+            let sl = self.layout.slot(slot);
+            if self.region.get8(sl + e::STATE) == READY && self.expired(slot, now) {
+                let key = self.key_of(slot);
+                if let Some((b, s)) = self.lookup(&key) {
+                    if s == slot {
+                        self.expire(slot, b, me);
+                        any = true;
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    fn evict_lru(&self, me: usize) -> bool {
+        let Some(tail) = self.valid_slot(self.region.get32(h::LRU_TAIL)) else {
+            return false;
+        };
+        let key = self.key_of(tail);
+        let bucket = self
+            .lookup(&key)
+            .filter(|&(_, s)| s == tail)
+            .map(|(b, _)| b);
+        self.remove(tail, bucket, me);
+        self.region.add64(h::EVICTIONS, 1);
+        true
+    }
+
+    /// A block of `size` bytes and a free slot, evicting (expired entries first, then
+    /// from the LRU tail) and finally repairing (dead processes' pins and half-written
+    /// blocks) until they fit.
+    fn reserve(&self, size: u64, me: usize) -> Result<(u32, u64)> {
+        let mut purged = false;
+        let mut recovered = false;
+        loop {
+            let free_slot_ready = self.valid_slot(self.region.get32(FREE_SLOT_HEAD)).is_some();
+            if free_slot_ready {
+                if let Some(off) = self.alloc_block(size) {
+                    let slot = self
+                        .pop_free_slot()
+                        .ok_or_else(|| Error::malformed(0, "cache free-slot list is inconsistent"));
+                    match slot {
+                        Ok(slot) => return Ok((slot, off)),
+                        Err(err) => {
+                            self.free_block(off, size);
+                            return Err(err);
+                        }
+                    }
+                }
+            }
+            if !purged {
+                purged = true;
+                if self.purge_expired(me) {
+                    continue;
+                }
+            }
+            if self.evict_lru(me) {
+                continue;
+            }
+            if !recovered {
+                recovered = true;
+                self.recover();
+                continue;
+            }
+            let used = self.region.get64(h::USED_BYTES);
+            return Err(Error::NoSpace {
+                what: if free_slot_ready {
+                    format!(
+                        "a cache value ({} bytes pinned by readers, the rest fragmented)",
+                        used
+                    )
+                } else {
+                    "a cache entry slot (all pinned by readers)".into()
+                },
+                needed: size,
+                available: (self.layout.data_size as u64).saturating_sub(used),
+            });
+        }
+    }
+
+    fn pause(&self, stage: PutStage) {
+        if self.options.pause_at == Some(stage) {
+            eprintln!("tensorwire-cache: paused at {stage:?}");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+
+    fn put_with<F>(&self, key: &[u8], len: usize, ttl: Option<Duration>, fill: F) -> Result<usize>
+    where
+        F: FnOnce(&mut [u8]) -> Result<usize>,
+    {
+        let alloc = (len.max(1) as u64).div_ceil(BLOCK_ALIGN as u64) * BLOCK_ALIGN as u64;
+        if alloc > self.layout.data_size as u64 {
+            return Err(Error::NoSpace {
+                what: "a cache value larger than the whole pool".into(),
+                needed: len as u64,
+                available: self.layout.data_size as u64,
+            });
+        }
+        let ttl_ns = ttl.map(|t| (t.as_nanos().min(u64::MAX as u128) as u64).max(1));
+        let hash = hash_key(key);
+        let r = &self.region;
+
+        let mut fill = Some(fill);
+        let reserved = self.locked(|me| {
+            // In place: the key exists, nobody pins it, and its block is the same size
+            // class. The lock stays held while writing, so readers wait rather than
+            // miss; the slot is WRITING meanwhile, so a crash drops it, never tears it.
+            if let Some((bucket, slot)) = self.lookup(key) {
+                let sl = self.layout.slot(slot);
+                let have = r.get64(sl + e::ALLOC_SIZE);
+                if r.get32(sl + e::PIN_COUNT) == 0 && have >= alloc && have <= alloc * 2 {
+                    r.set32(sl + e::WRITER, me as u32);
+                    r.set8(sl + e::STATE, WRITING);
+                    let (off, _) = self.value_range(slot)?;
+                    // SAFETY: the slot is WRITING, unpinned and we hold the lock: no one
+                    // else reads or writes the block until we publish or free it.
+                    let buf = unsafe { r.data_mut(off, len) }
+                        .ok_or_else(|| Error::malformed(sl as u64, "cache entry out of range"))?;
+                    if self.options.pause_at == Some(PutStage::InPlace) {
+                        buf[..len / 2].fill(0xEE);
+                        self.pause(PutStage::InPlace);
+                    }
+                    let filler = fill
+                        .take()
+                        .ok_or_else(|| Error::invalid("fill used twice"))?;
+                    return match filler(buf).and_then(|n| check_written(n, len)) {
+                        Ok(n) => {
+                            self.finish_entry(slot, n, ttl_ns);
+                            r.set8(sl + e::STATE, READY);
+                            self.touch(slot);
+                            Ok(None)
+                        }
+                        Err(err) => {
+                            // The old bytes are gone: drop the entry.
+                            r.set8(sl + e::STATE, READY);
+                            self.remove(slot, Some(bucket), me);
+                            Err(err)
+                        }
+                    };
+                }
+            }
+            let (slot, off) = self.reserve(alloc, me)?;
+            let sl = self.layout.slot(slot);
+            r.zero(sl, e::KEY);
+            r.set32(sl + e::WRITER, me as u32);
+            r.set64(sl + e::KEY_HASH, hash);
+            r.set64(sl + e::DATA_OFFSET, off);
+            r.set64(sl + e::ALLOC_SIZE, alloc);
+            r.set8(sl + e::KEY_LEN, key.len() as u8);
+            r.write_bytes(sl + e::KEY, key);
+            r.set32(sl + e::LRU_PREV, NONE);
+            r.set32(sl + e::LRU_NEXT, NONE);
+            r.set8(sl + e::STATE, WRITING);
+            self.pause(PutStage::Reserved);
+            Ok(Some((slot, off)))
+        });
+        let Some((slot, off)) = reserved? else {
+            return Ok(len);
+        };
+
+        // Fill outside the lock: the block is ours alone (WRITING, not indexed).
+        let start = self.layout.data_offset + off as usize;
+        // SAFETY: the slot is WRITING and owned by this handle; its block is neither
+        // indexed, pinned nor free, so no other slice over it exists.
+        let written = match unsafe { r.data_mut(start, len) } {
+            Some(buf) => {
+                let filler = fill
+                    .take()
+                    .ok_or_else(|| Error::invalid("fill used twice"))?;
+                if len > 0 {
+                    self.pause_filling(buf);
+                }
+                filler(buf).and_then(|n| check_written(n, len))
+            }
+            None => Err(Error::malformed(off, "cache block out of range")),
+        };
+
+        self.locked(|me| {
+            let sl = self.layout.slot(slot);
+            let ours = r.get8(sl + e::STATE) == WRITING && r.get32(sl + e::WRITER) as usize == me;
+            if !ours {
+                return Err(Error::malformed(
+                    sl as u64,
+                    "the cache entry being written was taken away (the cache was repaired as if this process had died)",
+                ));
+            }
+            let n = match written {
+                Ok(n) => n,
+                Err(err) => {
+                    self.free_slot(slot);
+                    return Err(err);
+                }
+            };
+            let old = self.lookup(key);
+            self.finish_entry(slot, n, ttl_ns);
+            let seq = r.get64(h::PUT_SEQ) + 1;
+            r.set64(h::PUT_SEQ, seq);
+            r.set64(sl + e::SEQ, seq);
+            r.set8(sl + e::STATE, READY);
+            self.pause(PutStage::Publishing);
+            if let Some((bucket, old_slot)) = old {
+                self.remove(old_slot, Some(bucket), me);
+            }
+            self.index_insert(slot);
+            self.touch_new(slot);
+            r.set32(h::ENTRY_COUNT, r.get32(h::ENTRY_COUNT) + 1);
+            Ok(n)
+        })
+    }
+
+    /// The `Filling` crash hook: write half the block, then stop.
+    fn pause_filling(&self, buf: &mut [u8]) {
+        if self.options.pause_at == Some(PutStage::Filling) {
+            let half = buf.len() / 2;
+            buf[..half].fill(0xEE);
+            self.pause(PutStage::Filling);
+        }
+    }
+
+    fn finish_entry(&self, slot: u32, value_len: usize, ttl_ns: Option<u64>) {
+        let r = &self.region;
+        let sl = self.layout.slot(slot);
+        let now = now_ns();
+        r.set64(sl + e::VALUE_LEN, value_len as u64);
+        r.set64(sl + e::CREATED_NS, now);
+        r.set64(
+            sl + e::EXPIRES_NS,
+            ttl_ns.map_or(0, |t| now.saturating_add(t)),
+        );
+    }
+
+    fn touch_new(&self, slot: u32) {
+        let tick = self.region.get64(h::ACCESS_TICK) + 1;
+        self.region.set64(h::ACCESS_TICK, tick);
+        self.region
+            .set64(self.layout.slot(slot) + e::LAST_ACCESS, tick);
+        self.lru_push_head(slot);
+    }
+
+    fn get(this: &Arc<Shared>, key: &[u8]) -> Result<Option<Bytes>> {
+        let r = &this.region;
+        let found = this.locked(|me| {
+            let Some((bucket, slot)) = this.lookup(key) else {
+                r.add64(h::MISSES, 1);
+                return Ok(None);
+            };
+            if this.expired(slot, now_ns()) {
+                this.expire(slot, bucket, me);
+                r.add64(h::MISSES, 1);
+                return Ok(None);
+            }
+            let (off, len) = this.value_range(slot)?;
+            this.pin(slot, me);
+            this.touch(slot);
+            r.add64(h::HITS, 1);
+            Ok(Some((slot, off, len)))
+        })?;
+        Ok(found.map(|(slot, off, len)| {
+            Bytes::from_owner(Pinned {
+                shared: Arc::clone(this),
+                slot,
+                addr: this.region.addr(off),
+                len,
+            })
+        }))
+    }
+
+    fn pin(&self, slot: u32, me: usize) {
+        let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
+        let count = local.pins.entry(slot).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            let sl = self.layout.slot(slot);
+            let bit = 1u64 << (me % 64);
+            let before = self.region.or64(sl + e::PINS + me / 64 * 8, bit);
+            if before & bit == 0 {
+                let c = self.region.get32(sl + e::PIN_COUNT);
+                self.region.set32(sl + e::PIN_COUNT, c + 1);
+            }
+        }
+    }
+
+    fn unpin(&self, slot: u32) {
+        // A failure (lock timeout) leaves the pin set: it is reclaimed when this
+        // process exits and the cache is next repaired.
+        let _ = self.locked(|me| {
+            let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(count) = local.pins.get_mut(&slot) else {
+                return Ok(());
+            };
+            *count -= 1;
+            if *count > 0 {
+                return Ok(());
+            }
+            local.pins.remove(&slot);
+            drop(local);
+            let sl = self.layout.slot(slot);
+            let bit = 1u64 << (me % 64);
+            let before = self.region.and64(sl + e::PINS + me / 64 * 8, !bit);
+            if before & bit != 0 {
+                let c = self.region.get32(sl + e::PIN_COUNT).saturating_sub(1);
+                self.region.set32(sl + e::PIN_COUNT, c);
+                if c == 0 && self.region.get8(sl + e::STATE) == RETIRED {
+                    self.free_slot(slot);
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+fn check_written(n: usize, len: usize) -> Result<usize> {
+    if n > len {
+        return Err(Error::invalid(format!(
+            "wrote {n} bytes into a {len}-byte cache block"
+        )));
+    }
+    Ok(n)
+}
+
+/// The owner behind a [`TensorCache::get`] view: keeps the entry pinned (its bytes
+/// unchanged and not freed) until dropped.
+struct Pinned {
+    shared: Arc<Shared>,
+    slot: u32,
+    addr: usize,
+    len: usize,
+}
+
+impl Owner for Pinned {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `addr..addr+len` is the entry's value inside the segment (checked by
+        // `value_range`), mapped while `shared` lives; the pin this value holds keeps
+        // every process from writing or freeing the block (writers copy on write,
+        // deleters retire the slot) until `drop` below.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        self.shared.unpin(self.slot);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Detach: free this handle's registry slot (its pins are all gone: every
+        // pinned view holds an `Arc` to this value).
+        let me = self.me.lock().map(|m| (m.pid, m.slot)).unwrap_or((0, 0));
+        if me.0 == std::process::id() {
+            if let Ok(mut guard) = self.mutex.lock(Some(self.options.lock_timeout)) {
+                if self.repair_if_needed(&mut guard).is_ok() {
+                    let off = self.layout.process(me.1);
+                    self.region.set64(off, 0);
+                    self.region.set64(off + 8, 0);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for TensorCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorCache")
+            .field("name", &self.shared.name)
+            .field("layout", &self.shared.layout)
+            .finish()
+    }
+}
