@@ -26,6 +26,7 @@ mod cache;
 pub mod layout;
 mod recover;
 mod region;
+mod tables;
 
 pub use crate::cache::{CacheOptions, CacheStats, EntryInfo, PutStage, TensorCache};
 pub use crate::layout::{Layout, MAX_KEY_BYTES, MAX_PROCESSES};

@@ -181,7 +181,7 @@ fn pinned_memory_cannot_be_evicted_until_released() {
     let pin = c.get("a").unwrap().unwrap();
     let err = c.put("b", &vec![2; half], None).unwrap_err();
     assert!(matches!(err, Error::NoSpace { .. }), "{err}");
-    assert!(err.to_string().contains("pinned"), "{err}");
+    assert!(err.to_string().contains("pinned views"), "{err}");
     assert_eq!(pin[0], 1, "the evicted value is still readable");
     drop(pin);
     c.put("b", &vec![2; half], None).unwrap();
