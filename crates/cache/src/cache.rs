@@ -84,9 +84,15 @@ pub struct EntryInfo {
     pub age: Duration,
     /// Its time to live, if any.
     pub ttl: Option<Duration>,
-    /// The packet header, when the value is a tensor packet with one dtype and shape.
+    /// The packet header, when the value is a dense tensor packet.
     pub packet: Option<PacketInfo>,
+    /// The value's first bytes (at most [`INFO_HEAD_BYTES`]), enough for any packet
+    /// header.
+    pub head: Vec<u8>,
 }
+
+/// How many leading bytes of a value [`TensorCache::info`] returns.
+pub const INFO_HEAD_BYTES: usize = 256;
 
 /// Counters and occupancy of a cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -400,6 +406,7 @@ impl TensorCache {
             // SAFETY: the lock is held, so no process writes or frees the block now.
             let bytes = unsafe { r.data(off, len) }.unwrap_or(&[]);
             let packet = packet_info(bytes, &PacketLimits::default()).ok();
+            let head = bytes[..bytes.len().min(INFO_HEAD_BYTES)].to_vec();
             let created = r.get64(sl + e::CREATED_NS);
             let expires = r.get64(sl + e::EXPIRES_NS);
             Ok(Some(EntryInfo {
@@ -408,6 +415,7 @@ impl TensorCache {
                 age: Duration::from_nanos(now.saturating_sub(created)),
                 ttl: (expires != 0).then(|| Duration::from_nanos(expires.saturating_sub(created))),
                 packet,
+                head,
             }))
         })
     }

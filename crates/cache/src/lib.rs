@@ -28,5 +28,7 @@ mod recover;
 mod region;
 mod tables;
 
-pub use crate::cache::{CacheOptions, CacheStats, EntryInfo, PutStage, TensorCache};
+pub use crate::cache::{
+    CacheOptions, CacheStats, EntryInfo, PutStage, TensorCache, INFO_HEAD_BYTES,
+};
 pub use crate::layout::{Layout, MAX_KEY_BYTES, MAX_PROCESSES};
