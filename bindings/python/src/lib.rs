@@ -3,7 +3,8 @@
 //!
 //! The module is split by job: [`errors`] (the exception hierarchy and the one
 //! conversion from `tensorwire::Error`), [`dtypes`] (DType ↔ numpy), [`arrays`]
-//! (zero-copy and fresh arrays), [`values`] (attributes), [`reader`] and [`writer`].
+//! (zero-copy and fresh arrays), [`values`] (attributes), [`reader`], [`writer`],
+//! [`packet`] (tenso packets) and [`shm`] (packets in shared memory).
 //! The pure-Python package (`python/tensorwire`) adds the ztensor-style conveniences
 //! on top (`metadata`, `read`, `read_torch`, `write`, `write_torch`).
 //!
@@ -12,10 +13,12 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod arrays;
+mod cache;
 mod dtypes;
 mod errors;
 mod packet;
 mod reader;
+mod shm;
 mod values;
 mod writer;
 
@@ -36,5 +39,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packet::packet_read_stream, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_frame_need, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_length, m)?)?;
+    m.add_class::<shm::ShmSegment>()?;
+    m.add_class::<shm::ShmMapping>()?;
+    m.add_class::<cache::CacheHandle>()?;
     Ok(())
 }

@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use tensorwire::core::Owner;
 use tensorwire::packet::{
-    self, EncodeOptions, Framing, IpcRef, Packet, PacketFramer, PacketLimits, PacketReader,
-    PacketRef, QuantScheme, RaggedFraming, SparseFormat,
+    self, EncodeOptions, Framing, IpcRef, Packet, PacketFramer, PacketLimits, PacketParts,
+    PacketReader, PacketRef, QuantScheme, RaggedFraming, SparseFormat,
 };
 use tensorwire::{Bytes, DType, Error, Shape, TensorView};
 
@@ -105,7 +105,7 @@ fn copy_sources<'a>(packet: &'a Packet, copy: bool, out: &mut Vec<&'a [u8]>) {
 }
 
 /// Builds Python values from decoded packets.
-struct Decoder<'py> {
+pub(crate) struct Decoder<'py> {
     py: Python<'py>,
     copy: bool,
     /// Where copies go (tensors not aligned in memory, or all with `copy`).
@@ -119,7 +119,11 @@ struct Decoder<'py> {
 
 impl<'py> Decoder<'py> {
     /// A decoder for `packet`, with one arena sized for every copy it will make.
-    fn new(factories: &Bound<'py, PyTuple>, copy: bool, packet: &Packet) -> PyResult<Self> {
+    pub(crate) fn new(
+        factories: &Bound<'py, PyTuple>,
+        copy: bool,
+        packet: &Packet,
+    ) -> PyResult<Self> {
         let (make_sparse, make_strings, make_ragged, make_quantized, make_ipc_ref) =
             factories.extract()?;
         let py = factories.py();
@@ -166,7 +170,8 @@ impl<'py> Decoder<'py> {
         Ok(array)
     }
 
-    fn value(&mut self, packet: &Packet) -> PyResult<Bound<'py, PyAny>> {
+    /// The Python value of a decoded packet (arrays, dicts, or the factories' objects).
+    pub(crate) fn value(&mut self, packet: &Packet) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
         match packet {
             Packet::Dense(view) => self.array(view),
@@ -258,12 +263,22 @@ pub fn packet_loads<'py>(
     copy: bool,
     factories: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let py = buffer.py();
     let bytes = lend(buffer)?;
+    decode_value(buffer.py(), &bytes, copy, factories)
+}
+
+/// Decodes the one packet that is exactly `bytes` (without the GIL when large) and
+/// builds its Python value; arrays borrow `bytes` where they can (see [`Decoder`]).
+pub(crate) fn decode_value<'py>(
+    py: Python<'py>,
+    bytes: &Bytes,
+    copy: bool,
+    factories: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyAny>> {
     let decoded = if bytes.len() >= RELEASE_GIL_BYTES {
-        py.detach(|| packet::decode_packet(&bytes))
+        py.detach(|| packet::decode_packet(bytes))
     } else {
-        packet::decode_packet(&bytes)
+        packet::decode_packet(bytes)
     }
     .or_raise()?;
     Decoder::new(factories, copy, &decoded)?.value(&decoded)
@@ -276,12 +291,12 @@ fn spec_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<arrays::Prepared<'py>> {
 
 /// The Python-side arrays a spec refers to, kept alive (and their bytes borrowed)
 /// while the packet is encoded.
-struct Held<'py> {
+pub(crate) struct Held<'py> {
     arrays: Vec<arrays::Prepared<'py>>,
 }
 
 /// What a spec tuple describes, with arrays as indexes into [`Held`].
-enum Spec {
+pub(crate) enum Spec {
     Dense(usize),
     Bundle(Vec<(String, Spec)>),
     Sparse {
@@ -312,6 +327,32 @@ fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
 }
 
 impl<'py> Held<'py> {
+    /// Parses a spec (the tagged tuples `tensorwire.packet._spec` builds), holding the
+    /// arrays it refers to.
+    pub(crate) fn from_spec(spec: &Bound<'py, PyAny>) -> PyResult<(Self, Spec)> {
+        let mut held = Held { arrays: Vec::new() };
+        let parsed = held.parse(spec, 0)?;
+        Ok((held, parsed))
+    }
+
+    /// For a plain dense spec encoded without compression: the packet's header and
+    /// footer, and the array's own bytes to write between them (nothing copied).
+    /// `None` for every other spec, or with `options.compress`.
+    pub(crate) fn dense_parts(
+        &self,
+        spec: &Spec,
+        options: EncodeOptions,
+    ) -> PyResult<Option<(PacketParts, &[u8])>> {
+        let (Spec::Dense(i), false) = (spec, options.compress) else {
+            return Ok(None);
+        };
+        let prepared = &self.arrays[*i];
+        let body = prepared.bytes();
+        let parts =
+            packet::encode_parts(prepared.dtype, &prepared.shape()?, body, options).or_raise()?;
+        Ok(Some((parts, body)))
+    }
+
     fn hold(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<usize> {
         self.arrays.push(spec_array(obj)?);
         Ok(self.arrays.len() - 1)
@@ -425,7 +466,7 @@ impl<'py> Held<'py> {
 
     /// At least the encoded length of `spec` (LZ4's worst case and every padding
     /// included), so the output buffer is allocated once.
-    fn size_bound(&self, spec: &Spec, alignment: usize) -> usize {
+    pub(crate) fn size_bound(&self, spec: &Spec, alignment: usize) -> usize {
         // Header, the largest shape, exponent byte, padding (twice: the packet's own
         // and an aligned bundle's), footer, length prefix.
         let overhead = 10 + 4 * 32 + 1 + 2 * alignment.max(64) + 8 + 4;
@@ -460,7 +501,7 @@ impl<'py> Held<'py> {
     }
 
     /// The spec as the encoder's borrowed packet.
-    fn packet_ref<'s>(&'s self, spec: &'s Spec) -> PyResult<PacketRef<'s>> {
+    pub(crate) fn packet_ref<'s>(&'s self, spec: &'s Spec) -> PyResult<PacketRef<'s>> {
         Ok(match spec {
             Spec::Dense(i) => self.dense(*i)?,
             Spec::Bundle(entries) => PacketRef::Bundle(
@@ -506,6 +547,93 @@ impl<'py> Held<'py> {
             Spec::IpcRef(r) => PacketRef::IpcRef(r.clone()),
         })
     }
+}
+
+/// What a spec encodes to, ready to be written into memory of its exact length (a
+/// shared-memory segment, a cache block).
+pub(crate) enum Encoded<'h> {
+    /// A dense, uncompressed tensor: header and footer around the array's own bytes,
+    /// which are copied once, straight into the destination.
+    Dense { parts: PacketParts, body: &'h [u8] },
+    /// Any other packet, encoded in full.
+    Whole(Vec<u8>),
+}
+
+impl Encoded<'_> {
+    /// The packet's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Encoded::Dense { parts, body } => {
+                parts.header.len() + body.len() + parts.footer.map_or(0, |f| f.len())
+            }
+            Encoded::Whole(bytes) => bytes.len(),
+        }
+    }
+
+    /// Writes the packet at the start of `out` (at least [`Encoded::len`] bytes, and
+    /// not overlapping the tensor's own bytes); returns its length. Large copies run
+    /// in parallel chunks; call it without the GIL.
+    pub(crate) fn write_into(&self, out: &mut [u8]) -> Result<usize, Error> {
+        let len = self.len();
+        let Some(out) = out.get_mut(..len) else {
+            return Err(Error::NoSpace {
+                what: "a tensor packet".into(),
+                needed: len as u64,
+                available: out.len() as u64,
+            });
+        };
+        match self {
+            Encoded::Dense { parts, body } => {
+                let (head, rest) = out.split_at_mut(parts.header.len());
+                head.copy_from_slice(&parts.header);
+                let (middle, tail) = rest.split_at_mut(body.len());
+                copy_parallel(middle, body);
+                if let Some(footer) = parts.footer {
+                    tail.copy_from_slice(&footer);
+                }
+            }
+            Encoded::Whole(bytes) => copy_parallel(out, bytes),
+        }
+        Ok(len)
+    }
+}
+
+/// Bytes per parallel task in [`copy_parallel`].
+const COPY_CHUNK: usize = 1 << 20;
+
+/// `dst.copy_from_slice(src)`, in parallel 1 MiB chunks when large (so the page
+/// faults of fresh shared memory are taken on every core).
+fn copy_parallel(dst: &mut [u8], src: &[u8]) {
+    if src.len() < 4 * COPY_CHUNK {
+        dst.copy_from_slice(src);
+        return;
+    }
+    use rayon::prelude::*;
+    dst.par_chunks_mut(COPY_CHUNK)
+        .zip(src.par_chunks(COPY_CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// Encodes a parsed spec: dense tensors as parts around their own bytes, the rest in
+/// full (without the GIL).
+pub(crate) fn encode_spec<'h>(
+    py: Python<'_>,
+    held: &'h Held<'_>,
+    spec: &'h Spec,
+    options: EncodeOptions,
+) -> PyResult<Encoded<'h>> {
+    if let Some((parts, body)) = held.dense_parts(spec, options)? {
+        return Ok(Encoded::Dense { parts, body });
+    }
+    let packet_ref = held.packet_ref(spec)?;
+    let capacity = held.size_bound(spec, options.alignment);
+    let bytes = py
+        .detach(|| {
+            let mut out = Vec::with_capacity(capacity);
+            packet::encode_packet_into(&packet_ref, &options, &mut out).map(|()| out)
+        })
+        .or_raise()?;
+    Ok(Encoded::Whole(bytes))
 }
 
 /// A new numpy uint8 array of `len` bytes whose first byte is 64-aligned (a slice of a
@@ -565,14 +693,9 @@ pub fn packet_dumps<'py>(
         compress,
         aligned_bundle,
     };
-    let mut held = Held { arrays: Vec::new() };
-    let parsed = held.parse(spec, 0)?;
+    let (held, parsed) = Held::from_spec(spec)?;
     // A plain dense tensor is copied once, straight into the output buffer.
-    if let (Spec::Dense(i), false) = (&parsed, compress) {
-        let prepared = &held.arrays[*i];
-        let body = prepared.bytes();
-        let parts =
-            packet::encode_parts(prepared.dtype, &prepared.shape()?, body, options).or_raise()?;
+    if let Some((parts, body)) = held.dense_parts(&parsed, options)? {
         let footer = parts.footer.unwrap_or_default();
         let footer: &[u8] = if parts.footer.is_some() { &footer } else { &[] };
         return assemble(py, &[&parts.header, body, footer]);
@@ -772,8 +895,14 @@ pub fn packet_frame_need(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
 #[pyfunction]
 pub fn packet_length(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
     let bytes = lend(buffer)?;
+    framed_length(&bytes)
+}
+
+/// The length of the packet at the front of `bytes`, which may hold more after it;
+/// a `TruncatedError` when `bytes` ends inside it.
+pub(crate) fn framed_length(bytes: &[u8]) -> PyResult<u64> {
     match PacketFramer::new(PacketLimits::default())
-        .advance(&bytes)
+        .advance(bytes)
         .or_raise()?
     {
         Framing::Complete { len } => Ok(len),

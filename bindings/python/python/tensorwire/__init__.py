@@ -13,7 +13,11 @@ ztensor 1.x::
         weight = r["weight"]              # zero-copy numpy array
         state = r.read_numpy(r.keys())    # {name: array}, file-offset order
 
-Tensor packets (the tenso wire format, with tenso's API) are in ``tensorwire.packet``.
+Tensor packets (the tenso wire format, with tenso's API) are in ``tensorwire.packet``;
+``tensorwire.shm.SharedTensor`` (tenso's ``TensoShm`` API) keeps one in named shared
+memory for other processes to read zero-copy, and ``tensorwire.cache.TensorCache``
+(tenso's ``TensoCache`` API) is a multi-process shared-memory cache of them (LRU,
+TTL, zero-copy gets that stay valid while held).
 
 Errors derive from ``TensorwireError`` (``TensorNotFoundError`` is also a KeyError,
 ``InvalidArgumentError`` a ValueError); I/O errors are OSError.
@@ -39,7 +43,7 @@ from ._native import (
 from ._reader import Reader
 from ._types import Tensor, TensorMetadata
 from ._writer import Writer
-from . import packet
+from . import cache, packet, shm
 
 
 def open(path):
@@ -69,4 +73,6 @@ __all__ = [
     "convert",
     "open",
     "packet",
+    "cache",
+    "shm",
 ]

@@ -1,0 +1,260 @@
+//! The native half of `tensorwire.cache`: a handle on a shared-memory
+//! [`TensorCache`] that stores tensor packets and returns them as numpy views.
+//!
+//! `put` encodes the packet straight into the cache block (a dense array is copied
+//! once, from the caller's array into shared memory); `get` decodes the pinned block
+//! in place, so the arrays it returns borrow shared memory, read-only, and their
+//! numpy `base` chain holds the pin.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use tensorwire::cache::{CacheOptions, PutStage, TensorCache};
+use tensorwire::packet::EncodeOptions;
+use tensorwire::Error;
+
+use crate::arrays;
+use crate::errors::ResultExt;
+use crate::packet::{decode_value, encode_spec, Held};
+
+/// A handle on one cache (`tensorwire.cache.TensorCache` wraps it).
+#[pyclass(frozen, module = "tensorwire._native", name = "CacheHandle")]
+pub struct CacheHandle {
+    name: String,
+    /// `None` once closed.
+    cache: Mutex<Option<TensorCache>>,
+}
+
+fn options(
+    timeout: f64,
+    pause_at: Option<&str>,
+    max_entries: Option<usize>,
+) -> PyResult<CacheOptions> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(Error::invalid(format!(
+            "lock_timeout must be positive seconds, not {timeout}"
+        )))
+        .or_raise();
+    }
+    let pause_at = match pause_at {
+        None => None,
+        Some("reserved") => Some(PutStage::Reserved),
+        Some("filling") => Some(PutStage::Filling),
+        Some("publishing") => Some(PutStage::Publishing),
+        Some("in-place") => Some(PutStage::InPlace),
+        Some(other) => {
+            return Err(Error::invalid(format!("unknown pause stage {other:?}"))).or_raise()
+        }
+    };
+    Ok(CacheOptions {
+        max_entries,
+        lock_timeout: Duration::from_secs_f64(timeout),
+        pause_at,
+        ..CacheOptions::default()
+    })
+}
+
+impl CacheHandle {
+    fn wrap(cache: TensorCache) -> Self {
+        CacheHandle {
+            name: cache.name().to_owned(),
+            cache: Mutex::new(Some(cache)),
+        }
+    }
+
+    /// The cache, or an error once closed. A clone: operations run without holding
+    /// the handle's mutex.
+    fn cache(&self) -> PyResult<TensorCache> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| Error::invalid(format!("cache {:?} is closed", self.name)))
+            .or_raise()
+    }
+}
+
+#[pymethods]
+impl CacheHandle {
+    /// Creates a cache of `size` bytes.
+    #[staticmethod]
+    #[pyo3(signature = (name, size, max_entries, timeout, pause_at=None))]
+    fn create(
+        py: Python<'_>,
+        name: Option<&str>,
+        size: usize,
+        max_entries: Option<usize>,
+        timeout: f64,
+        pause_at: Option<&str>,
+    ) -> PyResult<Self> {
+        let options = options(timeout, pause_at, max_entries)?;
+        let cache = py
+            .detach(|| TensorCache::create(name, size, options))
+            .or_raise()?;
+        Ok(CacheHandle::wrap(cache))
+    }
+
+    /// Attaches to the cache named `name`.
+    #[staticmethod]
+    #[pyo3(signature = (name, timeout, pause_at=None))]
+    fn attach(py: Python<'_>, name: &str, timeout: f64, pause_at: Option<&str>) -> PyResult<Self> {
+        let options = options(timeout, pause_at, None)?;
+        let cache = py
+            .detach(|| TensorCache::attach(name, options))
+            .or_raise()?;
+        Ok(CacheHandle::wrap(cache))
+    }
+
+    /// The segment name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// Encodes `spec` (a `tensorwire.packet` spec tuple) into the cache under `key`.
+    /// Returns the packet's length.
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        spec: &Bound<'_, PyAny>,
+        ttl: Option<f64>,
+    ) -> PyResult<usize> {
+        let cache = self.cache()?;
+        let ttl = ttl.map(Duration::from_secs_f64);
+        let (held, parsed) = Held::from_spec(spec)?;
+        let encoded = encode_spec(py, &held, &parsed, EncodeOptions::default())?;
+        let len = encoded.len();
+        arrays::maybe_detach(py, len, || {
+            cache.put_with(key, len, ttl, |block| encoded.write_into(block))
+        })
+        .or_raise()
+    }
+
+    /// The decoded value under `key` (zero-copy unless `copy`), or None.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        copy: bool,
+        factories: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let cache = self.cache()?;
+        match cache.get(key).or_raise()? {
+            Some(bytes) => decode_value(py, &bytes, copy, factories).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Removes `key`.
+    fn delete(&self, key: &str) -> PyResult<bool> {
+        self.cache()?.delete(key).or_raise()
+    }
+
+    /// True when `key` is live.
+    fn contains(&self, key: &str) -> PyResult<bool> {
+        self.cache()?.contains(key).or_raise()
+    }
+
+    /// `info(key)` as tenso reports it, or None.
+    fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(info) = self.cache()?.info(key).or_raise()? else {
+            return Ok(None);
+        };
+        let packet = py.import("tensorwire.packet")?;
+        let head = PyBytes::new(py, &info.head);
+        let header = packet.call_method1("get_packet_info", (head,)).ok();
+        let field = |name: &str| -> PyResult<Option<Bound<'py, PyAny>>> {
+            match &header {
+                Some(h) => Ok(h.get_item(name).ok()),
+                None => Ok(None),
+            }
+        };
+        let out = PyDict::new(py);
+        out.set_item(
+            "shape",
+            field("shape")?.unwrap_or_else(|| PyTuple::empty(py).into_any()),
+        )?;
+        out.set_item("dtype", field("dtype")?)?;
+        out.set_item("ndim", field("ndim")?.map_or(Ok(0usize), |n| n.extract())?)?;
+        out.set_item("size_bytes", info.size)?;
+        out.set_item("alloc_bytes", info.alloc_size)?;
+        out.set_item("ttl", info.ttl.map(|t| t.as_secs_f64()))?;
+        out.set_item("age", info.age.as_secs_f64())?;
+        Ok(Some(out))
+    }
+
+    /// The live keys, most recently used first.
+    fn keys(&self) -> PyResult<Vec<String>> {
+        self.cache()?.keys().or_raise()
+    }
+
+    /// Removes every entry.
+    fn clear(&self) -> PyResult<()> {
+        self.cache()?.clear().or_raise()
+    }
+
+    /// Counters and occupancy.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.cache()?.stats().or_raise()?;
+        let out = PyDict::new(py);
+        for (k, v) in [
+            ("entries", s.entries),
+            ("max_entries", s.max_entries),
+            ("pool_size", s.pool_size),
+            ("used_bytes", s.used_bytes),
+            ("free_bytes", s.free_bytes),
+            ("data_region_size", s.data_region_size),
+            ("hits", s.hits),
+            ("misses", s.misses),
+        ] {
+            out.set_item(k, v)?;
+        }
+        out.set_item("hit_rate", s.hit_rate())?;
+        for (k, v) in [
+            ("pinned_bytes", s.pinned_bytes),
+            ("evictions", s.evictions),
+            ("expirations", s.expirations),
+            ("recoveries", s.recoveries),
+            ("processes", s.processes),
+        ] {
+            out.set_item(k, v)?;
+        }
+        Ok(out)
+    }
+
+    /// Verifies the internal structures.
+    fn check(&self) -> PyResult<()> {
+        self.cache()?.check_consistency().or_raise()
+    }
+
+    /// Detaches this handle (views already taken keep the mapping).
+    fn close(&self) {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Removes the segment's name.
+    fn unlink(&self) -> PyResult<()> {
+        tensorwire::shm::Segment::unlink(&self.name).or_raise()
+    }
+
+    /// Removes the segment's name if it is still there.
+    fn unlink_quietly(&self) {
+        let _ = tensorwire::shm::Segment::unlink(&self.name);
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CacheHandle({:?})", self.name)
+    }
+}

@@ -1,0 +1,368 @@
+//! The native half of `tensorwire.shm`: tensor packets in named POSIX shared memory,
+//! laid out as tenso's `TensoShm` lays them — one packet at offset 0, whatever follows
+//! it in the segment ignored — so either side reads what the other wrote.
+//!
+//! A [`ShmSegment`] holds an `Arc` of the mapped [`Segment`]; decoded arrays and
+//! buffers hold their own, so they stay valid after the segment is closed and its name
+//! unlinked. Encoding goes straight into the map for dense tensors (header, the
+//! array's own bytes, footer); other kinds are encoded once in memory and copied in.
+//!
+//! Not in scope: coordinating writers and readers of one segment (as with tenso, a
+//! `put` while another process reads the same segment changes what it reads).
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use numpy::ndarray::ArrayView1;
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use tensorwire::packet::EncodeOptions;
+use tensorwire::shm::{Access, CreateOptions, Segment};
+use tensorwire::{Bytes, DType, Error};
+
+use crate::arrays;
+use crate::errors::ResultExt;
+use crate::packet::{decode_value, encode_spec, framed_length, Encoded, Held};
+
+/// The numpy `base` of a read-write [`ShmSegment::buffer`] array: holds the mapping
+/// alive for as long as the array (or a memoryview of it) lives.
+#[pyclass(frozen, module = "tensorwire._native", name = "ShmMapping")]
+pub struct ShmMapping {
+    segment: Arc<Segment>,
+}
+
+#[pymethods]
+impl ShmMapping {
+    /// Number of bytes mapped.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.segment.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.segment.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<tensorwire.ShmMapping {:?} {} bytes at {:p}>",
+            self.segment.name().unwrap_or("memfd"),
+            self.segment.len(),
+            self.segment.as_ptr()
+        )
+    }
+}
+
+/// A named shared-memory segment holding a tensor packet at offset 0 (the layout of
+/// tenso's `TensoShm`). `tensorwire.shm.SharedTensor` is the Python API on top.
+#[pyclass(frozen, module = "tensorwire._native", name = "ShmSegment")]
+pub struct ShmSegment {
+    name: String,
+    size: usize,
+    writable: bool,
+    /// The mapping; `None` once closed.
+    segment: Mutex<Option<Arc<Segment>>>,
+}
+
+/// Writes `encoded` at offset 0 of `segment` (the GIL released for large copies);
+/// returns its length. `NoSpace` (a `MemoryError`) when it does not fit.
+fn write_to(encoded: &Encoded<'_>, py: Python<'_>, segment: &Segment) -> Result<usize, Error> {
+    {
+        let len = encoded.len();
+        if segment.as_mut_ptr().is_none() {
+            return Err(read_only(segment));
+        }
+        if len > segment.len() {
+            return Err(Error::NoSpace {
+                what: format!(
+                    "the packet for shared-memory segment {:?}",
+                    segment.name().unwrap_or("memfd")
+                ),
+                needed: len as u64,
+                available: segment.len() as u64,
+            });
+        }
+        match encoded {
+            Encoded::Dense { parts, body } => {
+                // The array may itself live in this segment (`put(get())`): then copy
+                // it out first, so writing the header cannot clobber it.
+                let body: Cow<'_, [u8]> = if overlaps(body, segment) {
+                    Cow::Owned(body.to_vec())
+                } else {
+                    Cow::Borrowed(body)
+                };
+                let at = parts.header.len();
+                segment.write_at(0, &parts.header)?;
+                copy_in(py, segment, at, &body)?;
+                if let Some(footer) = parts.footer {
+                    segment.write_at(at + body.len(), &footer)?;
+                }
+            }
+            Encoded::Whole(bytes) => copy_in(py, segment, 0, bytes)?,
+        }
+        Ok(len)
+    }
+}
+
+/// Bytes per parallel task when copying into a segment.
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Copies `data` into `segment` at `at`: without the GIL when large, and in parallel
+/// chunks when larger still (a fresh segment's page faults then run on every core).
+fn copy_in(py: Python<'_>, segment: &Segment, at: usize, data: &[u8]) -> Result<(), Error> {
+    segment.check_range(at, data.len())?;
+    if data.len() < 4 * COPY_CHUNK {
+        return arrays::maybe_detach(py, data.len(), || segment.write_at(at, data));
+    }
+    py.detach(|| {
+        use rayon::prelude::*;
+        data.par_chunks(COPY_CHUNK)
+            .enumerate()
+            .try_for_each(|(i, chunk)| segment.write_at(at + i * COPY_CHUNK, chunk))
+    })
+}
+
+/// True when `bytes` shares memory with `segment`'s map.
+fn overlaps(bytes: &[u8], segment: &Segment) -> bool {
+    let (start, end) = (
+        bytes.as_ptr() as usize,
+        bytes.as_ptr() as usize + bytes.len(),
+    );
+    let (base, limit) = (
+        segment.as_ptr() as usize,
+        segment.as_ptr() as usize + segment.len(),
+    );
+    !bytes.is_empty() && start < limit && base < end
+}
+
+fn read_only(segment: &Segment) -> Error {
+    Error::invalid(format!(
+        "shared-memory segment {:?} is mapped read-only",
+        segment.name().unwrap_or("memfd")
+    ))
+}
+
+/// True when `err` says a name is already taken.
+fn already_exists(err: &Error) -> bool {
+    matches!(err.root(), Error::Io(io) if io.kind() == std::io::ErrorKind::AlreadyExists)
+}
+
+/// True when `err` says a name does not exist.
+fn not_found(err: &Error) -> bool {
+    matches!(err.root(), Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Creates `name` with `size` bytes; when the name is taken (a segment leaked by an
+/// earlier run, as tenso assumes), unlinks it and creates it again.
+fn create_reclaiming(name: &str, size: usize) -> Result<Segment, Error> {
+    let options = CreateOptions::default();
+    match Segment::create(name, size, &options) {
+        Err(e) if already_exists(&e) => {
+            match Segment::unlink(name) {
+                Err(e) if !not_found(&e) => return Err(e),
+                _ => {}
+            }
+            Segment::create(name, size, &options)
+        }
+        other => other,
+    }
+}
+
+impl ShmSegment {
+    fn wrap(segment: Segment) -> Self {
+        ShmSegment {
+            name: segment.name().unwrap_or_default().to_owned(),
+            size: segment.len(),
+            writable: segment.access() == Access::ReadWrite,
+            segment: Mutex::new(Some(Arc::new(segment))),
+        }
+    }
+
+    /// The mapping, or `InvalidArgumentError` once closed.
+    fn segment(&self) -> PyResult<Arc<Segment>> {
+        self.segment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                Error::invalid(format!("shared-memory segment {:?} is closed", self.name))
+            })
+            .or_raise()
+    }
+}
+
+#[pymethods]
+impl ShmSegment {
+    /// Opens the segment `name` (mapped read-write unless `readonly`), or creates it
+    /// with `size` bytes, zero-filled, when `create` (failing with `FileExistsError`
+    /// when the name is taken).
+    #[new]
+    #[pyo3(signature = (name, create=false, size=0, readonly=false))]
+    fn new(name: &str, create: bool, size: usize, readonly: bool) -> PyResult<Self> {
+        let segment = if create {
+            if readonly {
+                return Err(Error::invalid(
+                    "a segment being created is mapped read-write",
+                ))
+                .or_raise();
+            }
+            Segment::create(name, size, &CreateOptions::default())
+        } else {
+            let access = if readonly {
+                Access::ReadOnly
+            } else {
+                Access::ReadWrite
+            };
+            Segment::open(name, access)
+        }
+        .or_raise()?;
+        Ok(Self::wrap(segment))
+    }
+
+    /// Encodes `spec` (see `tensorwire.packet._spec`) into a new segment `name` of
+    /// exactly the packet's size. A segment already under that name is unlinked first
+    /// (tenso's behaviour: it is taken to be a leak of an earlier run).
+    #[staticmethod]
+    fn create_from(
+        py: Python<'_>,
+        name: &str,
+        spec: &Bound<'_, PyAny>,
+        integrity: bool,
+        compress: bool,
+        alignment: usize,
+        aligned_bundle: bool,
+    ) -> PyResult<Self> {
+        tensorwire::shm::check_name(name).or_raise()?;
+        let options = EncodeOptions {
+            alignment,
+            integrity,
+            compress,
+            aligned_bundle,
+        };
+        let (held, parsed) = Held::from_spec(spec)?;
+        let encoded = encode_spec(py, &held, &parsed, options)?;
+        let segment = create_reclaiming(name, encoded.len()).or_raise()?;
+        if let Err(e) = write_to(&encoded, py, &segment) {
+            drop(segment);
+            let _ = Segment::unlink(name);
+            return Err(e).or_raise();
+        }
+        Ok(Self::wrap(segment))
+    }
+
+    /// Encodes `spec` at offset 0 of the segment; returns the packet's length.
+    /// `MemoryError` when it does not fit (nothing is written then).
+    fn put(
+        &self,
+        py: Python<'_>,
+        spec: &Bound<'_, PyAny>,
+        integrity: bool,
+        compress: bool,
+        alignment: usize,
+        aligned_bundle: bool,
+    ) -> PyResult<usize> {
+        let segment = self.segment()?;
+        if segment.as_mut_ptr().is_none() {
+            return Err(read_only(&segment)).or_raise();
+        }
+        let options = EncodeOptions {
+            alignment,
+            integrity,
+            compress,
+            aligned_bundle,
+        };
+        let (held, parsed) = Held::from_spec(spec)?;
+        let encoded = encode_spec(py, &held, &parsed, options)?;
+        write_to(&encoded, py, &segment).or_raise()
+    }
+
+    /// Decodes the packet at offset 0 (bytes after it are ignored). Arrays are
+    /// read-only views of the segment, which they keep mapped, unless `copy`.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        copy: bool,
+        factories: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let whole = Bytes::from_arc(self.segment()?);
+        let len = framed_length(whole.as_slice())?;
+        let len = usize::try_from(len)
+            .map_err(|_| Error::Overflow {
+                what: "packet length as usize",
+            })
+            .or_raise()?;
+        let packet = whole.slice(..len).or_raise()?;
+        decode_value(py, &packet, copy, factories)
+    }
+
+    /// The length of the packet at offset 0.
+    fn packet_length(&self) -> PyResult<u64> {
+        framed_length(self.segment()?.as_slice())
+    }
+
+    /// The whole segment as a 1-D uint8 numpy array that keeps the mapping alive;
+    /// writable when the segment is mapped read-write.
+    fn buffer<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let segment = self.segment()?;
+        let len = segment.len() as u64;
+        let Some(ptr) = segment.as_mut_ptr() else {
+            // Read-only map: a read-only view, never a writable window over it.
+            return arrays::zero_copy(py, &Bytes::from_arc(segment), DType::U8, &[len]);
+        };
+        let (ptr, len) = (ptr.cast_const(), segment.len());
+        let owner = Bound::new(py, ShmMapping { segment })?;
+        // SAFETY: `ptr..ptr + len` is the segment's map, readable and writable (it is
+        // mapped read-write: `as_mut_ptr` returned it), valid while `owner`'s `Arc`
+        // holds the `Segment`. The view only describes the region for numpy.
+        let view = unsafe { ArrayView1::from_shape_ptr(len, ptr) };
+        // SAFETY: `owner` becomes the array's base, so the map it holds outlives the
+        // array, and a `Segment`'s map is never moved or resized while it lives.
+        // Writes through the array go to shared memory, which is what a read-write
+        // segment is for (as with tenso's `buf`).
+        let array = unsafe { PyArray1::<u8>::borrow_from_array(&view, owner.into_any()) };
+        Ok(array.into_any())
+    }
+
+    /// Drops this handle's mapping. Arrays and buffers taken from it keep theirs.
+    fn close(&self) {
+        self.segment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
+    /// Removes the name `name` (`FileNotFoundError` when there is none). Maps stay
+    /// valid; the memory is freed when the last one is gone.
+    #[staticmethod]
+    fn unlink(name: &str) -> PyResult<()> {
+        Segment::unlink(name).or_raise()
+    }
+
+    /// The segment's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The segment's size in bytes.
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// True when mapped read-write.
+    #[getter]
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.segment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+}

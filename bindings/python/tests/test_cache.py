@@ -1,0 +1,320 @@
+"""tensorwire.cache.TensorCache: the tenso TensoCache API over a shared-memory pool,
+with zero-copy gets that stay valid, shared by real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import tensorwire
+from tensorwire.cache import TensorCache, _parse_size
+from tensorwire.packet import QuantizedTensor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def cache():
+    c = TensorCache("8MB", name=f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+    yield c
+    c.close()
+    try:
+        c.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def run_child(code: str, *args: str, **kw) -> subprocess.Popen:
+    """A Python child running ``code`` with ``args`` in sys.argv."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_put_get_roundtrip_is_zero_copy_and_read_only(cache):
+    arr = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    n = cache.put("w", arr)
+    assert n >= arr.nbytes
+    got = cache.get("w")
+    assert np.array_equal(got, arr) and got.dtype == arr.dtype
+    assert not got.flags.writeable
+    with pytest.raises(ValueError):
+        got[0, 0] = 1
+    # Two gets view the same shared memory.
+    again = cache.get("w")
+    assert np.shares_memory(got, again)
+    assert got.ctypes.data % 64 == 0
+    copy = cache.get("w", copy=True)
+    assert copy.flags.writeable and not np.shares_memory(copy, got)
+    assert cache.get("missing") is None
+    assert "w" in cache and "missing" not in cache
+    assert len(cache) == 1 and cache.keys() == ["w"]
+
+
+def test_views_outlive_delete_overwrite_close(cache):
+    arr = np.full(5000, 7, dtype=np.int64)
+    cache.put("k", arr)
+    view = cache.get("k")
+    cache.put("k", np.full(5000, 9, dtype=np.int64))   # same size, pinned: copy on write
+    assert (view == 7).all()
+    assert (cache.get("k") == 9).all()
+    assert cache.delete("k") and not cache.delete("k")
+    assert (view == 7).all()
+    assert cache.stats["pinned_bytes"] >= arr.nbytes
+    cache.close()
+    assert (view == 7).all()           # the pin keeps the mapping
+    with pytest.raises(tensorwire.InvalidArgumentError):
+        cache.get("k")
+    del view
+
+
+def test_pins_are_released_when_views_go(cache):
+    cache.put("k", np.ones(10000, dtype=np.float32))
+    view = cache.get("k")
+    part = view[10:20]                 # a derived array holds the pin too
+    del view
+    cache.delete("k")
+    assert cache.stats["pinned_bytes"] > 0
+    assert (part == 1).all()
+    del part
+    assert cache.stats["pinned_bytes"] == 0
+    cache.check()
+
+
+def test_every_packet_kind_round_trips(cache):
+    scipy = pytest.importorskip("scipy.sparse")
+    bundle = {"a": np.arange(5, dtype=np.int16), "b": {"c": np.eye(3)}}
+    cache.put("bundle", bundle)
+    got = cache.get("bundle")
+    assert np.array_equal(got["a"], bundle["a"]) and np.array_equal(got["b"]["c"], np.eye(3))
+    m = scipy.random(20, 30, density=0.1, format="csr", random_state=0)
+    cache.put("sparse", m)
+    assert (cache.get("sparse") != m).nnz == 0
+    q = cache.put("q", np.linspace(-1, 1, 64, dtype=np.float32), quantize="qint8")
+    assert q > 0
+    got = cache.get("q")
+    assert isinstance(got, QuantizedTensor)
+    assert np.allclose(got.dequantize(), np.linspace(-1, 1, 64), atol=0.01)
+    assert cache.info("q")["dtype"] == "qint8"
+
+
+def test_info_without_decoding(cache):
+    arr = np.zeros((4, 5, 6), dtype=np.float16)
+    cache.put("t", arr, ttl=100)
+    info = cache.info("t")
+    assert info["shape"] == (4, 5, 6) and info["ndim"] == 3
+    assert info["dtype"] == np.float16
+    assert info["size_bytes"] >= arr.nbytes and info["alloc_bytes"] % 64 == 0
+    assert info["ttl"] == pytest.approx(100) and 0 <= info["age"] < 5
+    cache.put("d", {"x": arr})
+    assert cache.info("d")["dtype"] is None
+    assert cache.info("missing") is None
+
+
+def test_ttl_expiry(cache):
+    cache.put("short", np.ones(3), ttl=0.05)
+    cache.put("long", np.ones(3))
+    assert cache.get("short") is not None
+    time.sleep(0.08)
+    assert cache.get("short") is None
+    assert "short" not in cache and cache.keys() == ["long"]
+    assert cache.stats["expirations"] == 1
+    with pytest.raises(ValueError):
+        cache.put("bad", np.ones(3), ttl=0)
+
+
+def test_lru_eviction_order():
+    with TensorCache(256 << 10, max_entries=4) as c:
+        for k in "abcd":
+            c.put(k, np.ones(10))
+        c.get("a")
+        c.put("e", np.ones(10))
+        assert c.keys() == ["e", "a", "d", "c"]
+        assert c.stats["evictions"] == 1
+
+
+def test_full_pool_and_too_large_values():
+    with TensorCache("1MB") as c:
+        c.put("keep", np.ones(10))
+        with pytest.raises(MemoryError):
+            c.put("huge", np.zeros(1 << 20, dtype=np.float32))   # 4 MiB > pool
+        assert "keep" in c and c.stats["evictions"] == 0
+        big = np.zeros(200_000, dtype=np.float32)                # 800 KB
+        c.put("a", big)
+        held = c.get("a")
+        with pytest.raises(MemoryError, match="pinned"):
+            c.put("b", big)                                      # a is pinned
+        del held
+        c.put("b", big)
+        c.check()
+
+
+def test_stats_keys_clear(cache):
+    for i in range(5):
+        cache.put(f"k{i}", np.full(100, i))
+    cache.get("k1"), cache.get("nope")
+    s = cache.stats
+    for key in ("entries", "max_entries", "pool_size", "used_bytes", "free_bytes",
+                "data_region_size", "hits", "misses", "hit_rate", "pinned_bytes",
+                "evictions", "expirations", "recoveries", "processes"):
+        assert key in s
+    assert (s["entries"], s["hits"], s["misses"], s["hit_rate"]) == (5, 1, 1, 0.5)
+    assert s["pool_size"] == 8 << 20 and s["used_bytes"] + s["free_bytes"] == s["data_region_size"]
+    cache.clear()
+    assert len(cache) == 0 and cache.stats["entries"] == 0
+
+
+def test_bad_input_gives_clear_errors(cache):
+    with pytest.raises(ValueError, match="128"):
+        cache.put("k" * 129, np.ones(1))
+    cache.put("ü" * 64, np.ones(1))                             # 128 bytes of UTF-8
+    with pytest.raises(tensorwire.InvalidArgumentError):
+        TensorCache("1MB", name="bad/name")
+    with pytest.raises(FileNotFoundError):
+        TensorCache(name=f"tw_missing_{uuid.uuid4().hex}", create=False)
+    with pytest.raises(ValueError):
+        TensorCache(create=False)
+    with pytest.raises(FileExistsError):
+        TensorCache("1MB", name=cache.name)
+    with pytest.raises(ValueError):
+        _parse_size("lots")
+    assert _parse_size("1.5KB") == 1536 and _parse_size(4096) == 4096
+    # A segment that is not a cache.
+    from tensorwire.shm import SharedTensor
+    name = f"twnotcache_{os.getpid()}"
+    st = SharedTensor.create_from(name, np.zeros(10000))
+    try:
+        with pytest.raises(tensorwire.BadMagicError):
+            TensorCache(name=name, create=False)
+    finally:
+        st.close()
+        st.unlink()
+
+
+def test_context_manager_unlinks_only_its_own_pool():
+    with TensorCache("1MB") as c:
+        name = c.name
+        with TensorCache(name=name, create=False) as other:
+            other.put("x", np.ones(4))
+        assert np.array_equal(c.get("x"), np.ones(4))   # other did not unlink
+    with pytest.raises(FileNotFoundError):
+        TensorCache(name=name, create=False)
+
+
+def test_torch_values_and_device_conversion(cache):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    cache.put("t", t)
+    got = cache.get("t", device="torch")
+    assert isinstance(got, torch.Tensor) and torch.equal(got, t)
+    assert np.array_equal(cache.get("t"), t.numpy())
+
+
+def test_another_process_reads_and_writes(cache):
+    cache.put("from_parent", np.arange(100, dtype=np.int32))
+    child = run_child("""
+        import sys, numpy as np
+        from tensorwire.cache import TensorCache
+        c = TensorCache(name=sys.argv[1], create=False)
+        got = c.get("from_parent")
+        assert np.array_equal(got, np.arange(100, dtype=np.int32)), got
+        c.put("from_child", np.full((2, 3), 5.5))
+        print("ok")
+    """, cache.name)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert np.array_equal(cache.get("from_child"), np.full((2, 3), 5.5))
+
+
+def test_view_unchanged_while_another_process_overwrites(cache):
+    original = np.arange(4096, dtype=np.float64)
+    cache.put("watched", original)
+    view = cache.get("watched")
+    child = run_child("""
+        import sys, numpy as np
+        from tensorwire.cache import TensorCache
+        c = TensorCache(name=sys.argv[1], create=False)
+        for i in range(50):
+            c.put("watched", np.full(4096, float(i)))
+        c.delete("watched")
+        c.put("watched", np.full(10, -1.0))
+    """, cache.name)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert np.array_equal(view, original)
+    assert np.array_equal(cache.get("watched"), np.full(10, -1.0))
+    cache.check()
+
+
+HAMMER = """
+    import sys, time, zlib, numpy as np
+    from tensorwire.cache import TensorCache
+    name, role, seed, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    c = TensorCache(name=name, create=False)
+    rng = np.random.default_rng(seed)
+    end = time.monotonic() + seconds
+    checked = 0
+    while time.monotonic() < end:
+        k = int(rng.integers(8))
+        if role == "writer":
+            n = int(rng.integers(1, 20000))
+            body = rng.integers(0, 255, n, dtype=np.uint8)
+            # The value carries its key and a checksum of its body.
+            head = np.array([k, zlib.crc32(body.tobytes())], dtype=np.uint64).view(np.uint8)
+            c.put(f"k{k}", np.concatenate([head, body]))
+        else:
+            v = c.get(f"k{k}")
+            if v is not None:
+                head = v[:16].view(np.uint64)
+                assert int(head[0]) == k, (k, head)
+                assert int(head[1]) == zlib.crc32(v[16:].tobytes()), "torn value"
+                checked += 1
+    print(checked)
+"""
+
+
+def test_writers_and_readers_hammer_one_cache(cache):
+    procs = [run_child(HAMMER, cache.name, role, str(i), "2.0")
+             for i, role in enumerate(["writer", "writer", "reader", "reader", "reader"])]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    assert sum(int(out) for (out, _), p in zip(results, procs) if out.strip()) > 0
+    cache.check()
+    assert cache.stats["processes"] == 1
+
+
+@pytest.mark.parametrize("stage", ["reserved", "filling", "publishing", "in-place"])
+def test_writer_killed_mid_put_leaves_the_cache_consistent(cache, stage):
+    healthy = {f"h{i}": np.full(100 + i, i, dtype=np.int32) for i in range(20)}
+    for k, v in healthy.items():
+        cache.put(k, v)
+    old = np.full(1000, 1.0)
+    cache.put("victim", old)
+    new_len = 1000 if stage == "in-place" else 3000
+    child = run_child("""
+        import sys, numpy as np
+        from tensorwire.cache import TensorCache
+        c = TensorCache(name=sys.argv[1], create=False, _pause_at=sys.argv[2])
+        c.put("victim", np.full(int(sys.argv[3]), 2.0))
+    """, cache.name, stage, str(new_len))
+    line = child.stderr.readline()
+    assert "paused at" in line, line + child.stderr.read()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    for k, v in healthy.items():
+        assert np.array_equal(cache.get(k), v), k
+    got = cache.get("victim")
+    if got is None:
+        assert stage == "in-place"
+    else:
+        assert np.array_equal(got, old) or np.array_equal(got, np.full(new_len, 2.0))
+    cache.check()
+    if stage != "filling":
+        assert cache.stats["recoveries"] >= 1
