@@ -111,7 +111,10 @@ impl Shared {
         r.get8(sl + e::STATE) == READY
             && r.get64(sl + e::KEY_HASH) == hash
             && r.get8(sl + e::KEY_LEN) as usize == key.len()
-            && self.key_of(slot) == key
+            && key
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| r.get8(sl + e::KEY + i) == b)
     }
 
     /// `(bucket, slot)` of the live entry for `key`.
