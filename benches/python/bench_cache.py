@@ -15,10 +15,8 @@ buffer of the same size that is already written (so no page faults are timed), a
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
-import statistics
 import sys
 import time
 
@@ -28,6 +26,8 @@ import tensorwire
 from tensorwire.cache import TensorCache
 from tensorwire.shm import SharedTensor
 
+from bench_packet import timed  # median of reps after a warm-up, GC off
+
 try:
     import tenso
     from tenso import TensoCache, TensoShm
@@ -35,21 +35,6 @@ except ImportError:  # pragma: no cover
     tenso = None
 
 SIZES = [("4 KiB", 4 << 10), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)]
-
-
-def timed(fn, reps: int) -> float:
-    """Median seconds of ``reps`` runs of ``fn`` (after one warm-up)."""
-    fn()
-    samples = []
-    gc.disable()
-    try:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    finally:
-        gc.enable()
-    return statistics.median(samples)
 
 
 def fmt(seconds: float) -> str:

@@ -195,6 +195,11 @@ impl CacheHandle {
         Ok(Some(out))
     }
 
+    /// Number of live keys.
+    fn __len__(&self) -> PyResult<usize> {
+        self.cache()?.len().or_raise()
+    }
+
     /// The live keys, most recently used first.
     fn keys(&self) -> PyResult<Vec<String>> {
         self.cache()?.keys().or_raise()

@@ -562,11 +562,19 @@ pub(crate) enum Encoded<'h> {
 impl Encoded<'_> {
     /// The packet's length in bytes.
     pub(crate) fn len(&self) -> usize {
+        self.pieces().iter().map(|p| p.len()).sum()
+    }
+
+    /// The packet as three pieces written back to back: header, body, footer (for
+    /// a whole packet, the packet and two empty pieces).
+    pub(crate) fn pieces(&self) -> [&[u8]; 3] {
         match self {
-            Encoded::Dense { parts, body } => {
-                parts.header.len() + body.len() + parts.footer.map_or(0, |f| f.len())
-            }
-            Encoded::Whole(bytes) => bytes.len(),
+            Encoded::Dense { parts, body } => [
+                &parts.header,
+                body,
+                parts.footer.as_ref().map_or(&[][..], |f| &f[..]),
+            ],
+            Encoded::Whole(bytes) => [bytes, &[], &[]],
         }
     }
 
@@ -575,24 +583,17 @@ impl Encoded<'_> {
     /// in parallel chunks; call it without the GIL.
     pub(crate) fn write_into(&self, out: &mut [u8]) -> Result<usize, Error> {
         let len = self.len();
-        let Some(out) = out.get_mut(..len) else {
+        let Some(mut rest) = out.get_mut(..len) else {
             return Err(Error::NoSpace {
                 what: "a tensor packet".into(),
                 needed: len as u64,
                 available: out.len() as u64,
             });
         };
-        match self {
-            Encoded::Dense { parts, body } => {
-                let (head, rest) = out.split_at_mut(parts.header.len());
-                head.copy_from_slice(&parts.header);
-                let (middle, tail) = rest.split_at_mut(body.len());
-                copy_parallel(middle, body);
-                if let Some(footer) = parts.footer {
-                    tail.copy_from_slice(&footer);
-                }
-            }
-            Encoded::Whole(bytes) => copy_parallel(out, bytes),
+        for piece in self.pieces() {
+            let (dst, tail) = rest.split_at_mut(piece.len());
+            copy_parallel(dst, piece);
+            rest = tail;
         }
         Ok(len)
     }

@@ -67,42 +67,39 @@ pub struct ShmSegment {
 
 /// Writes `encoded` at offset 0 of `segment` (the GIL released for large copies);
 /// returns its length. `NoSpace` (a `MemoryError`) when it does not fit.
+///
+/// Writes go through `Segment::write_at` (raw copies), not a `&mut [u8]` over the
+/// map: arrays from an earlier `get` may view the same bytes.
 fn write_to(encoded: &Encoded<'_>, py: Python<'_>, segment: &Segment) -> Result<usize, Error> {
-    {
-        let len = encoded.len();
-        if segment.as_mut_ptr().is_none() {
-            return Err(read_only(segment));
-        }
-        if len > segment.len() {
-            return Err(Error::NoSpace {
-                what: format!(
-                    "the packet for shared-memory segment {:?}",
-                    segment.name().unwrap_or("memfd")
-                ),
-                needed: len as u64,
-                available: segment.len() as u64,
-            });
-        }
-        match encoded {
-            Encoded::Dense { parts, body } => {
-                // The array may itself live in this segment (`put(get())`): then copy
-                // it out first, so writing the header cannot clobber it.
-                let body: Cow<'_, [u8]> = if overlaps(body, segment) {
-                    Cow::Owned(body.to_vec())
-                } else {
-                    Cow::Borrowed(body)
-                };
-                let at = parts.header.len();
-                segment.write_at(0, &parts.header)?;
-                copy_in(py, segment, at, &body)?;
-                if let Some(footer) = parts.footer {
-                    segment.write_at(at + body.len(), &footer)?;
-                }
-            }
-            Encoded::Whole(bytes) => copy_in(py, segment, 0, bytes)?,
-        }
-        Ok(len)
+    let len = encoded.len();
+    if segment.as_mut_ptr().is_none() {
+        return Err(read_only(segment));
     }
+    if len > segment.len() {
+        return Err(Error::NoSpace {
+            what: format!(
+                "the packet for shared-memory segment {:?}",
+                segment.name().unwrap_or("memfd")
+            ),
+            needed: len as u64,
+            available: segment.len() as u64,
+        });
+    }
+    // The array may itself live in this segment (`put(get())`): copy what overlaps
+    // out first, before anything is written, so no write clobbers it.
+    let pieces = encoded.pieces().map(|piece| -> Cow<'_, [u8]> {
+        if overlaps(piece, segment) {
+            Cow::Owned(piece.to_vec())
+        } else {
+            Cow::Borrowed(piece)
+        }
+    });
+    let mut at = 0;
+    for piece in &pieces {
+        copy_in(py, segment, at, piece)?;
+        at += piece.len();
+    }
+    Ok(len)
 }
 
 /// Bytes per parallel task when copying into a segment.

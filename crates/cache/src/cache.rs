@@ -371,10 +371,10 @@ impl TensorCache {
     /// Removes `key`; true when it was there.
     pub fn delete(&self, key: &str) -> Result<bool> {
         check_key(key)?;
-        self.shared.locked(|me| {
+        self.shared.locked(|_| {
             Ok(match self.shared.lookup(key.as_bytes()) {
                 Some((bucket, slot)) => {
-                    self.shared.remove(slot, Some(bucket), me);
+                    self.shared.remove(slot, Some(bucket));
                     true
                 }
                 None => false,
@@ -384,27 +384,33 @@ impl TensorCache {
 
     /// True when `key` holds a live (unexpired) value. Does not count as a hit or miss.
     pub fn contains(&self, key: &str) -> Result<bool> {
-        Ok(self.info(key)?.is_some())
+        check_key(key)?;
+        let s = &self.shared;
+        s.locked(|_| {
+            let now = now_ns();
+            Ok(s.lookup(key.as_bytes())
+                .is_some_and(|(_, slot)| !s.expired(slot, now)))
+        })
     }
 
     /// Size, age, TTL and packet header of `key`'s value, without decoding it.
     pub fn info(&self, key: &str) -> Result<Option<EntryInfo>> {
         check_key(key)?;
         let s = &self.shared;
-        s.locked(|me| {
+        s.locked(|_| {
             let Some((bucket, slot)) = s.lookup(key.as_bytes()) else {
                 return Ok(None);
             };
             let now = now_ns();
             if s.expired(slot, now) {
-                s.expire(slot, bucket, me);
+                s.expire(slot, bucket);
                 return Ok(None);
             }
             let sl = s.layout.slot(slot);
             let r = &s.region;
             let (off, len) = s.value_range(slot)?;
-            // SAFETY: the lock is held, so no process writes or frees the block now.
-            let bytes = unsafe { r.data(off, len) }.unwrap_or(&[]);
+            // The lock is held, so no process writes or frees the block meanwhile.
+            let bytes = r.data(off, len).unwrap_or(&[]);
             let packet = packet_info(bytes, &PacketLimits::default()).ok();
             let head = bytes[..bytes.len().min(INFO_HEAD_BYTES)].to_vec();
             let created = r.get64(sl + e::CREATED_NS);
@@ -424,27 +430,22 @@ impl TensorCache {
     pub fn keys(&self) -> Result<Vec<String>> {
         let s = &self.shared;
         s.locked(|_| {
-            let now = now_ns();
             let mut keys = Vec::new();
-            let mut at = s.region.get32(h::LRU_HEAD);
-            let mut steps = 0;
-            while let Some(slot) = s.valid_slot(at) {
-                if !s.expired(slot, now) {
-                    keys.push(String::from_utf8_lossy(&s.key_of(slot)).into_owned());
-                }
-                at = s.region.get32(s.layout.slot(slot) + e::LRU_NEXT);
-                steps += 1;
-                if steps > s.layout.max_entries {
-                    break;
-                }
-            }
+            s.for_each_live(|slot| {
+                keys.push(String::from_utf8_lossy(&s.key_of(slot)).into_owned())
+            });
             Ok(keys)
         })
     }
 
     /// Number of live keys.
     pub fn len(&self) -> Result<usize> {
-        Ok(self.keys()?.len())
+        let s = &self.shared;
+        s.locked(|_| {
+            let mut n = 0;
+            s.for_each_live(|_| n += 1);
+            Ok(n)
+        })
     }
 
     /// True when no key is live.
@@ -455,10 +456,10 @@ impl TensorCache {
     /// Removes every entry (pinned values stay valid for their readers).
     pub fn clear(&self) -> Result<()> {
         let s = &self.shared;
-        s.locked(|me| {
+        s.locked(|_| {
             for slot in 0..s.layout.max_entries as u32 {
                 if s.region.get8(s.layout.slot(slot) + e::STATE) == READY {
-                    s.remove(slot, None, me);
+                    s.remove(slot, None);
                 }
             }
             s.rebuild_index();
@@ -535,6 +536,22 @@ impl Shared {
         Ok(())
     }
 
+    /// Calls `f` with every unexpired READY slot, most recently used first (walking
+    /// the LRU list, at most `max_entries` steps). Lock held.
+    fn for_each_live(&self, mut f: impl FnMut(u32)) {
+        let now = now_ns();
+        let mut at = self.region.get32(h::LRU_HEAD);
+        for _ in 0..self.layout.max_entries {
+            let Some(slot) = self.valid_slot(at) else {
+                break;
+            };
+            if !self.expired(slot, now) {
+                f(slot);
+            }
+            at = self.region.get32(self.layout.slot(slot) + e::LRU_NEXT);
+        }
+    }
+
     /// This handle's registry slot, claiming one on first use and again in a forked
     /// child. Lock held.
     fn register(&self) -> Result<usize> {
@@ -575,27 +592,18 @@ impl Shared {
     /// Empty tables: all slots free, no index entries, one free extent. Creator only
     /// (and `recover` builds the same from the surviving entries).
     fn reset_tables(&self) {
-        let r = &self.region;
         let l = &self.layout;
-        for b in 0..l.index_capacity {
-            r.set32(l.index_offset + b * 4, EMPTY);
-        }
-        r.set32(h::TOMBSTONES, 0);
         for slot in 0..l.max_entries as u32 {
-            r.zero(l.slot(slot), e::KEY);
+            self.region.zero(l.slot(slot), e::KEY);
         }
-        self.rebuild_free_slots();
-        r.set32(h::LRU_HEAD, NONE);
-        r.set32(h::LRU_TAIL, NONE);
-        r.set32(h::ENTRY_COUNT, 0);
-        self.rebuild_free_table(&mut []);
+        self.rebuild_derived();
     }
 
     // ----- entry lifecycle (lock held) -----
 
     /// Takes a READY entry out of sight (index, LRU); frees it, or retires it when a
     /// reader pins it.
-    fn remove(&self, slot: u32, bucket: Option<usize>, _me: usize) {
+    fn remove(&self, slot: u32, bucket: Option<usize>) {
         let r = &self.region;
         let sl = self.layout.slot(slot);
         match bucket {
@@ -620,13 +628,13 @@ impl Shared {
         }
     }
 
-    fn expire(&self, slot: u32, bucket: usize, me: usize) {
-        self.remove(slot, Some(bucket), me);
+    fn expire(&self, slot: u32, bucket: usize) {
+        self.remove(slot, Some(bucket));
         self.region.add64(h::EXPIRATIONS, 1);
     }
 
     /// Removes every expired entry; true if any went.
-    fn purge_expired(&self, me: usize) -> bool {
+    fn purge_expired(&self) -> bool {
         let now = now_ns();
         let mut any = false;
         for slot in 0..self.layout.max_entries as u32 {
@@ -635,7 +643,7 @@ impl Shared {
                 let key = self.key_of(slot);
                 if let Some((b, s)) = self.lookup(&key) {
                     if s == slot {
-                        self.expire(slot, b, me);
+                        self.expire(slot, b);
                         any = true;
                     }
                 }
@@ -644,7 +652,7 @@ impl Shared {
         any
     }
 
-    fn evict_lru(&self, me: usize) -> bool {
+    fn evict_lru(&self) -> bool {
         let Some(tail) = self.valid_slot(self.region.get32(h::LRU_TAIL)) else {
             return false;
         };
@@ -653,7 +661,7 @@ impl Shared {
             .lookup(&key)
             .filter(|&(_, s)| s == tail)
             .map(|(b, _)| b);
-        self.remove(tail, bucket, me);
+        self.remove(tail, bucket);
         self.region.add64(h::EVICTIONS, 1);
         true
     }
@@ -661,7 +669,7 @@ impl Shared {
     /// A block of `size` bytes and a free slot, evicting (expired entries first, then
     /// from the LRU tail) and finally repairing (dead processes' pins and half-written
     /// blocks) until they fit.
-    fn reserve(&self, size: u64, me: usize) -> Result<(u32, u64)> {
+    fn reserve(&self, size: u64) -> Result<(u32, u64)> {
         let mut purged = false;
         let mut recovered = false;
         // Each round frees something or moves to the next stage; the bound only
@@ -684,11 +692,11 @@ impl Shared {
             }
             if !purged {
                 purged = true;
-                if self.purge_expired(me) {
+                if self.purge_expired() {
                     continue;
                 }
             }
-            if self.evict_lru(me) {
+            if self.evict_lru() {
                 continue;
             }
             if !recovered {
@@ -773,13 +781,13 @@ impl Shared {
                         Err(err) => {
                             // The old bytes are gone: drop the entry.
                             r.set8(sl + e::STATE, READY);
-                            self.remove(slot, Some(bucket), me);
+                            self.remove(slot, Some(bucket));
                             Err(err)
                         }
                     };
                 }
             }
-            let (slot, off) = self.reserve(alloc, me)?;
+            let (slot, off) = self.reserve(alloc)?;
             let sl = self.layout.slot(slot);
             r.zero(sl, e::KEY);
             r.set32(sl + e::WRITER, me as u32);
@@ -839,7 +847,7 @@ impl Shared {
             r.set8(sl + e::STATE, READY);
             self.pause(PutStage::Publishing);
             if let Some((bucket, old_slot)) = old {
-                self.remove(old_slot, Some(bucket), me);
+                self.remove(old_slot, Some(bucket));
             }
             self.index_insert(slot);
             self.touch_new(slot);
@@ -885,7 +893,7 @@ impl Shared {
                 return Ok(None);
             };
             if this.expired(slot, now_ns()) {
-                this.expire(slot, bucket, me);
+                this.expire(slot, bucket);
                 r.add64(h::MISSES, 1);
                 return Ok(None);
             }

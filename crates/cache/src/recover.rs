@@ -149,15 +149,30 @@ impl Shared {
         }
 
         // 4. Derived structures.
-        let mut extents: Vec<(u64, u64)> = blocks.iter().map(|&(o, n, _)| (o, n)).collect();
+        self.rebuild_derived();
+    }
+
+    /// Rebuilds everything derived from the slots as they are: the free-extent table
+    /// (the complement of the blocks of non-free slots), the free-slot list, the index,
+    /// the LRU list (by last-access tick) and the entry count. Lock held; the slots
+    /// must already be sane (as `recover` leaves them, or all free).
+    pub(crate) fn rebuild_derived(&self) {
+        let r = &self.region;
+        let l = &self.layout;
+        let mut extents = Vec::new();
+        let mut ready: Vec<(u64, u32)> = Vec::new();
+        for slot in 0..l.max_entries as u32 {
+            let sl = l.slot(slot);
+            match r.get8(sl + e::STATE) {
+                FREE => continue,
+                READY => ready.push((r.get64(sl + e::LAST_ACCESS), slot)),
+                _ => {}
+            }
+            extents.push((r.get64(sl + e::DATA_OFFSET), r.get64(sl + e::ALLOC_SIZE)));
+        }
         self.rebuild_free_table(&mut extents);
         self.rebuild_free_slots();
         self.rebuild_index();
-        let mut ready: Vec<(u64, u32)> = blocks
-            .iter()
-            .filter(|&&(_, _, s)| r.get8(l.slot(s) + e::STATE) == READY)
-            .map(|&(_, _, s)| (r.get64(l.slot(s) + e::LAST_ACCESS), s))
-            .collect();
         ready.sort_unstable();
         r.set32(h::LRU_HEAD, NONE);
         r.set32(h::LRU_TAIL, NONE);
@@ -246,7 +261,7 @@ impl Shared {
                     "data region gap or overlap at {off} (expected {end})"
                 ));
             }
-            end = off + len;
+            end = off.wrapping_add(len);
         }
         if end != l.data_size as u64 {
             return bad(format!(

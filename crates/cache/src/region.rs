@@ -121,16 +121,17 @@ impl Region {
         off.checked_add(len).is_some_and(|end| end <= self.len)
     }
 
-    /// A value block for reading. `None` when the range is not in the segment.
-    ///
-    /// # Safety
-    /// The caller must hold a pin (or the lock) on the entry owning the block, so no
-    /// process writes or frees it while the returned slice lives.
-    pub(crate) unsafe fn data(&self, off: usize, len: usize) -> Option<&[u8]> {
+    /// A value block for reading. `None` when the range is not in the segment. Like
+    /// any view of shared memory, its bytes stay put only while the caller holds a pin
+    /// (or the lock) on the entry owning the block.
+    pub(crate) fn data(&self, off: usize, len: usize) -> Option<&[u8]> {
         if !self.contains(off, len) {
             return None;
         }
-        // SAFETY: in bounds (checked); the caller's pin keeps writers away.
+        // SAFETY: in bounds (checked) of a map that lives as long as `self`; reading
+        // memory other processes may write is the shared-segment contract
+        // (`Segment::as_slice`), and the cache protocol keeps writers off pinned or
+        // locked blocks.
         Some(unsafe { std::slice::from_raw_parts(self.base.add(off), len) })
     }
 
@@ -140,6 +141,9 @@ impl Region {
     /// The block must be reserved for this caller alone: allocated to a slot in the
     /// `WRITING` state that this process owns (not in the index, not pinned, not in the
     /// free table), and no other slice over it may exist while this one lives.
+    // SAFETY: an `unsafe fn` because it hands out `&mut` to shared memory: exclusivity
+    // holds only under the caller contract above (a WRITING slot this process owns,
+    // whose block no index entry, pin or free extent refers to).
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn data_mut(&self, off: usize, len: usize) -> Option<&mut [u8]> {
         if !self.contains(off, len) {

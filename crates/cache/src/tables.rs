@@ -48,22 +48,15 @@ impl Shared {
         at != 0 && now >= at
     }
 
+    /// Takes the first free slot off the free-slot list (rebuilding the list from the
+    /// slot states if it is torn).
     pub(crate) fn pop_free_slot(&self) -> Option<u32> {
         let r = &self.region;
-        let slot = self.valid_slot(r.get32(FREE_SLOT_HEAD))?;
-        let sl = self.layout.slot(slot);
-        if r.get8(sl + e::STATE) != FREE {
-            // A torn list: rebuild it from the states.
+        let mut slot = self.valid_slot(r.get32(FREE_SLOT_HEAD))?;
+        if r.get8(self.layout.slot(slot) + e::STATE) != FREE {
             self.rebuild_free_slots();
-            return self.pop_free_slot_checked();
+            slot = self.valid_slot(r.get32(FREE_SLOT_HEAD))?;
         }
-        r.set32(FREE_SLOT_HEAD, r.get32(sl + e::LRU_NEXT));
-        Some(slot)
-    }
-
-    pub(crate) fn pop_free_slot_checked(&self) -> Option<u32> {
-        let r = &self.region;
-        let slot = self.valid_slot(r.get32(FREE_SLOT_HEAD))?;
         r.set32(
             FREE_SLOT_HEAD,
             r.get32(self.layout.slot(slot) + e::LRU_NEXT),

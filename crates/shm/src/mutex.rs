@@ -41,6 +41,9 @@ impl RobustMutex {
     /// No thread in any process may be using a mutex at that place (initializing a
     /// mutex in use is undefined behaviour): call it once, from the segment's creator,
     /// before the segment is shared.
+    // SAFETY: an `unsafe fn` because pthread_mutex_init on a mutex another thread may
+    // hold is undefined behaviour, which no check here can rule out; the caller
+    // promises the memory is not in use (see `# Safety`).
     pub unsafe fn initialize(segment: Arc<Segment>, offset: usize) -> Result<RobustMutex> {
         let ptr = mutex_ptr(&segment, offset)?;
         // SAFETY: an all-zero attribute object is overwritten by init below.
@@ -74,6 +77,9 @@ impl RobustMutex {
     ///
     /// # Safety
     /// The bytes at `offset` must hold a mutex made by [`RobustMutex::initialize`].
+    // SAFETY: an `unsafe fn` because locking bytes that are not an initialized
+    // pthread mutex is undefined behaviour; the caller promises `initialize` ran on
+    // them (a cache checks its header, written after the mutex, first).
     pub unsafe fn attach(segment: Arc<Segment>, offset: usize) -> Result<RobustMutex> {
         let ptr = mutex_ptr(&segment, offset)?;
         Ok(RobustMutex { segment, ptr })

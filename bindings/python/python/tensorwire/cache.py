@@ -198,7 +198,7 @@ class TensorCache:
         self._h.check()
 
     def __len__(self) -> int:
-        return len(self._h.keys())
+        return len(self._h)
 
     def __contains__(self, key: str) -> bool:
         return self._h.contains(key)
