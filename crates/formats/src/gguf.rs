@@ -50,7 +50,6 @@ use tensorwire_core::{
     align_up, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorIndex, TensorInfo,
     TensorSource, TensorView, Value,
 };
-use tensorwire_mmap::{MapMode, MappedFile};
 
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: &[u8; 4] = b"GGUF";
@@ -306,10 +305,7 @@ impl GgufReader {
     /// Maps `path` privately (copy-on-write) and opens it with `limits`. Errors carry
     /// the path.
     pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<GgufReader> {
-        let path = path.as_ref();
-        let bytes =
-            MappedFile::open_bytes(path, MapMode::CopyOnWrite).map_err(|e| e.with_path(path))?;
-        GgufReader::from_bytes(bytes, limits).map_err(|e| e.with_path(path))
+        crate::open_mapped(path.as_ref(), |bytes| GgufReader::from_bytes(bytes, limits))
     }
 
     /// Opens a GGUF image held in `bytes`.

@@ -19,3 +19,15 @@
 pub mod gguf;
 pub mod npy;
 pub mod safetensors;
+
+use std::path::Path;
+
+use tensorwire_core::{Bytes, Result};
+use tensorwire_mmap::{MapMode, MappedFile};
+
+/// Maps `path` privately (copy-on-write) and parses the map with `parse`; errors from
+/// either step carry the path. The one `open_with` of every reader here.
+pub(crate) fn open_mapped<T>(path: &Path, parse: impl FnOnce(Bytes) -> Result<T>) -> Result<T> {
+    let bytes = MappedFile::open_bytes(path, MapMode::CopyOnWrite)?;
+    parse(bytes).map_err(|e| e.with_path(path))
+}

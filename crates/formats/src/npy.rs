@@ -26,7 +26,6 @@ use tensorwire_core::{
     AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView, TensorIndex,
     TensorInfo, TensorSource, TensorView, Value,
 };
-use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
 use tensorwire_pytorch::Input;
 
@@ -392,10 +391,9 @@ impl NumpyReader {
 
     /// [`NumpyReader::open`] with explicit limits.
     pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<NumpyReader> {
-        let path = path.as_ref();
-        let bytes =
-            MappedFile::open_bytes(path, MapMode::CopyOnWrite).map_err(|e| e.with_path(path))?;
-        NumpyReader::from_bytes(bytes, limits).map_err(|e| e.with_path(path))
+        crate::open_mapped(path.as_ref(), |bytes| {
+            NumpyReader::from_bytes(bytes, limits)
+        })
     }
 
     /// Reads an `.npy` or `.npz` image already in memory.

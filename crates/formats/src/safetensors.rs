@@ -24,7 +24,6 @@ use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, Result, Shape, TensorIndex, TensorInfo, TensorSource,
     TensorView, Value,
 };
-use tensorwire_mmap::{MapMode, MappedFile};
 
 /// Largest header the `safetensors` package accepts (and so do we), in bytes.
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
@@ -238,10 +237,9 @@ impl SafetensorsReader {
 
     /// [`SafetensorsReader::open`] with explicit limits.
     pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<SafetensorsReader> {
-        let path = path.as_ref();
-        let bytes =
-            MappedFile::open_bytes(path, MapMode::CopyOnWrite).map_err(|e| e.with_path(path))?;
-        SafetensorsReader::from_bytes(bytes, limits).map_err(|e| e.with_path(path))
+        crate::open_mapped(path.as_ref(), |bytes| {
+            SafetensorsReader::from_bytes(bytes, limits)
+        })
     }
 
     /// Reads a file image already in memory.
