@@ -20,6 +20,14 @@ pub(crate) struct CborError {
     pub reason: &'static str,
 }
 
+impl CborError {
+    /// A [`Error::Malformed`](tensorwire_core::Error::Malformed) at the error's
+    /// offset counted from `base` (where the CBOR starts in the file).
+    pub(crate) fn at_file_offset(&self, base: u64) -> tensorwire_core::Error {
+        tensorwire_core::Error::malformed(base.saturating_add(self.at as u64), self.reason)
+    }
+}
+
 /// A length: `Some(n)` or indefinite.
 pub(crate) type Len = Option<u64>;
 

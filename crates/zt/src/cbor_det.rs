@@ -12,18 +12,9 @@
 
 use tensorwire_core::{Error, Result, Value};
 
-use crate::cbor::f16_to_f64;
+use crate::cbor::{f16_to_f64, CborError};
 
-/// Why decoding stopped, and where (offset inside the CBOR input).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DetError {
-    /// Byte offset inside the CBOR input.
-    pub at: usize,
-    /// What went wrong.
-    pub reason: &'static str,
-}
-
-type DetResult<T> = std::result::Result<T, DetError>;
+type DetResult<T> = std::result::Result<T, CborError>;
 
 /// The simple and float items a manifest may contain.
 const FALSE: u8 = 0xf4;
@@ -64,8 +55,8 @@ impl<'a> Det<'a> {
     }
 
     #[cold]
-    pub(crate) fn err(&self, reason: &'static str) -> DetError {
-        DetError {
+    pub(crate) fn err(&self, reason: &'static str) -> CborError {
+        CborError {
             at: self.pos,
             reason,
         }
@@ -232,7 +223,7 @@ impl<'a> Det<'a> {
     }
 
     /// Reads one item as a [`Value`]. Map keys must be text (a [`Value::Map`] has
-    /// string keys): another key is [`DetError`] "non-text map key".
+    /// string keys): another key is [`CborError`] "non-text map key".
     pub(crate) fn value(&mut self, depth: usize) -> DetResult<Value> {
         self.check_depth(depth)?;
         let b = *self
@@ -333,13 +324,13 @@ impl KeyOrder {
             match d.span(ps, pe).cmp(key) {
                 std::cmp::Ordering::Less => {}
                 std::cmp::Ordering::Equal => {
-                    return Err(DetError {
+                    return Err(CborError {
                         at: start,
                         reason: "repeated map key",
                     })
                 }
                 std::cmp::Ordering::Greater => {
-                    return Err(DetError {
+                    return Err(CborError {
                         at: start,
                         reason: "map keys not in deterministic (sorted) order",
                     })

@@ -152,7 +152,7 @@ impl Ctx<'_> {
 
     /// Converts a CBOR-level error, keeping its offset.
     fn cbor(&self, e: CborError) -> Error {
-        Error::malformed(self.offset.saturating_add(e.at as u64), e.reason)
+        e.at_file_offset(self.offset)
     }
 }
 
