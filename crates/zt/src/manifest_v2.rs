@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use tensorwire_core::{DType, Error, Layout, Limits, Result, Shape, Value};
 
-use crate::cbor_det::{Det, DetError, Item, KeyOrder};
+use crate::cbor::CborError;
+use crate::cbor_det::{Det, Item, KeyOrder};
 use crate::digest::Digest;
 use crate::manifest::{Component, Ctx, Encoding, Manifest, Object};
 
@@ -142,8 +143,8 @@ pub(crate) fn check_name(name: &str, what: &str, limits: &Limits) -> Result<()> 
 // ===== decoding =====
 
 /// Converts a decoder error into a [`Error::Malformed`] at its file offset.
-fn det(ctx: &Ctx<'_>, e: DetError) -> Error {
-    Error::malformed(ctx.offset.saturating_add(e.at as u64), e.reason)
+fn det(ctx: &Ctx<'_>, e: CborError) -> Error {
+    e.at_file_offset(ctx.offset)
 }
 
 fn malformed(ctx: &Ctx<'_>, d: &Det<'_>, reason: impl Into<String>) -> Error {
