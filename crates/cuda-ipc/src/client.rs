@@ -1,0 +1,352 @@
+//! The client: one connection to a server, requests answered in order, descriptors
+//! received with results.
+//!
+//! A client is safe to share between threads; requests on one client are serialized
+//! (open several clients for parallel requests). A request that times out leaves the
+//! connection usable: its late answer is recognised by its request id and skipped.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::error::{IpcError, Result};
+use crate::frame::{FrameKind, FrameLimits, PROTOCOL_VERSION};
+use crate::schema::{
+    self, EndpointInfo, ObjectInfo, Payload, Request, Response, ServerInfo, SharedValue, TaskInfo,
+    TaskState,
+};
+use crate::socket::{self, Received};
+use crate::value::{Incoming, Outgoing};
+
+/// How a [`Client`] talks to its server.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// How long one request may wait for its answer.
+    pub timeout: Duration,
+    /// Caps on the server's answers.
+    pub frame_limits: FrameLimits,
+    /// A label for the server's logs.
+    pub label: String,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(60),
+            frame_limits: FrameLimits {
+                max_body: 256 << 20,
+                ..FrameLimits::default()
+            },
+            label: format!("pid {}", std::process::id()),
+        }
+    }
+}
+
+struct Connection {
+    stream: UnixStream,
+    next_id: u32,
+}
+
+/// A connection to a server.
+pub struct Client {
+    path: PathBuf,
+    server_id: String,
+    options: ClientOptions,
+    connection: Mutex<Connection>,
+}
+
+impl Client {
+    /// Connects and greets the server (learning its id). No server at `path` is
+    /// [`IpcError::ServerGone`]; a refused peer is [`IpcError::Remote`] with kind
+    /// `Refused`.
+    pub fn connect(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client> {
+        let path = path.as_ref().to_path_buf();
+        let stream = UnixStream::connect(&path).map_err(|e| IpcError::ServerGone {
+            path: path.display().to_string(),
+            server_id: None,
+            reason: e.to_string(),
+        })?;
+        let mut client = Client {
+            path,
+            server_id: String::new(),
+            options,
+            connection: Mutex::new(Connection { stream, next_id: 1 }),
+        };
+        let hello = Request::Hello {
+            protocol: PROTOCOL_VERSION,
+            client: client.options.label.clone(),
+        };
+        match client.request(&hello, None, None)?.0 {
+            Response::Hello { server_id, .. } => client.server_id = server_id,
+            other => return Err(unexpected(&other)),
+        }
+        Ok(client)
+    }
+
+    /// The id of the server this client talks to.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends one request (with `value`'s descriptors) and waits for its answer (at most
+    /// `timeout`, default the client's). Error answers become [`IpcError::Remote`].
+    pub fn request(
+        &self,
+        request: &Request,
+        value: Option<&Outgoing>,
+        timeout: Option<Duration>,
+    ) -> Result<(Response, Vec<OwnedFd>)> {
+        let body = schema::encode(request)?;
+        let timeout = timeout.unwrap_or(self.options.timeout);
+        let mut conn = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let id = conn.next_id;
+        conn.next_id = conn.next_id.wrapping_add(1).max(1);
+        let fds = value.map(|v| v.fds()).unwrap_or_default();
+        socket::send_frame(&conn.stream, FrameKind::Request, id, &body, &fds)
+            .map_err(|e| self.gone(e))?;
+        conn.stream
+            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .map_err(IpcError::Io)?;
+        loop {
+            match socket::recv_frame(&conn.stream, &self.options.frame_limits, timeout) {
+                Ok(Received::Frame(frame)) => {
+                    let response: Response = schema::decode(&frame.body)?;
+                    // 0 is the server's id for errors about the stream itself.
+                    if frame.header.request_id != id && frame.header.request_id != 0 {
+                        continue; // a late answer to a request that timed out
+                    }
+                    if frame.header.kind != FrameKind::Response {
+                        return Err(IpcError::protocol("expected a response frame"));
+                    }
+                    if let Response::Error { kind, message } = response {
+                        return Err(IpcError::Remote { kind, message });
+                    }
+                    return Ok((response, frame.fds));
+                }
+                Ok(Received::Idle) => {
+                    return Err(IpcError::Timeout {
+                        what: "the server's answer".into(),
+                        waited_ms: timeout.as_millis() as u64,
+                    })
+                }
+                Ok(Received::Closed) => {
+                    return Err(self.gone(IpcError::protocol("connection closed by the server")))
+                }
+                Err(e) => return Err(self.gone(e)),
+            }
+        }
+    }
+
+    /// Maps a lost connection to [`IpcError::ServerGone`]; other errors pass through.
+    fn gone(&self, e: IpcError) -> IpcError {
+        let lost = match &e {
+            IpcError::Io(io) => matches!(
+                io.kind(),
+                io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::NotConnected
+            ),
+            IpcError::Protocol { reason } => reason.contains("closed"),
+            _ => false,
+        };
+        if lost {
+            IpcError::ServerGone {
+                path: self.path.display().to_string(),
+                server_id: (!self.server_id.is_empty()).then(|| self.server_id.clone()),
+                reason: e.to_string(),
+            }
+        } else {
+            e
+        }
+    }
+
+    fn simple(&self, request: Request) -> Result<Response> {
+        Ok(self.request(&request, None, None)?.0)
+    }
+
+    /// True when the server answers.
+    pub fn ping(&self) -> Result<()> {
+        match self.simple(Request::Ping)? {
+            Response::Pong => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The server's id, version, devices and counters.
+    pub fn server_info(&self) -> Result<ServerInfo> {
+        match self.simple(Request::ServerInfo)? {
+            Response::ServerInfo(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The registered endpoints.
+    pub fn list_endpoints(&self) -> Result<Vec<EndpointInfo>> {
+        match self.simple(Request::ListEndpoints)? {
+            Response::Endpoints(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Calls an endpoint with `args`; returns the result's description and the
+    /// received value (map it with [`Incoming::storages`]).
+    pub fn call(&self, endpoint: &str, args: &Outgoing) -> Result<(SharedValue, Incoming)> {
+        let request = Request::Call {
+            endpoint: endpoint.into(),
+            args: args.payload.clone(),
+        };
+        self.value(self.request(&request, Some(args), None)?)
+    }
+
+    fn value(&self, (response, fds): (Response, Vec<OwnedFd>)) -> Result<(SharedValue, Incoming)> {
+        match response {
+            Response::Value(shared) => {
+                let incoming = Incoming::new(shared.payload.clone(), fds)?;
+                Ok((shared, incoming))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Queues an endpoint as a task; returns its id.
+    pub fn submit(&self, endpoint: &str, args: &Outgoing) -> Result<String> {
+        let request = Request::Submit {
+            endpoint: endpoint.into(),
+            args: args.payload.clone(),
+        };
+        match self.request(&request, Some(args), None)?.0 {
+            Response::TaskId(id) => Ok(id),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A task's state.
+    pub fn task_status(&self, task_id: &str) -> Result<TaskInfo> {
+        match self.simple(Request::TaskStatus {
+            task_id: task_id.into(),
+        })? {
+            Response::Task(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Waits for a task to finish, at most `timeout` (`None`: the server's cap).
+    pub fn wait_task(&self, task_id: &str, timeout: Option<Duration>) -> Result<TaskInfo> {
+        let request = Request::WaitTask {
+            task_id: task_id.into(),
+            timeout_ms: timeout.map(|t| t.as_millis() as u64),
+        };
+        // Our own wait covers the server's, plus room for the answer.
+        let ours = timeout
+            .map(|t| t + self.options.timeout)
+            .unwrap_or(Duration::from_secs(365 * 24 * 3600));
+        match self.request(&request, None, Some(ours))?.0 {
+            Response::Task(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A finished task's result.
+    pub fn task_result(&self, task_id: &str) -> Result<(SharedValue, Incoming)> {
+        let request = Request::TaskResult {
+            task_id: task_id.into(),
+        };
+        self.value(self.request(&request, None, None)?)
+    }
+
+    /// Cancels a task that has not started.
+    pub fn cancel_task(&self, task_id: &str) -> Result<bool> {
+        match self.simple(Request::CancelTask {
+            task_id: task_id.into(),
+        })? {
+            Response::Cancelled(b) => Ok(b),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The server's retained tasks.
+    pub fn list_tasks(&self, state: Option<TaskState>) -> Result<Vec<TaskInfo>> {
+        match self.simple(Request::ListTasks { state })? {
+            Response::Tasks(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Gives back one lease per object id.
+    pub fn release(&self, object_ids: &[String]) -> Result<Vec<bool>> {
+        match self.simple(Request::Release {
+            object_ids: object_ids.to_vec(),
+        })? {
+            Response::Released(flags) => Ok(flags),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// An object's bookkeeping, `None` when it is gone.
+    pub fn object_info(&self, object_id: &str) -> Result<Option<ObjectInfo>> {
+        match self.simple(Request::ObjectInfo {
+            object_id: object_id.into(),
+        })? {
+            Response::Object(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Checks that an object issued by `server_id` still lives on this client's server.
+    pub fn ensure_live(&self, object_id: &str, server_id: &str) -> Result<ObjectInfo> {
+        if server_id != self.server_id {
+            return Err(IpcError::StaleHandle {
+                object_id: object_id.into(),
+                server_id: server_id.into(),
+                reason: format!(
+                    "the server at {} is now {} (the one that issued it is gone)",
+                    self.path.display(),
+                    self.server_id
+                ),
+            });
+        }
+        self.object_info(object_id)?
+            .ok_or_else(|| IpcError::StaleHandle {
+                object_id: object_id.into(),
+                server_id: server_id.into(),
+                reason: "the server no longer holds it (released or invalidated)".into(),
+            })
+    }
+
+    /// Drops the cached result of one call.
+    pub fn invalidate_call(&self, endpoint: &str, args: &Payload) -> Result<u64> {
+        match self.simple(Request::InvalidateCall {
+            endpoint: endpoint.into(),
+            args: args.clone(),
+        })? {
+            Response::Invalidated(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Drops every cached result of an endpoint.
+    pub fn invalidate_endpoint(&self, endpoint: &str) -> Result<u64> {
+        match self.simple(Request::InvalidateEndpoint {
+            endpoint: endpoint.into(),
+        })? {
+            Response::Invalidated(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(response: &Response) -> IpcError {
+    IpcError::protocol(format!("unexpected answer {response:?}"))
+}

@@ -1,0 +1,459 @@
+//! The socket server: binds a Unix socket (mode 0600), checks each peer's
+//! credentials, serves every connection on its own thread, and hands requests to the
+//! [`Service`]. A connection's leases are given back when it closes, however it closes.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::Shutdown;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{IpcError, RemoteKind, Result};
+use crate::frame::{FrameKind, FrameLimits};
+use crate::schema::{self, Request, Response, ServerInfo};
+use crate::service::{ConnectionId, Service, ServiceLimits};
+use crate::socket::{self, PeerCredentials, Received};
+
+/// How often an idle connection thread looks up to see whether the server is stopping.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+/// Which peers may connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerPolicy {
+    /// User ids allowed; the server's own effective uid when built by
+    /// [`PeerPolicy::same_user`].
+    pub allowed_uids: Vec<u32>,
+}
+
+impl PeerPolicy {
+    /// Only processes of the server's own effective user.
+    pub fn same_user() -> PeerPolicy {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        PeerPolicy {
+            allowed_uids: vec![uid],
+        }
+    }
+
+    /// Checks a peer's credentials.
+    pub fn check(&self, peer: &PeerCredentials) -> Result<()> {
+        if self.allowed_uids.contains(&peer.uid) {
+            Ok(())
+        } else {
+            Err(IpcError::PeerRefused {
+                pid: peer.pid,
+                uid: peer.uid,
+                reason: format!("allowed uids are {:?}", self.allowed_uids),
+            })
+        }
+    }
+}
+
+/// How a [`Server`] listens and what it accepts.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where the socket lives.
+    pub socket_path: PathBuf,
+    /// Which peers may connect.
+    pub peers: PeerPolicy,
+    /// Frame caps for requests.
+    pub frame_limits: FrameLimits,
+    /// A started frame must arrive whole within this time.
+    pub frame_timeout: Duration,
+    /// Connections served at once; more are refused with `Busy`.
+    pub max_connections: usize,
+    /// Limits of the service behind the socket.
+    pub service: ServiceLimits,
+}
+
+impl ServerConfig {
+    /// Defaults for a socket at `socket_path`: same-user peers, 16 MiB requests,
+    /// 10 s frame timeout, 256 connections.
+    pub fn new(socket_path: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            socket_path: socket_path.into(),
+            peers: PeerPolicy::same_user(),
+            frame_limits: FrameLimits::default(),
+            frame_timeout: Duration::from_secs(10),
+            max_connections: 256,
+            service: ServiceLimits::default(),
+        }
+    }
+}
+
+/// The default socket for a server called `name`: under `$XDG_RUNTIME_DIR/tensorwire/`
+/// when that is set, else `/tmp/tensorwire-<uid>/` (created 0700 when bound).
+pub fn default_socket_path(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("tensorwire"),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        _ => PathBuf::from(format!("/tmp/tensorwire-{}", unsafe { libc::geteuid() })),
+    };
+    dir.join(format!("{name}.sock"))
+}
+
+struct Shared {
+    service: Arc<Service>,
+    config: ServerConfig,
+    stopping: AtomicBool,
+    connections: Mutex<HashMap<ConnectionId, UnixStream>>,
+    next_connection: AtomicU64,
+    started_at: f64,
+    socket_inode: AtomicU64,
+}
+
+/// A server: a [`Service`] behind a Unix socket.
+pub struct Server {
+    shared: Arc<Shared>,
+    accept: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Server {
+    /// A server with a fresh random id and no endpoints; [`Server::start`] binds it.
+    pub fn new(config: ServerConfig) -> Result<Server> {
+        let service = Service::new(random_id()?, config.service)?;
+        Ok(Server {
+            shared: Arc::new(Shared {
+                service,
+                config,
+                stopping: AtomicBool::new(false),
+                connections: Mutex::new(HashMap::new()),
+                next_connection: AtomicU64::new(1),
+                started_at: now_secs(),
+                socket_inode: AtomicU64::new(0),
+            }),
+            accept: Mutex::new(None),
+        })
+    }
+
+    /// The service (register endpoints on it).
+    pub fn service(&self) -> &Arc<Service> {
+        &self.shared.service
+    }
+
+    /// The server's id.
+    pub fn server_id(&self) -> &str {
+        self.shared.service.server_id()
+    }
+
+    /// The socket path.
+    pub fn socket_path(&self) -> &Path {
+        &self.shared.config.socket_path
+    }
+
+    /// Binds the socket and starts accepting on a background thread. Refuses a path
+    /// where another server is listening; removes a stale socket file left by a dead one.
+    pub fn start(&self) -> Result<()> {
+        let mut accept = self.accept.lock().unwrap_or_else(PoisonError::into_inner);
+        if accept.is_some() {
+            return Err(IpcError::protocol("server already started"));
+        }
+        let listener = bind(&self.shared.config.socket_path)?;
+        let inode = std::fs::metadata(&self.shared.config.socket_path)?.ino();
+        self.shared.socket_inode.store(inode, Ordering::SeqCst);
+        let shared = self.shared.clone();
+        *accept = Some(
+            std::thread::Builder::new()
+                .name("tw-ipc-accept".into())
+                .spawn(move || accept_loop(shared, listener))?,
+        );
+        Ok(())
+    }
+
+    /// Blocks until the server stops.
+    pub fn wait(&self) {
+        let handle = self
+            .accept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    /// True between `start` and `stop`.
+    pub fn is_running(&self) -> bool {
+        !self.shared.stopping.load(Ordering::SeqCst)
+            && self
+                .accept
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+    }
+
+    /// Stops accepting, closes every connection (their leases are given back), stops
+    /// the task pool and removes the socket file.
+    pub fn stop(&self) {
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the accept loop.
+        let _ = UnixStream::connect(&self.shared.config.socket_path);
+        for (_, stream) in self
+            .shared
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+        {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        self.wait();
+        self.shared.service.shutdown();
+        // Remove the socket only if it is still ours (not a new server's).
+        let path = &self.shared.config.socket_path;
+        if std::fs::metadata(path)
+            .is_ok_and(|m| m.ino() == self.shared.socket_inode.load(Ordering::SeqCst))
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// The server's id, version, devices and counters.
+    pub fn info(&self) -> ServerInfo {
+        self.shared.info()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Shared {
+    fn info(&self) -> ServerInfo {
+        self.service.info(
+            &self.config.socket_path.to_string_lossy(),
+            self.started_at,
+            device_uuids(),
+        )
+    }
+}
+
+fn device_uuids() -> Vec<String> {
+    let Ok(driver) = crate::cuda::CudaDriver::get() else {
+        return Vec::new();
+    };
+    let count = driver.device_count().unwrap_or(0);
+    (0..count)
+        .filter_map(|i| driver.device_uuid(i).ok())
+        .map(|u| u.iter().map(|b| format!("{b:02x}")).collect())
+        .collect()
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// 128 random bits from the kernel, in hex.
+fn random_id() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    // SAFETY: `bytes` is a writable buffer of the length passed.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(io::Error::last_os_error().into());
+    }
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
+        }
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(IpcError::Io(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("a server is already listening at {}", path.display()),
+            )));
+        }
+        // Nobody listens: a dead server's socket file.
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
+    for stream in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(_) => {
+                // Out of descriptors or a peer that vanished: back off briefly.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let counters = &shared.service.counters;
+        let refuse = |stream: &UnixStream, kind: RemoteKind, message: String| {
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = send_response(stream, 0, &Response::Error { kind, message }, &[]);
+        };
+        match socket::peer_credentials(&stream).and_then(|c| shared.config.peers.check(&c)) {
+            Ok(()) => {}
+            Err(e) => {
+                counters.peers_refused.fetch_add(1, Ordering::Relaxed);
+                refuse(&stream, RemoteKind::Refused, e.to_string());
+                continue;
+            }
+        }
+        if counters.connections_open.load(Ordering::Relaxed) >= shared.config.max_connections as u64
+        {
+            refuse(
+                &stream,
+                RemoteKind::Busy,
+                format!(
+                    "{} connections open, the limit",
+                    shared.config.max_connections
+                ),
+            );
+            continue;
+        }
+        let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone() {
+            shared
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id, clone);
+        }
+        counters.connections.fetch_add(1, Ordering::Relaxed);
+        counters.connections_open.fetch_add(1, Ordering::Relaxed);
+        let conn_shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("tw-ipc-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&conn_shared, id, &stream);
+                conn_shared.service.disconnect(id);
+                conn_shared
+                    .connections
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id);
+                conn_shared
+                    .service
+                    .counters
+                    .connections_open
+                    .fetch_sub(1, Ordering::Relaxed);
+            });
+        if spawned.is_err() {
+            counters.connections_open.fetch_sub(1, Ordering::Relaxed);
+            shared
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        }
+    }
+}
+
+fn serve_connection(shared: &Shared, conn: ConnectionId, stream: &UnixStream) {
+    let config = &shared.config;
+    if stream.set_read_timeout(Some(IDLE_POLL)).is_err()
+        || stream
+            .set_write_timeout(Some(config.frame_timeout))
+            .is_err()
+    {
+        return;
+    }
+    loop {
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let frame = match socket::recv_frame(stream, &config.frame_limits, config.frame_timeout) {
+            Ok(Received::Idle) => continue,
+            Ok(Received::Closed) => return,
+            Ok(Received::Frame(f)) => f,
+            Err(e) => {
+                // The stream is out of step (bad header, oversized or stalled frame):
+                // say why, then close.
+                let message = e.to_string();
+                shared
+                    .service
+                    .counters
+                    .errors
+                    .fetch_add(1, Ordering::Relaxed);
+                let _ = send_response(
+                    stream,
+                    0,
+                    &Response::Error {
+                        kind: RemoteKind::BadRequest,
+                        message,
+                    },
+                    &[],
+                );
+                return;
+            }
+        };
+        let id = frame.header.request_id;
+        if frame.header.kind != FrameKind::Request {
+            let _ = send_response(
+                stream,
+                id,
+                &Response::Error {
+                    kind: RemoteKind::BadRequest,
+                    message: "expected a request frame".into(),
+                },
+                &[],
+            );
+            return;
+        }
+        let (response, value) = match schema::decode::<Request>(&frame.body) {
+            Ok(Request::ServerInfo) => (Response::ServerInfo(shared.info()), None),
+            Ok(request) => shared.service.handle(conn, request, frame.fds),
+            Err(e) => {
+                shared
+                    .service
+                    .counters
+                    .errors
+                    .fetch_add(1, Ordering::Relaxed);
+                (
+                    Response::Error {
+                        kind: RemoteKind::BadRequest,
+                        message: e.to_string(),
+                    },
+                    None,
+                )
+            }
+        };
+        let fds = value.as_ref().map(|v| v.fds()).unwrap_or_default();
+        if send_response(stream, id, &response, &fds).is_err() {
+            return;
+        }
+    }
+}
+
+fn send_response(
+    stream: &UnixStream,
+    request_id: u32,
+    response: &Response,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<()> {
+    let body = match schema::encode(response) {
+        Ok(b) => b,
+        Err(e) => schema::encode(&Response::Error {
+            kind: RemoteKind::Internal,
+            message: e.to_string(),
+        })?,
+    };
+    socket::send_frame(stream, FrameKind::Response, request_id, &body, fds)
+}
