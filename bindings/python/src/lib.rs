@@ -4,7 +4,8 @@
 //! The module is split by job: [`errors`] (the exception hierarchy and the one
 //! conversion from `tensorwire::Error`), [`dtypes`] (DType ↔ numpy), [`arrays`]
 //! (zero-copy and fresh arrays), [`values`] (attributes), [`reader`], [`writer`],
-//! [`packet`] (tenso packets) and [`shm`] (packets in shared memory).
+//! [`packet`] (tenso packets), [`shm`] (packets in shared memory) and [`ipc`]
+//! (sharing tensors with other processes over a Unix socket).
 //! The pure-Python package (`python/tensorwire`) adds the ztensor-style conveniences
 //! on top (`metadata`, `read`, `read_torch`, `write`, `write_torch`).
 //!
@@ -16,6 +17,7 @@ mod arrays;
 mod cache;
 mod dtypes;
 mod errors;
+mod ipc;
 mod packet;
 mod reader;
 mod shm;
@@ -42,5 +44,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shm::ShmSegment>()?;
     m.add_class::<shm::ShmMapping>()?;
     m.add_class::<cache::CacheHandle>()?;
+    ipc::register(m)?;
     Ok(())
 }

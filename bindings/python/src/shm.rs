@@ -29,7 +29,7 @@ use crate::packet::{decode_value, encode_spec, framed_length, Encoded, Held};
 /// alive for as long as the array (or a memoryview of it) lives.
 #[pyclass(frozen, module = "tensorwire._native", name = "ShmMapping")]
 pub struct ShmMapping {
-    segment: Arc<Segment>,
+    pub(crate) segment: Arc<Segment>,
 }
 
 #[pymethods]

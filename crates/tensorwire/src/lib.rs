@@ -31,6 +31,7 @@ mod sniff;
 
 pub use tensorwire_cache as cache;
 pub use tensorwire_core as core;
+pub use tensorwire_cuda_ipc as ipc;
 pub use tensorwire_formats as formats;
 pub use tensorwire_mmap as mmap;
 pub use tensorwire_packet as packet;

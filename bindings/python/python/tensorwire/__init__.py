@@ -17,7 +17,8 @@ Tensor packets (the tenso wire format, with tenso's API) are in ``tensorwire.pac
 ``tensorwire.shm.SharedTensor`` (tenso's ``TensoShm`` API) keeps one in named shared
 memory for other processes to read zero-copy, and ``tensorwire.cache.TensorCache``
 (tenso's ``TensoCache`` API) is a multi-process shared-memory cache of them (LRU,
-TTL, zero-copy gets that stay valid while held).
+TTL, zero-copy gets that stay valid while held). ``tensorwire.ipc`` shares tensors
+(CUDA or CPU) and torch modules between processes over a Unix socket, zero-copy.
 
 Errors derive from ``TensorwireError`` (``TensorNotFoundError`` is also a KeyError,
 ``InvalidArgumentError`` a ValueError); I/O errors are OSError.
@@ -43,7 +44,7 @@ from ._native import (
 from ._reader import Reader
 from ._types import Tensor, TensorMetadata
 from ._writer import Writer
-from . import cache, packet, shm
+from . import cache, ipc, packet, shm
 
 
 def open(path):
@@ -74,5 +75,6 @@ __all__ = [
     "open",
     "packet",
     "cache",
+    "ipc",
     "shm",
 ]

@@ -1,0 +1,359 @@
+"""Python values <-> tensorwire.ipc payloads (trees of plain values + tensor tables).
+
+Nothing is pickled. A value is walked once: numpy arrays and torch tensors become
+tensor leaves (CPU storages are copied into shared memory once, unless they already
+live there; CUDA storages are exported as IPC handles of their allocation),
+``torch.nn.Module`` objects become a structure description (class path, plain
+attributes, parameters, buffers, children), and containers and scalars stay as they
+are. Tensors that share a storage share it on the other side too (tied weights), and
+the same tensor or Parameter object met twice comes back as one object.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+
+from . import _native
+
+MODULE_TAG = "torch.nn.Module"
+
+# numpy dtype name -> tensorwire dtype name (ml_dtypes names included).
+_NP_NAMES = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64",
+    "int32": "i32", "int16": "i16", "int8": "i8", "uint64": "u64", "uint32": "u32",
+    "uint16": "u16", "uint8": "u8", "bool": "bool", "complex64": "complex64",
+    "complex128": "complex128", "bfloat16": "bf16", "float8_e4m3fn": "f8_e4m3fn",
+    "float8_e5m2": "f8_e5m2", "float8_e4m3fnuz": "f8_e4m3fnuz",
+    "float8_e5m2fnuz": "f8_e5m2fnuz",
+}
+_TW_TO_NP = {v: k for k, v in _NP_NAMES.items()}
+
+# Module attributes every nn.Module gets from Module.__init__ (hooks, bookkeeping):
+# recreated on the receiving side, never sent.
+_MODULE_INTERNALS = None
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _np_dtype(name: str):
+    np_name = _TW_TO_NP.get(name)
+    if np_name is None:
+        raise TypeError(f"no numpy dtype for {name} tensors")
+    if np_name in ("bfloat16",) or np_name.startswith("float8"):
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(f"{name} tensors need the ml_dtypes package in numpy") from None
+        return np.dtype(getattr(ml_dtypes, np_name))
+    return np.dtype(np_name)
+
+
+def _module_internals():
+    global _MODULE_INTERNALS
+    if _MODULE_INTERNALS is None:
+        import torch
+
+        _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys()) - {"training"}
+    return _MODULE_INTERNALS
+
+
+class Encoder:
+    """Walks Python values into a tree plus tensor and storage tables."""
+
+    def __init__(self):
+        self.tensors = []
+        self.storages = []
+        self._storage_index = {}
+        self._tensor_index = {}
+        # Keeps every encoded object alive until the value is built, so ids are not
+        # reused and storages stay valid while they are copied.
+        self._held = []
+
+    def value(self):
+        """The native value to send, built from what was encoded."""
+        tree = self._tree
+        return _native.ipc_encode(tree, self.tensors, self.storages)
+
+    def encode_root(self, obj):
+        self._tree = self.encode(obj)
+        return self
+
+    def encode(self, obj, depth=0):
+        if depth > 40:
+            raise ValueError("value nested deeper than 40 levels")
+        if isinstance(obj, np.ndarray):
+            return _native.TensorRef(self._numpy(obj))
+        torch = _torch()
+        if torch is not None:
+            if isinstance(obj, torch.Tensor):
+                return _native.TensorRef(self._torch_tensor(obj))
+            if isinstance(obj, torch.nn.Module):
+                return _native.Tagged(MODULE_TAG, self._module(obj, depth))
+        if isinstance(obj, dict):
+            return {k: self.encode(v, depth + 1) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.encode(v, depth + 1) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self.encode(v, depth + 1) for v in obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
+        return obj
+
+    def _storage(self, key, spec):
+        index = self._storage_index.get(key)
+        if index is None:
+            index = len(self.storages)
+            self.storages.append(spec)
+            self._storage_index[key] = index
+        return index
+
+    def _numpy(self, arr):
+        known = self._tensor_index.get(id(arr))
+        if known is not None:
+            return known
+        self._held.append(arr)
+        name = _NP_NAMES.get(arr.dtype.name)
+        if name is None or arr.dtype.fields is not None:
+            raise TypeError(f"cannot share numpy arrays of dtype {arr.dtype}")
+        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
+        self._held.append(raw)
+        storage = self._storage(("np", id(raw)), ("cpu", raw))
+        strides = [s // arr.itemsize for s in arr.strides] if arr.size else [0] * arr.ndim
+        index = len(self.tensors)
+        self.tensors.append((storage, 0, name, list(arr.shape), strides, "numpy", False))
+        self._tensor_index[id(arr)] = index
+        return index
+
+    def _torch_tensor(self, t):
+        import torch
+
+        from ._torch import FROM_TORCH
+
+        known = self._tensor_index.get(id(t))
+        if known is not None:
+            return known
+        self._held.append(t)
+        requires_grad = bool(t.requires_grad)
+        d = t.detach()
+        if d.layout != torch.strided or d.is_quantized:
+            raise TypeError(f"cannot share {d.layout} / quantized torch tensors; only strided ones")
+        if d.is_conj() or d.is_neg():
+            d = d.resolve_conj().resolve_neg()
+        name = FROM_TORCH.get(d.dtype)
+        if name is None:
+            raise TypeError(f"cannot share torch tensors of dtype {d.dtype}")
+        storage = d.untyped_storage()
+        elem = d.element_size()
+        if d.device.type == "cuda":
+            key = ("cuda", d.device.index, storage.data_ptr())
+            stream = torch.cuda.current_stream(d.device).cuda_stream
+            spec = ("cuda", storage.data_ptr(), storage.nbytes(), d.device.index, stream, d)
+        elif d.device.type == "cpu":
+            key = ("cpu", storage.data_ptr(), storage.nbytes())
+            if storage.nbytes():
+                raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            else:
+                raw = np.empty(0, np.uint8)
+            self._held.append(raw)
+            spec = ("cpu", raw)
+        else:
+            raise TypeError(f"cannot share tensors on {d.device} (only CPU and CUDA)")
+        index_of_storage = self._storage(key, spec)
+        index = len(self.tensors)
+        self.tensors.append((
+            index_of_storage,
+            d.storage_offset() * elem,
+            name,
+            list(d.shape),
+            list(d.stride()),
+            "torch",
+            requires_grad,
+        ))
+        self._tensor_index[id(t)] = index
+        return index
+
+    def _module(self, m, depth):
+        known = self._tensor_index.get(("module", id(m)))
+        if known is not None:
+            return {"ref": known}
+        self._held.append(m)
+        cls = type(m)
+        internals = _module_internals()
+        attrs = {}
+        for k, v in vars(m).items():
+            if k in internals or k in ("_parameters", "_buffers", "_modules"):
+                continue
+            try:
+                attrs[k] = self.encode(v, depth + 1)
+            except TypeError as e:
+                raise TypeError(
+                    f"cannot share module {cls.__module__}.{cls.__qualname__}: attribute {k!r}: {e}"
+                ) from None
+        params = {}
+        for k, p in m._parameters.items():
+            if p is None:
+                params[k] = None
+            else:
+                params[k] = {"tensor": _native.TensorRef(self._torch_tensor(p)),
+                             "requires_grad": bool(p.requires_grad)}
+        buffers = {k: None if b is None else _native.TensorRef(self._torch_tensor(b))
+                   for k, b in m._buffers.items()}
+        children = {k: None if c is None else _native.Tagged(MODULE_TAG, self._module(c, depth + 1))
+                    for k, c in m._modules.items()}
+        self._tensor_index[("module", id(m))] = len(self._held)
+        return {
+            "id": len(self._held),
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "training": bool(m.training),
+            "attrs": attrs,
+            "parameters": params,
+            "buffers": buffers,
+            "non_persistent": sorted(getattr(m, "_non_persistent_buffers_set", ())),
+            "children": children,
+        }
+
+
+def encode(obj):
+    """The native value for ``obj``."""
+    return Encoder().encode_root(obj).value()
+
+
+class Decoder:
+    """Rebuilds Python values from a received payload."""
+
+    def __init__(self, received, allowed_modules=()):
+        self.tree, self.tensors, self.storages = received.decode()
+        self.allowed_modules = tuple(allowed_modules)
+        self._tensors = {}
+        self._torch_storages = {}
+        self._params = {}
+        self._modules = {}
+        self.leases = []
+
+    def decode(self):
+        return self._value(self.tree)
+
+    def _value(self, node):
+        if isinstance(node, _native.TensorRef):
+            return self._tensor(node.index)
+        if isinstance(node, _native.Tagged):
+            if node.tag == MODULE_TAG:
+                return self._module(node.value)
+            raise ValueError(f"unknown tagged value {node.tag!r}")
+        if isinstance(node, dict):
+            return {k: self._value(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self._value(v) for v in node]
+        if isinstance(node, tuple):
+            return tuple(self._value(v) for v in node)
+        return node
+
+    def _tensor(self, index):
+        done = self._tensors.get(index)
+        if done is not None:
+            return done
+        storage_index, offset, dtype, shape, strides, framework, requires_grad = self.tensors[index]
+        storage = self.storages[storage_index]
+        if isinstance(storage, np.ndarray) and framework == "numpy":
+            out = self._numpy(storage, offset, dtype, shape, strides)
+        else:
+            out = self._torch_tensor(storage_index, storage, offset, dtype, shape, strides)
+            if requires_grad and out.is_floating_point():
+                out.requires_grad_(True)
+        self._tensors[index] = out
+        return out
+
+    @staticmethod
+    def _numpy(storage, offset, dtype, shape, strides):
+        np_dtype = _np_dtype(dtype)
+        if 0 in shape:
+            return np.empty(shape, np_dtype)
+        return np.ndarray(tuple(shape), np_dtype, buffer=storage, offset=offset,
+                          strides=tuple(s * np_dtype.itemsize for s in strides))
+
+    def _torch_storage(self, storage_index, storage):
+        import torch
+
+        base = self._torch_storages.get(storage_index)
+        if base is None:
+            if isinstance(storage, np.ndarray):
+                base = torch.from_numpy(storage) if storage.size else torch.empty(0, dtype=torch.uint8)
+            else:
+                stream = torch.cuda.current_stream().cuda_stream
+                buf = storage.open(stream)
+                base = torch.as_tensor(buf, device=f"cuda:{buf.device}")
+                for lease in self.leases:
+                    lease.attach(base)
+            self._torch_storages[storage_index] = base
+        return base
+
+    def _torch_tensor(self, storage_index, storage, offset, dtype, shape, strides):
+        torch = _torch()
+        if torch is None:
+            import torch  # noqa: F811 - CUDA storages and torch-sent tensors need torch
+        from ._torch import torch_dtype
+
+        dt = torch_dtype(dtype)
+        base = self._torch_storage(storage_index, storage)
+        elem = torch.empty(0, dtype=dt).element_size()
+        if offset % elem:
+            raise ValueError(f"tensor offset {offset} is not a multiple of its element size {elem}")
+        out = torch.empty(0, dtype=dt, device=base.device)
+        out.set_(base.untyped_storage(), offset // elem, tuple(shape), tuple(strides))
+        for lease in self.leases:
+            lease.attach(out)
+        return out
+
+    def _module(self, spec):
+        import torch
+
+        if "ref" in spec:
+            return self._modules[spec["ref"]]
+        path = spec["class"]
+        module_name, _, qualname = path.partition(":")
+        if not self._allowed(module_name):
+            raise TypeError(
+                f"refusing to rebuild module class {module_name}.{qualname}: only torch.nn classes "
+                f"and those named in allowed_modules are rebuilt"
+            )
+        cls = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise TypeError(f"{module_name}.{qualname} is not a torch.nn.Module")
+        obj = cls.__new__(cls)
+        torch.nn.Module.__init__(obj)
+        self._modules[spec["id"]] = obj
+        for k, v in spec["attrs"].items():
+            obj.__dict__[k] = self._value(v)
+        obj.training = spec["training"]
+        for k, p in spec["parameters"].items():
+            if p is None:
+                obj._parameters[k] = None
+                continue
+            index = p["tensor"].index
+            param = self._params.get(index)
+            if param is None:
+                param = torch.nn.Parameter(self._tensor(index), requires_grad=p["requires_grad"])
+                self._params[index] = param
+            obj._parameters[k] = param
+        for k, b in spec["buffers"].items():
+            obj._buffers[k] = None if b is None else self._tensor(b.index)
+        obj._non_persistent_buffers_set = set(spec["non_persistent"])
+        for k, c in spec["children"].items():
+            obj._modules[k] = None if c is None else self._module(c.value)
+        return obj
+
+    def _allowed(self, module_name):
+        if module_name == "torch.nn" or module_name.startswith("torch.nn."):
+            return True
+        return any(module_name == m or module_name.startswith(m + ".") for m in self.allowed_modules)
