@@ -1231,6 +1231,15 @@ pub fn cuda_import_stats() -> (u64, u64) {
     (s.opened, s.live)
 }
 
+/// A writable uint8 array of `nbytes` over a new shared-memory segment: tensors placed
+/// in it are shared with other processes without a copy, and the processes see each
+/// other's writes (as with CUDA IPC).
+#[pyfunction]
+pub fn shared_buffer(py: Python<'_>, nbytes: usize) -> PyResult<Bound<'_, PyAny>> {
+    let segment = tensorwire::ipc::cpu::shared_segment(nbytes).or_raise(py)?;
+    storage_array(py, segment, 0, nbytes as u64)
+}
+
 /// The default socket path for a server called `name`.
 #[pyfunction]
 pub fn default_socket_path(name: &str) -> String {
@@ -1254,6 +1263,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_import_stats, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket_path, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_buffer, m)?)?;
     let c = classes(py)?;
     for (name, ty) in [
         ("IpcError", &c.base),

@@ -74,6 +74,14 @@ pub fn register(segment: &Arc<Segment>) -> Result<()> {
     Ok(())
 }
 
+/// A new zero-filled memfd of `size` bytes, registered so that tensors placed in it
+/// are shared without a copy (and alias between the processes that share them).
+pub fn shared_segment(size: usize) -> Result<Arc<Segment>> {
+    let segment = Arc::new(Segment::memfd("tensorwire-ipc", size.max(1))?);
+    register(&segment)?;
+    Ok(segment)
+}
+
 /// Maps a memfd received from a peer (read-write: CPU shares alias the producer's
 /// memory, as CUDA IPC does). A descriptor for a file this process already has mapped
 /// reuses that map. The memfd must be sealed against shrinking, so its sender cannot
@@ -266,6 +274,18 @@ mod tests {
         let view = storage_bytes(&one, 10, 20).unwrap();
         assert_eq!(&view[..], &[9u8; 20][..]);
         assert!(storage_bytes(&one, 4090, 20).is_err());
+    }
+
+    #[test]
+    fn storages_in_a_shared_segment_are_not_copied() {
+        let segment = shared_segment(1000).unwrap();
+        let inside = &segment.as_slice()[100..200];
+        let mut packer = StoragePacker::new();
+        packer.add(inside).unwrap();
+        assert_eq!(packer.bytes_to_copy(), 0);
+        let (segs, placed) = packer.finish(copy_serial).unwrap();
+        assert!(Arc::ptr_eq(&segs[0], &segment));
+        assert_eq!(placed[0].offset, 100);
     }
 
     #[test]

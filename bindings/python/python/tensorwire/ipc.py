@@ -44,6 +44,7 @@ import enum
 import functools
 import inspect
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -88,6 +89,42 @@ def cuda_import_stats() -> tuple:
     """``(opened, live)``: CUDA IPC handles this process opened so far, and mappings
     alive now (sharing an allocation again while a view of it lives opens nothing)."""
     return _native.cuda_import_stats()
+
+
+def empty(shape, dtype="float32"):
+    """A zero-filled numpy array in shared memory. Shared over ``tensorwire.ipc`` it is
+    sent without a copy, and the processes that receive it see the server's writes and
+    the server sees theirs (CPU values not allocated this way are copied into shared
+    memory once, when first shared, and the receivers alias that copy)."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    count = 1
+    for d in shape:
+        count *= int(d)
+    raw = _native.shared_buffer(count * dtype.itemsize)
+    return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def share_memory(value):
+    """A copy of a numpy array or CPU torch tensor in shared memory (see :func:`empty`)."""
+    import numpy as np
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        from ._torch import torch_dst_bytes
+
+        src = value.detach().contiguous()
+        raw = _native.shared_buffer(src.numel() * src.element_size())
+        out = torch.from_numpy(raw).view(src.dtype).reshape(src.shape) if src.numel() else src.clone()
+        if src.numel():
+            torch_dst_bytes(out)[...] = torch_dst_bytes(src)
+        return out
+    arr = np.asarray(value)
+    out = empty(arr.shape, arr.dtype)
+    out[...] = arr
+    return out
 
 
 def _encode_args(args, kwargs):
@@ -670,4 +707,6 @@ __all__ = [
     "cuda_available",
     "cuda_import_stats",
     "default_socket_path",
+    "empty",
+    "share_memory",
 ]

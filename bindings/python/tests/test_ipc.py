@@ -1,0 +1,550 @@
+"""tensorwire.ipc between real processes: CPU tensors through memfds (zero-copy both
+ways, writes shared), leases given back when a client is SIGKILLed, a dead server as a
+typed error, refused peers, malformed and oversized frames, singleflight, the task
+lifecycle, the environment gate, torch modules (skipped without torch) and CUDA
+(skipped without a GPU)."""
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tensorwire import ipc
+
+from conftest import ML_DTYPES, PLAIN_DTYPES, np_dtype, sample
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SERVER_SCRIPT = os.path.join(HERE, "ipc_server.py")
+
+
+def start_server_process(path, env=None):
+    proc = subprocess.Popen(
+        [sys.executable, SERVER_SCRIPT, path],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})})
+    line = proc.stdout.readline()
+    if not line.startswith("ready"):
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r} {proc.stderr.read()}")
+    return proc, line.split()[1]
+
+
+def kill(proc):
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def sock(tmp_path):
+    return str(tmp_path / "ipc.sock")
+
+
+@pytest.fixture
+def server_proc(sock):
+    proc, server_id = start_server_process(sock)
+    yield proc, server_id
+    if proc.poll() is None:
+        kill(proc)
+
+
+@pytest.fixture
+def client(sock, server_proc):
+    with ipc.Client(sock, timeout=20) as c:
+        yield c
+
+
+def in_process_server(path, **kwargs):
+    """A provider + server in this process with the test endpoints."""
+    sys.path.insert(0, HERE)
+    try:
+        import ipc_server
+    finally:
+        sys.path.remove(HERE)
+    provider = ipc_server.endpoints(ipc.Provider(execution_mode="server", socket_path=path,
+                                                 autostart=False))
+    return ipc.Server(provider, **kwargs).start(), ipc_server
+
+
+# ------------------------------------------------------------------ CPU tensors
+
+
+@pytest.mark.parametrize("name", PLAIN_DTYPES + ML_DTYPES)
+def test_every_dtype_round_trips_between_processes(client, name):
+    dt = np_dtype(name)
+    arr = sample(dt, (3, 5), seed=7)
+    back = client.call("echo", arr)
+    assert back.dtype == arr.dtype and back.shape == arr.shape
+    assert back.tobytes() == arr.tobytes()
+
+
+def test_structures_scalars_and_odd_arrays(client):
+    big_endian = np.arange(6, dtype=">i4").reshape(2, 3)
+    value = {
+        "t": (1, 2.5, "s", b"\x00\x01", None, True),
+        "nested": [{"a": np.float32(3.5)}, []],
+        "zero_d": np.array(7.0),
+        "empty": np.zeros((0, 4), np.int16),
+        "transposed": np.arange(12.0).reshape(3, 4).T,
+        "big_endian": big_endian,
+    }
+    back = client.call("echo", value)
+    assert back["t"] == (1, 2.5, "s", b"\x00\x01", None, True)
+    assert back["nested"] == [{"a": 3.5}, []]
+    assert back["zero_d"].shape == () and back["zero_d"] == 7.0
+    assert back["empty"].shape == (0, 4) and back["empty"].dtype == np.int16
+    np.testing.assert_array_equal(back["transposed"], value["transposed"])
+    np.testing.assert_array_equal(back["big_endian"], big_endian)
+    assert back["big_endian"].dtype == np.dtype("<i4")
+    args, kwargs = client.call("echo", 1, 2, k=np.ones(3))
+    assert args == (1, 2) and np.array_equal(kwargs["k"], np.ones(3))
+
+
+def test_echo_is_zero_copy_both_ways(client):
+    arr = ipc.share_memory(np.random.default_rng(0).random((512, 512)))
+    back = client.call("echo", arr)
+    # The server received our memfd and sent the same range back: it maps to our memory.
+    assert np.shares_memory(back, arr)
+    again = client.call("echo", back)
+    assert np.shares_memory(again, arr)
+    # A heap array is copied into shared memory once; the echo comes back as that copy.
+    heap = np.arange(1000, dtype=np.float64)
+    echoed = client.call("echo", heap)
+    assert not np.shares_memory(echoed, heap) and np.array_equal(echoed, heap)
+
+
+def test_clients_and_server_share_writes(sock, client):
+    with client.call("shared", n=8) as handle:
+        x = handle.value["x"]
+        assert x.flags.writeable
+        x[0] = 42.0
+        assert client.call("peek_shared", n=8) == 42.0
+        # A second client sees the same memory.
+        with ipc.Client(sock) as other:
+            with other.call("shared", n=8) as h2:
+                assert h2.value["x"][0] == 42.0
+                assert h2.object_id == handle.object_id
+
+
+def test_managed_results_cache_and_leases(client):
+    h1 = client.call("table", n=16)
+    h2 = client.call("table", 16)   # same key through positional args
+    assert isinstance(h1, ipc.SharedObjectHandle)
+    assert h1.object_id == h2.object_id and h1.server_id == client.server_id
+    np.testing.assert_array_equal(h1.value["x"], np.arange(16, dtype=np.float32))
+    info = h1.get_object_info()
+    assert info["refcount"] == 2 and info["endpoint"] == "table"
+    assert info["cache_key"] == "table:16" and info["nbytes"] == 64
+    assert h1.release() and not h1.release()
+    h2.release()
+    assert client.get_object_info(h1.object_id)["refcount"] == 0   # still cached
+    assert client.invalidate_call_cache("table", n=16)
+    assert client.get_object_info(h1.object_id) is None
+    with pytest.raises(ipc.StaleHandleError):
+        client.ensure_handle_live(h1)
+    assert h1.is_stale()
+    client.call("table", n=1).release()
+    client.call("table", n=2).release()
+    assert client.invalidate_endpoint_cache("table") == 2
+
+
+def test_lease_given_back_when_client_is_killed(sock):
+    server, _ = in_process_server(sock)
+    try:
+        code = (
+            "import sys, time\n"
+            "from tensorwire import ipc\n"
+            "c = ipc.Client(sys.argv[1])\n"
+            "h = c.call('table', n=1000)\n"
+            "print('leased', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        child = subprocess.Popen([sys.executable, "-c", code, sock],
+                                 stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "leased"
+        assert server.live() == (1, 1)
+        kill(child)
+        deadline = time.time() + 10
+        while server.live()[1] != 0:
+            assert time.time() < deadline, "the killed client's lease was not given back"
+            time.sleep(0.02)
+        assert server.live() == (1, 0)   # still cached for the next caller
+        counters = server.info()["counters"]
+        assert counters["leases_dropped_on_disconnect"] == 1
+    finally:
+        server.stop()
+
+
+def test_dead_server_is_a_typed_error(sock):
+    proc, server_id = start_server_process(sock)
+    c = ipc.Client(sock)
+    handle = c.call("table", n=4)
+    assert c.ping()
+    kill(proc)
+    with pytest.raises(ipc.ServerGoneError) as info:
+        c.call("table", n=4)
+    assert info.value.server_id == server_id
+    assert isinstance(info.value, ConnectionError)
+    assert not c.ping()
+    with pytest.raises(ipc.ServerGoneError):
+        ipc.Client(sock)
+    # Arrays already received stay readable: their memfd is mapped in this process.
+    assert handle.value["x"][3] == 3.0
+    # A new server on the same socket: the old handle is stale.
+    proc, new_id = start_server_process(sock)
+    try:
+        c2 = ipc.Client(sock)
+        assert c2.server_id == new_id != server_id
+        with pytest.raises(ipc.StaleHandleError) as info:
+            c2.ensure_handle_live(handle)
+        assert info.value.server_id == server_id
+    finally:
+        kill(proc)
+
+
+def test_other_uids_are_refused(sock):
+    server, _ = in_process_server(sock, allowed_uids=[os.geteuid() + 1])
+    try:
+        with pytest.raises(ipc.PeerRefusedError, match=f"uid {os.geteuid()}"):
+            ipc.Client(sock)
+        assert issubclass(ipc.PeerRefusedError, PermissionError)
+        assert server.info()["counters"]["peers_refused"] == 1
+        assert os.stat(sock).st_mode & 0o777 == 0o600
+    finally:
+        server.stop()
+
+
+def _read_frame(s):
+    header = b""
+    while len(header) < 16:
+        chunk = s.recv(16 - len(header))
+        assert chunk, "connection closed before an answer"
+        header += chunk
+    magic, version, kind, nfds, rid, blen = struct.unpack("<4sHBBII", header)
+    body = b""
+    while len(body) < blen:
+        body += s.recv(blen - len(body))
+    return magic, rid, body
+
+
+def test_malformed_and_oversized_frames(sock):
+    server, _ = in_process_server(sock, max_request_bytes=4096)
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        magic, rid, body = _read_frame(s)
+        assert magic == b"TWIP" and rid == 0 and b"magic" in body
+        s.close()
+
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        s.sendall(struct.pack("<4sHBBII", b"TWIP", 1, 1, 0, 7, 1 << 30))
+        _, rid, body = _read_frame(s)
+        assert b"above the limit" in body
+        s.close()
+
+        # A body that is not a message: an error for that request; the connection lives.
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        s.sendall(struct.pack("<4sHBBII", b"TWIP", 1, 1, 0, 5, 3) + b"\xff\x00\x13")
+        _, rid, body = _read_frame(s)
+        assert rid == 5 and b"BadRequest" in body
+        s.close()
+
+        # Through the client: a request over the server's cap.
+        c = ipc.Client(sock)
+        with pytest.raises(ipc.RemoteError) as info:
+            c.call("echo", b"x" * 10000)
+        assert info.value.kind == "BadRequest"
+        assert ipc.Client(sock).ping()
+    finally:
+        server.stop()
+
+
+def test_unshareable_values_and_endpoint_errors(client):
+    with pytest.raises(TypeError, match="cannot share a set"):
+        client.call("echo", {1, 2})
+    with pytest.raises(TypeError, match="str"):
+        client.call("echo", {1: "int key"})
+    with pytest.raises(ipc.RemoteError, match="KeyError") as info:
+        client.call("fails")
+    assert info.value.kind == "EndpointFailed"
+    with pytest.raises(ipc.RemoteError, match="cannot share a set"):
+        client.call("unshareable")
+    with pytest.raises(ipc.RemoteError) as info:
+        client.call("no_such_endpoint")
+    assert info.value.kind == "UnknownEndpoint"
+
+
+def test_singleflight_builds_once(sock, server_proc):
+    results = []
+
+    def call():
+        with ipc.Client(sock) as c:
+            results.append(c.call("slow", k=21))
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [42] * 6
+    with ipc.Client(sock) as c:
+        assert c.call("slow_builds") == 1
+        assert c.get_server_info()["counters"]["singleflight_waits"] >= 1
+
+
+def test_task_lifecycle(sock, server_proc):
+    c = ipc.AsyncClient(sock)
+    long_id = c.submit("build", 300)
+    queued = c.submit("build", 1)
+    failing = c.submit("build", 13)
+    assert c.cancel(queued)
+    assert c.status(queued).status == ipc.TaskStatus.CANCELLED
+    with pytest.raises(ipc.IpcTimeoutError):
+        c.wait(long_id, timeout=0.01)
+    np.testing.assert_array_equal(c.wait(long_id, timeout=10), np.full(4, 300))
+    info = c.status(long_id)
+    assert info.status == ipc.TaskStatus.COMPLETED and info.completed_at >= info.started_at
+    with pytest.raises(ipc.RemoteError, match="ValueError: unlucky thirteen") as e:
+        c.wait(failing, timeout=10)
+    assert e.value.kind == "EndpointFailed"
+    with pytest.raises(ipc.RemoteError) as e:
+        c.result(queued)
+    assert e.value.kind == "Cancelled"
+    assert set(c.list_tasks()) == {long_id, queued, failing}
+    assert list(c.list_tasks("failed")) == [failing]
+    with pytest.raises(ipc.RemoteError) as e:
+        c.status("nope")
+    assert e.value.kind == "UnknownTask"
+    # A direct call of a task endpoint runs on the pool and waits.
+    np.testing.assert_array_equal(c.call("build", 5), np.full(4, 5))
+
+
+def test_environment_gate(sock, monkeypatch):
+    monkeypatch.delenv(ipc.ENV_ENABLED, raising=False)
+    monkeypatch.delenv(ipc.ENV_ROLE, raising=False)
+    local = ipc.Provider(socket_path=sock)
+    assert local.execution_mode == "local"
+    ran = []
+
+    @local.share()
+    def add(a, b=1):
+        ran.append(os.getpid())
+        return a + b
+
+    assert add(2) == 3 and ran == [os.getpid()]   # runs here, no server needed
+
+    # The same code with the gate on: one process serves, this one calls.
+    proc, _ = start_server_process(sock, env={ipc.ENV_ENABLED: "1", ipc.ENV_ROLE: "server"})
+    try:
+        monkeypatch.setenv(ipc.ENV_ENABLED, "1")
+        remote = ipc.Provider(socket_path=sock)
+        assert remote.execution_mode == "client"
+
+        @remote.share(cache=False)
+        def echo(x):
+            raise AssertionError("runs on the server, not here")
+
+        np.testing.assert_array_equal(echo(np.arange(3)), np.arange(3))
+        assert "echo" in remote.get_runtime_info()["server"]["socket_path"] or True
+        monkeypatch.setenv(ipc.ENV_ROLE, "server")
+        assert ipc.Provider(socket_path=sock + ".2", autostart=False).execution_mode == "server"
+    finally:
+        kill(proc)
+
+
+def test_provider_autostarts_a_server_in_server_mode(sock):
+    provider = ipc.Provider(execution_mode="server", socket_path=sock)
+
+    @provider.share(cache=False)
+    def double(x):
+        return x * 2
+
+    try:
+        assert double(np.ones(2)).tolist() == [2.0, 2.0]   # local call in the server process
+        with ipc.Client(sock) as c:
+            np.testing.assert_array_equal(c.call("double", np.arange(3)), [0, 2, 4])
+            assert c.list_endpoints()["double"]["cache"] is False
+    finally:
+        provider.close()
+
+
+# ------------------------------------------------------------------ torch
+
+CHILD_TORCH = """
+import sys, time, torch
+from tensorwire import ipc
+p = ipc.Provider(execution_mode="server", socket_path=sys.argv[1], autostart=False)
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.LayerNorm(4))
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight        # tied
+        self.register_buffer("scale", torch.tensor(2.0))
+
+@p.share(managed=True)
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Conv1d(2, 2, 3, padding=1))
+
+@p.share(managed=True)
+def tied():
+    torch.manual_seed(0)
+    return Net()
+
+@p.share(cache=False)
+def state(n: int):
+    torch.manual_seed(n)
+    w = torch.randn(5, 3, dtype=torch.bfloat16)
+    return {"w": w, "wt": w.t(), "half": torch.ones(2, dtype=torch.float16), "i": torch.arange(4)}
+
+@p.share(cache=False)
+def echo(x):
+    return x
+
+s = ipc.Server(p).start()
+print("ready", s.server_id, flush=True)
+while s.running:
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def torch_server(sock):
+    pytest.importorskip("torch")
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_TORCH, sock], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), proc.stderr.read()
+    yield sock
+    kill(proc)
+
+
+def test_torch_tensors_and_state_dicts(torch_server):
+    import torch
+
+    c = ipc.Client(torch_server)
+    st = c.call("state", 3)
+    torch.manual_seed(3)
+    w = torch.randn(5, 3, dtype=torch.bfloat16)
+    assert st["w"].dtype == torch.bfloat16 and torch.equal(st["w"], w)
+    assert torch.equal(st["wt"], w.t()) and st["wt"].stride() == (1, 3)
+    assert st["w"].untyped_storage().data_ptr() == st["wt"].untyped_storage().data_ptr()
+    assert torch.equal(st["i"], torch.arange(4))
+    x = torch.randn(3, 4, requires_grad=True)
+    back = c.call("echo", x)
+    assert torch.equal(back, x.detach()) and back.requires_grad
+
+
+def test_torch_modules_are_rebuilt_without_pickle(torch_server):
+    import torch
+
+    c = ipc.Client(torch_server)
+    with c.call("model") as h:
+        m = h.value
+        torch.manual_seed(0)
+        ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Conv1d(2, 2, 3, padding=1))
+        assert type(m[0]) is torch.nn.Linear and type(m[1]) is torch.nn.Conv1d
+        for (k, a), (k2, b) in zip(m.state_dict().items(), ref.state_dict().items()):
+            assert k == k2 and torch.equal(a, b)
+        x = torch.randn(2, 4)
+        assert torch.allclose(m[0](x), ref[0](x))
+        y = torch.randn(1, 2, 5)
+        assert torch.allclose(m[1](y), ref[1](y))
+    with c.call("tied") as h:
+        net = h.value
+        assert net.head.weight is net.emb.weight
+        assert net.scale.item() == 2.0
+        assert net.body[2].normalized_shape == (4,)
+
+
+def test_module_classes_outside_torch_nn_are_refused(sock):
+    torch = pytest.importorskip("torch")
+    provider = ipc.Provider(execution_mode="server", socket_path=sock)
+
+    class Custom(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+    provider.register(lambda: Custom(), name="custom", cache=False)
+    try:
+        with pytest.raises(TypeError, match="refusing to rebuild module class"):
+            ipc.Client(sock).call("custom")
+        m = ipc.Client(sock, allowed_modules=[__name__]).call("custom")
+        assert type(m).__name__ == "Custom" and isinstance(m.lin, torch.nn.Linear)
+    finally:
+        provider.close()
+
+
+# ------------------------------------------------------------------ CUDA
+
+CHILD_CUDA = """
+import sys, time, torch
+from tensorwire import ipc
+p = ipc.Provider(execution_mode="server", socket_path=sys.argv[1], autostart=False)
+
+@p.share(managed=True)
+def weights():
+    torch.manual_seed(0)
+    return {"w": torch.randn(256, 256, device="cuda"), "b": torch.arange(16, device="cuda")}
+
+@p.share(managed=True)
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).cuda()
+
+@p.share(cache=False)
+def add_one(t):
+    return t + 1
+
+s = ipc.Server(p).start()
+print("ready", s.server_id, flush=True)
+while s.running:
+    time.sleep(0.1)
+"""
+
+
+def _cuda_ready():
+    torch = pytest.importorskip("torch")
+    if not (torch.cuda.is_available() and ipc.cuda_available()):
+        pytest.skip("no CUDA device")
+    return torch
+
+
+def test_cuda_tensors_and_modules_between_processes(sock):
+    torch = _cuda_ready()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_CUDA, sock], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("ready"), proc.stderr.read()
+    try:
+        c = ipc.Client(sock)
+        torch.manual_seed(0)
+        w = torch.randn(256, 256, device="cuda")
+        h = c.call("weights")
+        assert h.value["w"].is_cuda and torch.equal(h.value["w"], w)
+        assert torch.equal(h.value["b"], torch.arange(16, device="cuda"))
+        opened = ipc.cuda_import_stats()[0]
+        h2 = c.call("weights")
+        assert ipc.cuda_import_stats()[0] == opened, "the mapping is reused"
+        h.release(), h2.release()
+        with c.call("model") as hm:
+            torch.manual_seed(0)
+            ref = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).cuda()
+            x = torch.randn(4, 8, device="cuda")
+            assert torch.allclose(hm.value(x), ref(x))
+        t = torch.arange(10.0, device="cuda")
+        assert torch.equal(c.call("add_one", t), t + 1)
+    finally:
+        kill(proc)
