@@ -384,15 +384,6 @@ import sys, time, torch
 from tensorwire import ipc
 p = ipc.Provider(execution_mode="server", socket_path=sys.argv[1], autostart=False)
 
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(10, 4)
-        self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.LayerNorm(4))
-        self.head = torch.nn.Linear(4, 10, bias=False)
-        self.head.weight = self.emb.weight        # tied
-        self.register_buffer("scale", torch.tensor(2.0))
-
 @p.share(managed=True)
 def model():
     torch.manual_seed(0)
@@ -401,7 +392,15 @@ def model():
 @p.share(managed=True)
 def tied():
     torch.manual_seed(0)
-    return Net()
+    net = torch.nn.ModuleDict({
+        "emb": torch.nn.Embedding(10, 4),
+        "body": torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.LayerNorm(4)),
+        "norm": torch.nn.BatchNorm1d(4),
+        "head": torch.nn.Linear(4, 10, bias=False),
+    })
+    net["head"].weight = net["emb"].weight      # tied
+    net["norm"].running_mean.fill_(2.0)
+    return net
 
 @p.share(cache=False)
 def state(n: int):
@@ -464,26 +463,38 @@ def test_torch_modules_are_rebuilt_without_pickle(torch_server):
         assert torch.allclose(m[1](y), ref[1](y))
     with c.call("tied") as h:
         net = h.value
-        assert net.head.weight is net.emb.weight
-        assert net.scale.item() == 2.0
-        assert net.body[2].normalized_shape == (4,)
+        assert net["head"].weight is net["emb"].weight
+        assert torch.equal(net["norm"].running_mean, torch.full((4,), 2.0))
+        assert net["norm"].num_batches_tracked.dtype == torch.int64
+        assert net["body"][2].normalized_shape == (4,)
+        assert list(net.state_dict()) == list(net.state_dict())  # rebuilt registries work
+        assert {k for k, _ in net.named_parameters()} == {
+            "emb.weight", "body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias",
+            "norm.weight", "norm.bias"}
+
+
+try:
+    import torch as _torch
+
+    class CustomModule(_torch.nn.Module):
+        """A module class outside torch.nn (rebuilt only when its module is allowed)."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = _torch.nn.Linear(2, 2)
+except ImportError:
+    CustomModule = None
 
 
 def test_module_classes_outside_torch_nn_are_refused(sock):
     torch = pytest.importorskip("torch")
     provider = ipc.Provider(execution_mode="server", socket_path=sock)
-
-    class Custom(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(2, 2)
-
-    provider.register(lambda: Custom(), name="custom", cache=False)
+    provider.register(CustomModule, name="custom", cache=False)
     try:
         with pytest.raises(TypeError, match="refusing to rebuild module class"):
             ipc.Client(sock).call("custom")
         m = ipc.Client(sock, allowed_modules=[__name__]).call("custom")
-        assert type(m).__name__ == "Custom" and isinstance(m.lin, torch.nn.Linear)
+        assert type(m) is CustomModule and isinstance(m.lin, torch.nn.Linear)
     finally:
         provider.close()
 

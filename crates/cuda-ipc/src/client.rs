@@ -113,8 +113,13 @@ impl Client {
         let id = conn.next_id;
         conn.next_id = conn.next_id.wrapping_add(1).max(1);
         let fds = value.map(|v| v.fds()).unwrap_or_default();
-        socket::send_frame(&conn.stream, FrameKind::Request, id, &body, &fds)
-            .map_err(|e| self.gone(e))?;
+        if let Err(e) = socket::send_frame(&conn.stream, FrameKind::Request, id, &body, &fds) {
+            // The server may have said why before closing (a refused peer, a full
+            // server): that answer is still in our receive queue.
+            return Err(self
+                .said_before_closing(&conn.stream)
+                .unwrap_or_else(|| self.gone(e)));
+        }
         conn.stream
             .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
             .map_err(IpcError::Io)?;
@@ -145,6 +150,24 @@ impl Client {
                 }
                 Err(e) => return Err(self.gone(e)),
             }
+        }
+    }
+
+    /// An error answer the server left in the receive queue before it closed.
+    fn said_before_closing(&self, stream: &UnixStream) -> Option<IpcError> {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .ok()?;
+        match socket::recv_frame(
+            stream,
+            &self.options.frame_limits,
+            Duration::from_millis(100),
+        ) {
+            Ok(Received::Frame(frame)) => match schema::decode::<Response>(&frame.body) {
+                Ok(Response::Error { kind, message }) => Some(IpcError::Remote { kind, message }),
+                _ => None,
+            },
+            _ => None,
         }
     }
 

@@ -20,6 +20,9 @@ use crate::error::{IpcError, Result};
 /// Alignment of each storage packed into a memfd.
 pub const STORAGE_ALIGN: usize = 64;
 
+/// Smallest new segment whose pages are allocated up front before it is filled.
+const PREFAULT_MIN: usize = 64 << 10;
+
 struct Registry {
     /// Live segments by base address (for `find_segment`).
     by_addr: Vec<(usize, usize, Weak<Segment>)>,
@@ -78,6 +81,9 @@ pub fn register(segment: &Arc<Segment>) -> Result<()> {
 /// are shared without a copy (and alias between the processes that share them).
 pub fn shared_segment(size: usize) -> Result<Arc<Segment>> {
     let segment = Arc::new(Segment::memfd("tensorwire-ipc", size.max(1))?);
+    if size >= PREFAULT_MIN {
+        segment.prefault();
+    }
     register(&segment)?;
     Ok(segment)
 }
@@ -180,6 +186,10 @@ impl<'a> StoragePacker<'a> {
         if !self.pending.is_empty() {
             let size = self.pending_len.max(1);
             let segment = Arc::new(Segment::memfd("tensorwire-ipc", size)?);
+            // Every byte is about to be written: allocate the pages in one call.
+            if size >= PREFAULT_MIN {
+                segment.prefault();
+            }
             let base = segment
                 .as_mut_ptr()
                 .ok_or_else(|| IpcError::protocol("a new memfd is not writable"))?;

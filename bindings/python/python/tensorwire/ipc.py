@@ -151,12 +151,21 @@ class EndpointDefinition:
     cache_format_key: Optional[str] = None
     singleflight: bool = True
 
+    def __post_init__(self):
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):
+            signature = None
+        object.__setattr__(self, "_signature", signature)
+
     def cache_key(self, args, kwargs) -> Optional[str]:
         """The call's cache key: ``cache_format_key`` formatted with the bound
         arguments (defaults applied), else their canonical repr; ``None`` (not cached)
         when an argument is a tensor and there is no format key."""
+        if self._signature is None:
+            return None
         try:
-            bound = inspect.signature(self.func).bind(*args, **kwargs)
+            bound = self._signature.bind(*args, **kwargs)
         except TypeError:
             return None
         bound.apply_defaults()
