@@ -703,10 +703,11 @@ impl CudaStorage {
         }
     }
 
-    /// Opens the allocation (once per process; later opens reuse the mapping), makes
-    /// `stream` wait for the producer's event when it sent one, and returns the
-    /// storage's device memory.
-    fn open(&self, py: Python<'_>, stream: u64) -> PyResult<CudaBuffer> {
+    /// Opens the allocation (once per process; later opens reuse the mapping) and
+    /// returns the storage's device memory. `lease` (any object) is kept alive as long
+    /// as the buffer, and so as long as any tensor made from it.
+    #[pyo3(signature = (lease=None))]
+    fn open(&self, py: Python<'_>, lease: Option<Py<PyAny>>) -> PyResult<CudaBuffer> {
         let Location::Cuda {
             device_uuid,
             handle,
@@ -732,30 +733,43 @@ impl CudaStorage {
             alloc_size: *alloc_size,
         };
         let mapping = py.detach(|| cuda::import(&export)).or_raise(py)?;
-        if let Ok(event) = <[u8; 64]>::try_from(event.as_slice()) {
-            py.detach(|| cuda::wait_event(&uuid, &event, stream))
-                .or_raise(py)?;
-        }
         Ok(CudaBuffer {
             mapping,
             offset: *offset,
             len: self.len,
+            event: <[u8; 64]>::try_from(event.as_slice()).ok(),
+            lease,
         })
     }
 }
 
 /// Device memory of an opened CUDA storage. Exposes `__cuda_array_interface__` (a
-/// uint8 vector), so `torch.as_tensor(buf, device="cuda")` views it; the mapping
-/// stays open while this object (and so any tensor made from it) lives.
+/// uint8 vector), so `torch.as_tensor(buf, device="cuda")` views it; the mapping (and
+/// the lease on the server's object) stays open while this object, and so any tensor
+/// made from it, lives.
 #[pyclass(frozen, module = "tensorwire._native", name = "CudaBuffer")]
 pub struct CudaBuffer {
     mapping: Arc<CudaMapping>,
     offset: u64,
     len: u64,
+    event: Option<[u8; 64]>,
+    #[allow(dead_code)]
+    lease: Option<Py<PyAny>>,
 }
 
 #[pymethods]
 impl CudaBuffer {
+    /// Makes `stream` (a `CUstream` handle of this buffer's device; 0 for the legacy
+    /// default stream) wait for the producer's event, when it sent one.
+    fn wait(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
+        let Some(event) = self.event else {
+            return Ok(());
+        };
+        let uuid = self.mapping.device_uuid();
+        py.detach(|| cuda::wait_event(&uuid, &event, stream))
+            .or_raise(py)
+    }
+
     /// Device address of the first byte.
     #[getter]
     fn ptr(&self) -> u64 {
@@ -966,12 +980,34 @@ impl IpcServer {
     }
 }
 
+impl Drop for IpcServer {
+    fn drop(&mut self) {
+        // Stopping joins the task workers, which may be waiting for the GIL to run an
+        // endpoint: release it while they finish.
+        if self.server.is_running() {
+            Python::attach(|py| py.detach(|| self.server.stop()));
+        }
+    }
+}
+
 // ------------------------------------------------------------------ client
 
 /// A connection to a server (`tensorwire.ipc.Client` wraps it).
 #[pyclass(frozen, module = "tensorwire._native", name = "IpcClient")]
 pub struct IpcClient {
-    client: Client,
+    /// `None` once closed; calls in flight hold their own `Arc`.
+    client: std::sync::RwLock<Option<Arc<Client>>>,
+}
+
+impl IpcClient {
+    /// The client, or an error once it is closed.
+    fn live(&self, py: Python<'_>) -> PyResult<Arc<Client>> {
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| to_pyerr(py, IpcError::protocol("the client is closed")))
+    }
 }
 
 #[pymethods]
@@ -986,51 +1022,85 @@ impl IpcClient {
         let client = py
             .detach(|| Client::connect(&socket_path, options))
             .or_raise(py)?;
-        Ok(IpcClient { client })
+        Ok(IpcClient {
+            client: std::sync::RwLock::new(Some(Arc::new(client))),
+        })
+    }
+
+    /// Closes the connection (once calls in flight finish); the server gives back
+    /// every lease it held.
+    fn close(&self) {
+        self.client
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
+    /// True until `close`.
+    #[getter]
+    fn connected(&self) -> bool {
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
     }
 
     /// The id of the server this client talks to.
     #[getter]
     fn server_id(&self) -> String {
-        self.client.server_id().to_owned()
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|c| c.server_id().to_owned())
+            .unwrap_or_default()
     }
 
     /// The socket path.
     #[getter]
     fn socket_path(&self) -> String {
-        self.client.path().display().to_string()
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|c| c.path().display().to_string())
+            .unwrap_or_default()
     }
 
     fn ping(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.client.ping()).or_raise(py)
+        let client = self.live(py)?;
+        py.detach(|| client.ping()).or_raise(py)
     }
 
     fn server_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let info = py.detach(|| self.client.server_info()).or_raise(py)?;
+        let client = self.live(py)?;
+        let info = py.detach(|| client.server_info()).or_raise(py)?;
         server_info_dict(py, &info)
     }
 
     fn list_endpoints<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let list = py.detach(|| self.client.list_endpoints()).or_raise(py)?;
+        let client = self.live(py)?;
+        let list = py.detach(|| client.list_endpoints()).or_raise(py)?;
         endpoints_dict(py, &list)
     }
 
     fn call(&self, py: Python<'_>, endpoint: &str, args: &IpcValue) -> PyResult<IpcReceived> {
+        let client = self.live(py)?;
         let (shared, incoming) = py
-            .detach(|| self.client.call(endpoint, &args.outgoing))
+            .detach(|| client.call(endpoint, &args.outgoing))
             .or_raise(py)?;
         Ok(IpcReceived::from_shared(shared, incoming))
     }
 
     fn submit(&self, py: Python<'_>, endpoint: &str, args: &IpcValue) -> PyResult<String> {
-        py.detach(|| self.client.submit(endpoint, &args.outgoing))
+        let client = self.live(py)?;
+        py.detach(|| client.submit(endpoint, &args.outgoing))
             .or_raise(py)
     }
 
     fn task_status<'py>(&self, py: Python<'py>, task_id: &str) -> PyResult<Bound<'py, PyDict>> {
-        let info = py
-            .detach(|| self.client.task_status(task_id))
-            .or_raise(py)?;
+        let client = self.live(py)?;
+        let info = py.detach(|| client.task_status(task_id)).or_raise(py)?;
         task_dict(py, &info)
     }
 
@@ -1041,26 +1111,27 @@ impl IpcClient {
         task_id: &str,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.live(py)?;
         let timeout = match timeout {
             Some(t) if t <= 0.0 => Some(Duration::ZERO),
             Some(t) => Some(seconds(t, "timeout")?),
             None => None,
         };
         let info = py
-            .detach(|| self.client.wait_task(task_id, timeout))
+            .detach(|| client.wait_task(task_id, timeout))
             .or_raise(py)?;
         task_dict(py, &info)
     }
 
     fn task_result(&self, py: Python<'_>, task_id: &str) -> PyResult<IpcReceived> {
-        let (shared, incoming) = py
-            .detach(|| self.client.task_result(task_id))
-            .or_raise(py)?;
+        let client = self.live(py)?;
+        let (shared, incoming) = py.detach(|| client.task_result(task_id)).or_raise(py)?;
         Ok(IpcReceived::from_shared(shared, incoming))
     }
 
     fn cancel_task(&self, py: Python<'_>, task_id: &str) -> PyResult<bool> {
-        py.detach(|| self.client.cancel_task(task_id)).or_raise(py)
+        let client = self.live(py)?;
+        py.detach(|| client.cancel_task(task_id)).or_raise(py)
     }
 
     #[pyo3(signature = (state=None))]
@@ -1069,8 +1140,9 @@ impl IpcClient {
         py: Python<'py>,
         state: Option<&str>,
     ) -> PyResult<Bound<'py, PyList>> {
+        let client = self.live(py)?;
         let state = state.map(parse_state).transpose()?;
-        let list = py.detach(|| self.client.list_tasks(state)).or_raise(py)?;
+        let list = py.detach(|| client.list_tasks(state)).or_raise(py)?;
         PyList::new(
             py,
             list.iter()
@@ -1080,7 +1152,8 @@ impl IpcClient {
     }
 
     fn release(&self, py: Python<'_>, object_ids: Vec<String>) -> PyResult<Vec<bool>> {
-        py.detach(|| self.client.release(&object_ids)).or_raise(py)
+        let client = self.live(py)?;
+        py.detach(|| client.release(&object_ids)).or_raise(py)
     }
 
     fn object_info<'py>(
@@ -1088,9 +1161,8 @@ impl IpcClient {
         py: Python<'py>,
         object_id: &str,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let info = py
-            .detach(|| self.client.object_info(object_id))
-            .or_raise(py)?;
+        let client = self.live(py)?;
+        let info = py.detach(|| client.object_info(object_id)).or_raise(py)?;
         info.map(|i| object_dict(py, &i)).transpose()
     }
 
@@ -1100,22 +1172,22 @@ impl IpcClient {
         object_id: &str,
         server_id: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.live(py)?;
         let info = py
-            .detach(|| self.client.ensure_live(object_id, server_id))
+            .detach(|| client.ensure_live(object_id, server_id))
             .or_raise(py)?;
         object_dict(py, &info)
     }
 
     fn invalidate_call(&self, py: Python<'_>, endpoint: &str, args: &IpcValue) -> PyResult<u64> {
-        py.detach(|| {
-            self.client
-                .invalidate_call(endpoint, &args.outgoing.payload)
-        })
-        .or_raise(py)
+        let client = self.live(py)?;
+        py.detach(|| client.invalidate_call(endpoint, &args.outgoing.payload))
+            .or_raise(py)
     }
 
     fn invalidate_endpoint(&self, py: Python<'_>, endpoint: &str) -> PyResult<u64> {
-        py.detach(|| self.client.invalidate_endpoint(endpoint))
+        let client = self.live(py)?;
+        py.detach(|| client.invalidate_endpoint(endpoint))
             .or_raise(py)
     }
 }

@@ -268,6 +268,24 @@ def test_malformed_and_oversized_frames(sock):
         server.stop()
 
 
+def test_close_gives_back_leases(sock):
+    server, _ = in_process_server(sock)
+    try:
+        c = ipc.Client(sock)
+        handle = c.call("table", n=3)
+        assert server.live() == (1, 1)
+        c.close()
+        deadline = time.time() + 5
+        while server.live()[1]:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        with pytest.raises(ipc.ProtocolError, match="closed"):
+            c.call("table", n=3)
+        assert handle.value["x"][2] == 2.0   # the memory itself stays mapped here
+    finally:
+        server.stop()
+
+
 def test_unshareable_values_and_endpoint_errors(client):
     with pytest.raises(TypeError, match="cannot share a set"):
         client.call("echo", {1, 2})
@@ -361,8 +379,12 @@ def test_environment_gate(sock, monkeypatch):
         kill(proc)
 
 
-def test_provider_autostarts_a_server_in_server_mode(sock):
-    provider = ipc.Provider(execution_mode="server", socket_path=sock)
+def test_provider_autostarts_a_server_when_the_environment_says_so(sock, monkeypatch):
+    monkeypatch.setenv(ipc.ENV_ENABLED, "1")
+    monkeypatch.setenv(ipc.ENV_ROLE, "server")
+    provider = ipc.Provider(socket_path=sock)
+    assert provider.execution_mode == "server" and provider.autostart
+    assert not ipc.Provider(execution_mode="server", socket_path=sock).autostart
 
     @provider.share(cache=False)
     def double(x):
@@ -401,6 +423,11 @@ def tied():
     net["head"].weight = net["emb"].weight      # tied
     net["norm"].running_mean.fill_(2.0)
     return net
+
+@p.share(cache=False)
+def repeated():
+    block = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    return torch.nn.Sequential(block, torch.nn.Tanh(), block)
 
 @p.share(cache=False)
 def state(n: int):
@@ -486,9 +513,15 @@ except ImportError:
     CustomModule = None
 
 
+def test_a_module_used_twice_comes_back_once(torch_server):
+    m = ipc.Client(torch_server).call("repeated")
+    assert m[0] is m[2] and type(m[1]).__name__ == "Tanh"
+    assert m[0][0].weight is m[2][0].weight
+
+
 def test_module_classes_outside_torch_nn_are_refused(sock):
     torch = pytest.importorskip("torch")
-    provider = ipc.Provider(execution_mode="server", socket_path=sock)
+    provider = ipc.Provider(execution_mode="server", socket_path=sock, autostart=True)
     provider.register(CustomModule, name="custom", cache=False)
     try:
         with pytest.raises(TypeError, match="refusing to rebuild module class"):

@@ -2,8 +2,11 @@
 //! received with results.
 //!
 //! A client is safe to share between threads; requests on one client are serialized
-//! (open several clients for parallel requests). A request that times out leaves the
-//! connection usable: its late answer is recognised by its request id and skipped.
+//! (open several clients for parallel requests). A request that times out before any
+//! of its answer arrived leaves the connection usable: the late answer is recognised by
+//! its request id and skipped. A failure inside an answer's frame (cut off, oversized)
+//! leaves the stream out of step; every later request on the client then fails with
+//! that reason (connect again; the server gives back what the old connection held).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -48,6 +51,8 @@ impl Default for ClientOptions {
 struct Connection {
     stream: UnixStream,
     next_id: u32,
+    /// Why the stream is out of step (a frame cut off mid-way), if it is.
+    broken: Option<String>,
 }
 
 /// A connection to a server.
@@ -73,7 +78,11 @@ impl Client {
             path,
             server_id: String::new(),
             options,
-            connection: Mutex::new(Connection { stream, next_id: 1 }),
+            connection: Mutex::new(Connection {
+                stream,
+                next_id: 1,
+                broken: None,
+            }),
         };
         let hello = Request::Hello {
             protocol: PROTOCOL_VERSION,
@@ -110,15 +119,22 @@ impl Client {
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if let Some(reason) = &conn.broken {
+            return Err(IpcError::protocol(format!(
+                "this connection is unusable after an earlier failure ({reason}); connect again"
+            )));
+        }
         let id = conn.next_id;
         conn.next_id = conn.next_id.wrapping_add(1).max(1);
         let fds = value.map(|v| v.fds()).unwrap_or_default();
         if let Err(e) = socket::send_frame(&conn.stream, FrameKind::Request, id, &body, &fds) {
-            // The server may have said why before closing (a refused peer, a full
-            // server): that answer is still in our receive queue.
-            return Err(self
-                .said_before_closing(&conn.stream)
-                .unwrap_or_else(|| self.gone(e)));
+            let e = self.gone(e);
+            if matches!(e, IpcError::ServerGone { .. }) {
+                // The server may have said why before closing (a refused peer, a full
+                // server): that answer is still in our receive queue.
+                return Err(self.said_before_closing(&conn.stream).unwrap_or(e));
+            }
+            return Err(e);
         }
         conn.stream
             .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
@@ -148,7 +164,13 @@ impl Client {
                 Ok(Received::Closed) => {
                     return Err(self.gone(IpcError::protocol("connection closed by the server")))
                 }
-                Err(e) => return Err(self.gone(e)),
+                Err(e) => {
+                    let e = self.gone(e);
+                    if !matches!(e, IpcError::ServerGone { .. }) {
+                        conn.broken = Some(e.to_string());
+                    }
+                    return Err(e);
+                }
             }
         }
     }

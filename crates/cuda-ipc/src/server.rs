@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::Shutdown;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -193,8 +194,6 @@ impl Server {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.shared.config.socket_path);
         for (_, stream) in self
             .shared
             .connections
@@ -275,7 +274,13 @@ fn bind(path: &Path) -> Result<UnixListener> {
                 .create(parent)?;
         }
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(IpcError::Io(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            )));
+        }
         if UnixStream::connect(path).is_ok() {
             return Err(IpcError::Io(io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -290,19 +295,43 @@ fn bind(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// Waits until the listener has a connection to accept, or `IDLE_POLL` passes.
+fn wait_readable(listener: &UnixListener) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, IDLE_POLL.as_millis() as libc::c_int) };
+    n > 0
+}
+
 fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
-    for stream in listener.incoming() {
+    // Non-blocking accepts after a poll with a timeout: `stop` only has to set the
+    // flag, whatever happened to the socket file meanwhile.
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    loop {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
-        let stream = match stream {
-            Ok(s) => s,
+        if !wait_readable(&listener) {
+            continue;
+        }
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(_) => {
                 // Out of descriptors or a peer that vanished: back off briefly.
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
+        if stream.set_nonblocking(false).is_err() {
+            continue;
+        }
         let counters = &shared.service.counters;
         let refuse = |stream: &UnixStream, kind: RemoteKind, message: String| {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
@@ -436,7 +465,20 @@ fn serve_connection(shared: &Shared, conn: ConnectionId, stream: &UnixStream) {
             }
         };
         let fds = value.as_ref().map(|v| v.fds()).unwrap_or_default();
-        if send_response(stream, id, &response, &fds).is_err() {
+        let sent = if fds.len() > crate::frame::MAX_FDS_PER_FRAME {
+            let error = Response::Error {
+                kind: RemoteKind::Unshareable,
+                message: format!(
+                    "the result spans {} shared-memory segments, above the {} one answer carries",
+                    fds.len(),
+                    crate::frame::MAX_FDS_PER_FRAME
+                ),
+            };
+            send_response(stream, id, &error, &[])
+        } else {
+            send_response(stream, id, &response, &fds)
+        };
+        if sent.is_err() {
             return;
         }
     }

@@ -113,6 +113,9 @@ fn canonical(node: &Node) -> Node {
 pub struct ServiceLimits {
     /// Objects alive at once; more results are refused with `Busy`.
     pub max_objects: usize,
+    /// Cached results kept at once; storing one more drops the least recently used
+    /// (its object lives on while clients hold leases on it).
+    pub max_cache_entries: usize,
     /// Longest a `WaitTask` (or a `Call` of a task endpoint) waits.
     pub max_wait: Duration,
     /// The task pool.
@@ -123,6 +126,7 @@ impl Default for ServiceLimits {
     fn default() -> Self {
         ServiceLimits {
             max_objects: 65_536,
+            max_cache_entries: 1024,
             max_wait: Duration::from_secs(3600),
             tasks: TaskLimits::default(),
         }
@@ -134,6 +138,8 @@ type CacheKey = (String, String);
 struct CacheEntry {
     value: Outgoing,
     object_id: Option<String>,
+    /// When it was last stored or hit (a logical clock), for LRU eviction.
+    used: u64,
 }
 
 struct Object {
@@ -157,6 +163,7 @@ struct State {
     cache: HashMap<CacheKey, CacheEntry>,
     objects: HashMap<String, Object>,
     next_object: u64,
+    clock: u64,
 }
 
 impl State {
@@ -214,6 +221,8 @@ pub struct Counters {
     pub cache_hits: AtomicU64,
     /// Cacheable calls that were not in the cache.
     pub cache_misses: AtomicU64,
+    /// Cached results dropped to make room (least recently used first).
+    pub cache_evictions: AtomicU64,
     /// Calls that waited for an identical call in flight instead of building.
     pub singleflight_waits: AtomicU64,
     /// Tasks submitted.
@@ -457,10 +466,15 @@ impl Service {
         };
         let cache_key = (ep.name.clone(), k);
         if opts.cache {
-            if let Some(entry) = lock(&self.state).cache.get(&cache_key) {
+            let mut state = lock(&self.state);
+            state.clock += 1;
+            let now = state.clock;
+            if let Some(entry) = state.cache.get_mut(&cache_key) {
+                entry.used = now;
                 self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(computed(entry.value.clone(), true));
             }
+            drop(state);
             self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
         }
         if !opts.singleflight {
@@ -498,7 +512,8 @@ impl Service {
             let outcome = outcome
                 .clone()
                 .unwrap_or_else(|| Err((RemoteKind::Internal, "empty flight".into())));
-            return outcome.map(|v| computed(v, true));
+            // Shared with the leader's build: from the cache only when caching is on.
+            return outcome.map(|v| computed(v, opts.cache));
         }
         let outcome = self.build(ep, args);
         if let (Ok(value), true) = (&outcome, opts.cache) {
@@ -519,11 +534,28 @@ impl Service {
     fn store(&self, key: &CacheKey, value: &Outgoing) {
         let mut state = lock(&self.state);
         state.uncache(key);
+        while state.cache.len() >= self.limits.max_cache_entries.max(1) {
+            let Some(oldest) = state
+                .cache
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            state.uncache(&oldest);
+            self.counters
+                .cache_evictions
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        state.clock += 1;
+        let used = state.clock;
         state.cache.insert(
             key.clone(),
             CacheEntry {
                 value: value.clone(),
                 object_id: None,
+                used,
             },
         );
     }
@@ -713,6 +745,7 @@ impl Service {
             ("cache_hits".into(), load(&c.cache_hits)),
             ("cache_misses".into(), load(&c.cache_misses)),
             ("cache_entries".into(), cached),
+            ("cache_evictions".into(), load(&c.cache_evictions)),
             ("singleflight_waits".into(), load(&c.singleflight_waits)),
             ("tasks_submitted".into(), load(&c.tasks_submitted)),
             ("objects_live".into(), objects),
@@ -849,6 +882,26 @@ mod tests {
         assert!(s.object_info(&id).is_none(), "uncached and unleased: gone");
         call(&s, 1, "load", 4);
         assert_eq!(runs.load(Ordering::SeqCst), 2, "rebuilt after invalidation");
+    }
+
+    #[test]
+    fn the_cache_drops_its_least_recently_used_entry() {
+        let limits = ServiceLimits {
+            max_cache_entries: 2,
+            ..ServiceLimits::default()
+        };
+        let s = Service::new("0123456789abcdef".into(), limits).unwrap();
+        let runs = counting(&s, "f", EndpointOptions::default(), Duration::ZERO);
+        call(&s, 1, "f", 1);
+        call(&s, 1, "f", 2);
+        call(&s, 1, "f", 1); // hit: 1 is now more recent than 2
+        call(&s, 1, "f", 3); // evicts 2
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        call(&s, 1, "f", 1);
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "1 stayed cached");
+        call(&s, 1, "f", 2);
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "2 was evicted");
+        assert_eq!(s.counters.cache_evictions.load(Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -601,3 +601,55 @@ fn invalidation_and_a_stale_handle() {
         })
     ));
 }
+
+#[test]
+fn an_answer_cut_off_mid_frame_makes_the_connection_unusable() {
+    use tensorwire_cuda_ipc::socket::{recv_frame, send_frame, Received};
+    let dir = tempfile::tempdir().unwrap();
+    let path = socket_path(&dir);
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // A fake server: greets properly, then answers the next request with half a frame.
+    let fake = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let limits = Default::default();
+        let Received::Frame(hello) = recv_frame(&stream, &limits, Duration::from_secs(5)).unwrap()
+        else {
+            panic!()
+        };
+        let body = encode(&Response::Hello {
+            server_id: "fake".into(),
+            version: "0".into(),
+        })
+        .unwrap();
+        send_frame(
+            &stream,
+            FrameKind::Response,
+            hello.header.request_id,
+            &body,
+            &[],
+        )
+        .unwrap();
+        let Received::Frame(ping) = recv_frame(&stream, &limits, Duration::from_secs(5)).unwrap()
+        else {
+            panic!()
+        };
+        let header = Header {
+            kind: FrameKind::Response,
+            fd_count: 0,
+            request_id: ping.header.request_id,
+            body_len: 100,
+        };
+        (&stream).write_all(&header.encode()).unwrap();
+        (&stream).write_all(&[0u8; 10]).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+    });
+    let options = ClientOptions {
+        timeout: Duration::from_millis(200),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(&path, options).unwrap();
+    assert!(matches!(client.ping(), Err(IpcError::Timeout { .. })));
+    let err = client.ping().unwrap_err();
+    assert!(err.to_string().contains("unusable"), "{err}");
+    fake.join().unwrap();
+}

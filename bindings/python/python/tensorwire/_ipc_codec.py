@@ -186,6 +186,10 @@ class Encoder:
         if known is not None:
             return {"ref": known}
         self._held.append(m)
+        # The id is taken on entry, before the children: a module met again anywhere
+        # below or after it comes back as this same module.
+        module_id = len(self._held)
+        self._tensor_index[("module", id(m))] = module_id
         cls = type(m)
         internals = _module_internals()
         attrs = {}
@@ -209,9 +213,8 @@ class Encoder:
                    for k, b in m._buffers.items()}
         children = {k: None if c is None else _native.Tagged(MODULE_TAG, self._module(c, depth + 1))
                     for k, c in m._modules.items()}
-        self._tensor_index[("module", id(m))] = len(self._held)
         return {
-            "id": len(self._held),
+            "id": module_id,
             "class": f"{cls.__module__}:{cls.__qualname__}",
             "training": bool(m.training),
             "attrs": attrs,
@@ -237,7 +240,8 @@ class Decoder:
         self._torch_storages = {}
         self._params = {}
         self._modules = {}
-        self.leases = []
+        # Kept alive by every CUDA buffer of the value (see ipc._Lease).
+        self.lease = None
 
     def decode(self):
         return self._value(self.tree)
@@ -288,11 +292,12 @@ class Decoder:
             if isinstance(storage, np.ndarray):
                 base = torch.from_numpy(storage) if storage.size else torch.empty(0, dtype=torch.uint8)
             else:
-                stream = torch.cuda.current_stream().cuda_stream
-                buf = storage.open(stream)
-                base = torch.as_tensor(buf, device=f"cuda:{buf.device}")
-                for lease in self.leases:
-                    lease.attach(base)
+                # The buffer holds the mapping and the lease; torch holds the buffer for
+                # as long as the storage (any view of it) lives.
+                buf = storage.open(self.lease)
+                device = torch.device("cuda", buf.device)
+                buf.wait(torch.cuda.current_stream(device).cuda_stream)
+                base = torch.as_tensor(buf, device=device)
             self._torch_storages[storage_index] = base
         return base
 
@@ -309,8 +314,6 @@ class Decoder:
             raise ValueError(f"tensor offset {offset} is not a multiple of its element size {elem}")
         out = torch.empty(0, dtype=dt, device=base.device)
         out.set_(base.untyped_storage(), offset // elem, tuple(shape), tuple(strides))
-        for lease in self.leases:
-            lease.attach(out)
         return out
 
     def _module(self, spec):

@@ -40,6 +40,7 @@ requests are size-capped and time-limited. See ``docs/ipc.md``.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import functools
 import inspect
@@ -47,8 +48,11 @@ import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
+
+import numpy as np
 
 from . import _native
 from ._ipc_codec import Decoder, encode
@@ -187,13 +191,16 @@ class EndpointDefinition:
 
 
 def _has_tensor(value) -> bool:
-    if isinstance(value, _native.TensorRef):
+    if isinstance(value, (_native.TensorRef, _native.Tagged, np.ndarray)):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, (torch.Tensor, torch.nn.Module)):
         return True
     if isinstance(value, dict):
         return any(_has_tensor(v) for v in value.values())
     if isinstance(value, (list, tuple)):
         return any(_has_tensor(v) for v in value)
-    return isinstance(value, _native.Tagged)
+    return False
 
 
 def _canonical(value):
@@ -263,16 +270,14 @@ class SharedObjectHandle:
 
 
 class _Lease:
-    """Holds an unmanaged result's server object while tensors made from it live; the
-    release is queued when the last of them is collected and sent with the client's
-    next request (or at close)."""
+    """Holds an unmanaged result's server object (CUDA memory) while tensors made from
+    it live: every CUDA buffer of the value keeps it, and torch keeps the buffers for as
+    long as any view of their storage lives. When the last goes, the release is queued
+    and sent with the client's next request (or at close)."""
 
     def __init__(self, client: "Client", object_id: str):
         self._client = client
         self.object_id = object_id
-
-    def attach(self, tensor):
-        tensor._tensorwire_ipc_lease = self
 
     def __del__(self):
         client = self._client
@@ -348,7 +353,7 @@ class Client:
     def _result(self, received):
         decoder = Decoder(received, self.allowed_modules)
         if received.object_id is not None and not received.managed:
-            decoder.leases.append(_Lease(self, received.object_id))
+            decoder.lease = _Lease(self, received.object_id)
         value = decoder.decode()
         if received.object_id is not None and received.managed:
             return SharedObjectHandle(value, received.object_id, received.server_id, self)
@@ -421,9 +426,11 @@ class Client:
         return self._native.invalidate_endpoint(endpoint)
 
     def close(self):
-        """Gives back queued releases; the connection closes when the client is dropped
-        (the server then releases every lease it still holds)."""
-        self._flush_releases()
+        """Gives back queued releases and closes the connection; the server then gives
+        back every lease it still holds for this client (managed handles become stale)."""
+        if self._native.connected:
+            self._flush_releases()
+            self._native.close()
 
     def __enter__(self):
         return self
@@ -465,6 +472,12 @@ class AsyncClient(Client):
 def _serve(endpoint: EndpointDefinition, allowed_modules, received):
     args, kwargs = _split_args(Decoder(received, allowed_modules).decode())
     return encode(endpoint.func(*args, **kwargs))
+
+
+def _stop_if_alive(ref):
+    server = ref()
+    if server is not None:
+        server.stop()
 
 
 def _call_key(endpoint: EndpointDefinition, tree):
@@ -511,6 +524,8 @@ class Server:
         """Binds the socket and serves in background threads; with ``blocking=True``
         returns only when the server stops (Ctrl-C stops it)."""
         self._native.start()
+        # Stop before the interpreter shuts down, while endpoint threads can still run.
+        atexit.register(_stop_if_alive, weakref.ref(self))
         if blocking:
             try:
                 while self._native.running:
@@ -552,18 +567,21 @@ class Provider:
     """Registers endpoint functions and decides, per process, whether they run locally,
     are served, or are called remotely.
 
-    ``execution_mode``: ``"local"`` (call the function), ``"server"`` (serve it; a
-    background server starts with the first endpoint), ``"client"`` (calls go to the
-    server), or ``"auto"``: local unless ``enabled`` (default: ``TENSORWIRE_IPC_ENABLED``),
-    then server when ``TENSORWIRE_IPC_ROLE=server`` and client otherwise.
+    ``execution_mode``: ``"local"`` (call the function), ``"server"`` (serve it with
+    ``Server(provider).start()``), ``"client"`` (calls go to the server), or ``"auto"``:
+    local unless ``enabled`` (default: ``TENSORWIRE_IPC_ENABLED``), then server when
+    ``TENSORWIRE_IPC_ROLE=server`` and client otherwise. A server chosen by the
+    environment starts by itself in a background thread with the first endpoint
+    (``autostart``; default true only then).
     """
 
     def __init__(self, *, enabled: Optional[bool] = None, execution_mode: str = "auto",
                  socket_path: Optional[str] = None, device: Optional[int] = None,
-                 timeout: float = 60.0, autostart: bool = True, allowed_modules=()):
+                 timeout: float = 60.0, autostart: Optional[bool] = None, allowed_modules=()):
         if execution_mode not in ("auto", "local", "server", "client"):
             raise ValueError(f"execution_mode must be auto, local, server or client, not {execution_mode!r}")
         self.enabled = _env_enabled() if enabled is None else bool(enabled)
+        resolved = execution_mode == "auto"
         if execution_mode == "auto":
             if not self.enabled:
                 execution_mode = "local"
@@ -574,7 +592,9 @@ class Provider:
         self.execution_mode = execution_mode
         self.socket_path = socket_path or default_socket_path(device)
         self.timeout = timeout
-        self.autostart = autostart
+        # A server the environment asked for starts by itself; an explicit
+        # execution_mode="server" waits for Server(provider).start().
+        self.autostart = resolved if autostart is None else bool(autostart)
         self.allowed_modules = tuple(allowed_modules)
         self._endpoints: Dict[str, EndpointDefinition] = {}
         self._servers = []
