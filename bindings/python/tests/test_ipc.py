@@ -204,6 +204,9 @@ def test_dead_server_is_a_typed_error(sock):
         with pytest.raises(ipc.StaleHandleError) as info:
             c2.ensure_handle_live(handle)
         assert info.value.server_id == server_id
+        # The old client connects to the new server by itself; its handle stays stale.
+        assert c.call("table", n=4).server_id == new_id == c.server_id
+        assert handle.is_stale()
     finally:
         kill(proc)
 
@@ -284,6 +287,13 @@ def test_close_gives_back_leases(sock):
         assert handle.value["x"][2] == 2.0   # the memory itself stays mapped here
     finally:
         server.stop()
+
+
+def test_endpoint_names_are_unique(sock):
+    provider = ipc.Provider(execution_mode="local")
+    provider.register(lambda: 1, name="one")
+    with pytest.raises(ValueError, match="already registered"):
+        provider.register(lambda: 2, name="one")
 
 
 def test_unshareable_values_and_endpoint_errors(client):
@@ -511,6 +521,44 @@ try:
             self.lin = _torch.nn.Linear(2, 2)
 except ImportError:
     CustomModule = None
+
+
+def test_a_torch_view_sends_only_the_bytes_it_reaches():
+    torch = pytest.importorskip("torch")
+    from tensorwire._ipc_codec import Encoder
+
+    big = torch.arange(1_000_000, dtype=torch.float32)
+    value = Encoder().encode_root({"a": big[10:20], "b": big[15:30:5]}).value()
+    # Elements 10..20 and 15, 20, 25: bytes 40..104 of the 4 MB storage, shared by both.
+    assert value.nbytes == 64 and value.copied == 64
+
+
+def _bare_decoder(allowed=()):
+    from tensorwire._ipc_codec import Decoder
+
+    d = Decoder.__new__(Decoder)
+    d.allowed_modules = tuple(allowed)
+    d._tensors, d._params, d._modules, d._torch_storages = {}, {}, {}, {}
+    d.lease = None
+    return d
+
+
+def test_module_rebuild_refuses_detours_and_internals():
+    pytest.importorskip("torch")
+    d = _bare_decoder()
+    for path in ("torch.nn.modules.module:torch.fx.GraphModule",   # walks through a module
+                 "torch.nn.modules.linear:Identity.__class__",       # not the class it names
+                 "torch.fx:GraphModule", "os:system", "torch.nn.nope_module:X"):
+        with pytest.raises(TypeError, match="refusing"):
+            d._module_class(path)
+    assert d._module_class("torch.nn.modules.linear:Linear").__name__ == "Linear"
+    spec = {"id": 1, "class": "torch.nn.modules.activation:ReLU", "training": True,
+            "attrs": {"_forward_hooks": {}}, "parameters": {}, "buffers": {},
+            "non_persistent": [], "children": {}}
+    with pytest.raises(TypeError, match="_forward_hooks"):
+        d._module(spec)
+    spec["attrs"] = {"inplace": True}
+    assert d._module(spec).inplace is True
 
 
 def test_a_module_used_twice_comes_back_once(torch_server):

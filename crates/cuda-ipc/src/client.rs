@@ -53,6 +53,9 @@ struct Connection {
     next_id: u32,
     /// Why the stream is out of step (a frame cut off mid-way), if it is.
     broken: Option<String>,
+    /// Objects of late answers (to requests that timed out) whose leases this
+    /// connection holds but nobody uses: given back before the next request.
+    orphans: Vec<String>,
 }
 
 /// A connection to a server.
@@ -82,6 +85,7 @@ impl Client {
                 stream,
                 next_id: 1,
                 broken: None,
+                orphans: Vec::new(),
             }),
         };
         let hello = Request::Hello {
@@ -119,6 +123,23 @@ impl Client {
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if !conn.orphans.is_empty() && conn.broken.is_none() {
+            let object_ids = std::mem::take(&mut conn.orphans);
+            let release = schema::encode(&Request::Release { object_ids })?;
+            // Best effort: a failure here shows again on the request itself.
+            let _ = self.exchange(&mut conn, &release, &[], self.options.timeout);
+        }
+        self.exchange(&mut conn, &body, &fds_of(value), timeout)
+    }
+
+    /// Sends one request frame on the locked connection and waits for its answer.
+    fn exchange(
+        &self,
+        conn: &mut Connection,
+        body: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Result<(Response, Vec<OwnedFd>)> {
         if let Some(reason) = &conn.broken {
             return Err(IpcError::protocol(format!(
                 "this connection is unusable after an earlier failure ({reason}); connect again"
@@ -126,8 +147,7 @@ impl Client {
         }
         let id = conn.next_id;
         conn.next_id = conn.next_id.wrapping_add(1).max(1);
-        let fds = value.map(|v| v.fds()).unwrap_or_default();
-        if let Err(e) = socket::send_frame(&conn.stream, FrameKind::Request, id, &body, &fds) {
+        if let Err(e) = socket::send_frame(&conn.stream, FrameKind::Request, id, body, fds) {
             let e = self.gone(e);
             if matches!(e, IpcError::ServerGone { .. }) {
                 // The server may have said why before closing (a refused peer, a full
@@ -145,7 +165,16 @@ impl Client {
                     let response: Response = schema::decode(&frame.body)?;
                     // 0 is the server's id for errors about the stream itself.
                     if frame.header.request_id != id && frame.header.request_id != 0 {
-                        continue; // a late answer to a request that timed out
+                        // A late answer to a request that timed out: give back the
+                        // lease it brought, if any.
+                        if let Response::Value(SharedValue {
+                            object: Some(object),
+                            ..
+                        }) = response
+                        {
+                            conn.orphans.push(object.object_id);
+                        }
+                        continue;
                     }
                     if frame.header.kind != FrameKind::Response {
                         return Err(IpcError::protocol("expected a response frame"));
@@ -394,4 +423,8 @@ impl Client {
 
 fn unexpected(response: &Response) -> IpcError {
     IpcError::protocol(format!("unexpected answer {response:?}"))
+}
+
+fn fds_of(value: Option<&Outgoing>) -> Vec<std::os::fd::BorrowedFd<'_>> {
+    value.map(|v| v.fds()).unwrap_or_default()
 }

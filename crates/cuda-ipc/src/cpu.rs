@@ -20,6 +20,10 @@ use crate::error::{IpcError, Result};
 /// Alignment of each storage packed into a memfd.
 pub const STORAGE_ALIGN: usize = 64;
 
+/// Existing segments one value may reference (the new memfd takes the last of the
+/// frame's descriptor slots).
+const MAX_REFERENCED_SEGMENTS: usize = crate::frame::MAX_FDS_PER_FRAME - 1;
+
 /// Smallest new segment whose pages are allocated up front before it is filled.
 const PREFAULT_MIN: usize = 64 << 10;
 
@@ -143,32 +147,30 @@ impl<'a> StoragePacker<'a> {
     pub fn add(&mut self, bytes: &'a [u8]) -> Result<usize> {
         let index = self.placed.len();
         if let Some((segment, offset)) = find_segment(bytes.as_ptr(), bytes.len()) {
-            let seg_index = self.segment_index(segment);
-            self.placed.push(Some(Placed {
-                segment: seg_index,
-                offset,
-            }));
-        } else {
-            let at = self
-                .pending_len
-                .checked_next_multiple_of(STORAGE_ALIGN)
-                .and_then(|at| at.checked_add(bytes.len()))
-                .ok_or_else(|| IpcError::protocol("packed storages overflow usize"))?;
-            self.pending_len = at;
-            self.pending.push((index, bytes));
-            self.placed.push(None);
-        }
-        Ok(index)
-    }
-
-    fn segment_index(&mut self, segment: Arc<Segment>) -> usize {
-        match self.segments.iter().position(|s| Arc::ptr_eq(s, &segment)) {
-            Some(i) => i,
-            None => {
-                self.segments.push(segment);
-                self.segments.len() - 1
+            let known = self.segments.iter().position(|s| Arc::ptr_eq(s, &segment));
+            // One frame carries at most MAX_FDS_PER_FRAME descriptors: past that many
+            // distinct segments (one kept for the new memfd), storages are copied.
+            if known.is_some() || self.segments.len() < MAX_REFERENCED_SEGMENTS {
+                let seg_index = known.unwrap_or_else(|| {
+                    self.segments.push(segment);
+                    self.segments.len() - 1
+                });
+                self.placed.push(Some(Placed {
+                    segment: seg_index,
+                    offset,
+                }));
+                return Ok(index);
             }
         }
+        let at = self
+            .pending_len
+            .checked_next_multiple_of(STORAGE_ALIGN)
+            .and_then(|at| at.checked_add(bytes.len()))
+            .ok_or_else(|| IpcError::protocol("packed storages overflow usize"))?;
+        self.pending_len = at;
+        self.pending.push((index, bytes));
+        self.placed.push(None);
+        Ok(index)
     }
 
     /// Bytes that [`finish`](Self::finish) will copy.
@@ -296,6 +298,19 @@ mod tests {
         let (segs, placed) = packer.finish(copy_serial).unwrap();
         assert!(Arc::ptr_eq(&segs[0], &segment));
         assert_eq!(placed[0].offset, 100);
+    }
+
+    #[test]
+    fn storages_past_the_descriptor_limit_are_copied() {
+        let segments: Vec<_> = (0..70).map(|_| shared_segment(64).unwrap()).collect();
+        let mut packer = StoragePacker::new();
+        for s in &segments {
+            packer.add(&s.as_slice()[..64]).unwrap();
+        }
+        assert_eq!(packer.bytes_to_copy(), 7 * 64);
+        let (segs, placed) = packer.finish(copy_serial).unwrap();
+        assert_eq!(segs.len(), crate::frame::MAX_FDS_PER_FRAME);
+        assert!(placed.iter().all(|p| p.segment < segs.len()));
     }
 
     #[test]

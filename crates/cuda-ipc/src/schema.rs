@@ -18,6 +18,10 @@ use crate::error::{IpcError, RemoteKind, Result};
 /// Deepest nesting the decoder accepts (CBOR levels, so about half as many value levels).
 pub const MAX_DECODE_DEPTH: usize = 128;
 
+/// Most elements one received tensor may have (2^40). Stride-0 dimensions let a tiny
+/// storage claim any shape; this keeps what a receiver iterates over bounded.
+pub const MAX_ELEMENTS: u64 = 1 << 40;
+
 /// A request from a client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Request {
@@ -512,6 +516,11 @@ impl TensorDesc {
         if self.shape.len() > MAX_NDIM {
             return Err(format!("{} dimensions, above {MAX_NDIM}", self.shape.len()));
         }
+        self.shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= MAX_ELEMENTS)
+            .ok_or_else(|| format!("more than {MAX_ELEMENTS} elements"))?;
         if self.strides.len() != self.shape.len() {
             return Err(format!(
                 "{} strides for {} dimensions",
@@ -623,6 +632,12 @@ mod tests {
         let mut p = good.clone();
         p.tensors[0].strides = vec![u64::MAX, 1];
         assert!(p.validate(1).is_err());
+
+        let mut p = good.clone();
+        p.tensors[0].shape = vec![1 << 31, 1 << 31];
+        p.tensors[0].strides = vec![0, 0];
+        let err = p.validate(1).unwrap_err().to_string();
+        assert!(err.contains("elements"), "{err}");
 
         let mut p = good.clone();
         p.tensors[0].dtype = "f128".into();

@@ -151,8 +151,10 @@ impl Server {
     /// where another server is listening; removes a stale socket file left by a dead one.
     pub fn start(&self) -> Result<()> {
         let mut accept = self.accept.lock().unwrap_or_else(PoisonError::into_inner);
-        if accept.is_some() {
-            return Err(IpcError::protocol("server already started"));
+        if accept.is_some() || self.shared.stopping.load(Ordering::SeqCst) {
+            return Err(IpcError::protocol(
+                "server already started (a stopped server cannot start again; make a new one)",
+            ));
         }
         let listener = bind(&self.shared.config.socket_path)?;
         let inode = std::fs::metadata(&self.shared.config.socket_path)?.ino();
@@ -465,19 +467,7 @@ fn serve_connection(shared: &Shared, conn: ConnectionId, stream: &UnixStream) {
             }
         };
         let fds = value.as_ref().map(|v| v.fds()).unwrap_or_default();
-        let sent = if fds.len() > crate::frame::MAX_FDS_PER_FRAME {
-            let error = Response::Error {
-                kind: RemoteKind::Unshareable,
-                message: format!(
-                    "the result spans {} shared-memory segments, above the {} one answer carries",
-                    fds.len(),
-                    crate::frame::MAX_FDS_PER_FRAME
-                ),
-            };
-            send_response(stream, id, &error, &[])
-        } else {
-            send_response(stream, id, &response, &fds)
-        };
+        let sent = send_response(stream, id, &response, &fds);
         if sent.is_err() {
             return;
         }

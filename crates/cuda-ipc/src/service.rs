@@ -565,6 +565,18 @@ impl Service {
     /// lease for `conn`.
     fn deliver(&self, conn: Option<ConnectionId>, computed: &Computed) -> Result<SharedValue> {
         let ep = &computed.endpoint;
+        // Checked before any lease is granted: an answer that cannot be sent must not
+        // leave one behind.
+        let segments = computed.value.segments.len();
+        if segments > crate::frame::MAX_FDS_PER_FRAME {
+            return Err(IpcError::remote(
+                RemoteKind::Unshareable,
+                format!(
+                    "the result spans {segments} shared-memory segments, above the {} one answer carries",
+                    crate::frame::MAX_FDS_PER_FRAME
+                ),
+            ));
+        }
         let mut object = None;
         if let Some(conn) = conn {
             if ep.options.managed || computed.value.needs_keepalive() {

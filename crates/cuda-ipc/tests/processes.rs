@@ -653,3 +653,42 @@ fn an_answer_cut_off_mid_frame_makes_the_connection_unusable() {
     assert!(err.to_string().contains("unusable"), "{err}");
     fake.join().unwrap();
 }
+
+#[test]
+fn a_late_answer_gives_its_lease_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = socket_path(&dir);
+    let server = start_server(&path);
+    server.service().register(Endpoint::new(
+        "slow_managed",
+        EndpointOptions {
+            managed: true,
+            cache: false,
+            singleflight: false,
+            ..EndpointOptions::default()
+        },
+        Arc::new(|_| {
+            std::thread::sleep(Duration::from_millis(400));
+            Ok(one_tensor(&ramp(0.0, 4)))
+        }),
+        None,
+    ));
+    let options = ClientOptions {
+        timeout: Duration::from_millis(100),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(&path, options).unwrap();
+    assert!(matches!(
+        client.call("slow_managed", &Outgoing::plain(Node::Null)),
+        Err(IpcError::Timeout { .. })
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        server.service().live(),
+        (1, 1),
+        "the late answer holds a lease"
+    );
+    client.ping().unwrap(); // reads (and skips) the late answer
+    client.ping().unwrap(); // gives its lease back first
+    assert_eq!(server.service().live(), (0, 0));
+}

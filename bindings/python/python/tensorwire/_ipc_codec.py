@@ -53,6 +53,15 @@ def _np_dtype(name: str):
     return np.dtype(np_name)
 
 
+_ELEMENT_SIZES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2,
+                  "i8": 1, "u64": 8, "u32": 4, "u16": 2, "u8": 1, "bool": 1,
+                  "complex64": 8, "complex128": 16}
+
+
+def _np_dtype_size(name: str) -> int:
+    return _ELEMENT_SIZES.get(name, 1)   # the float8 types are one byte
+
+
 def _module_internals():
     global _MODULE_INTERNALS
     if _MODULE_INTERNALS is None:
@@ -76,8 +85,30 @@ class Encoder:
 
     def value(self):
         """The native value to send, built from what was encoded."""
-        tree = self._tree
-        return _native.ipc_encode(tree, self.tensors, self.storages)
+        self._trim_cpu_storages()
+        return _native.ipc_encode(self._tree, self.tensors, self.storages)
+
+    def _trim_cpu_storages(self):
+        """Sends only the bytes of each CPU storage that its tensors reach (a view of a
+        huge storage sends the view, not the storage)."""
+        reach = {}
+        for storage, offset, dtype, shape, strides, _, _ in self.tensors:
+            if 0 in shape:
+                continue
+            elem = _np_dtype_size(dtype)
+            end = offset + (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * elem
+            lo, hi = reach.get(storage, (offset, end))
+            reach[storage] = (min(lo, offset), max(hi, end))
+        for i, spec in enumerate(self.storages):
+            if spec[0] != "cpu":
+                continue
+            lo, hi = reach.get(i, (0, 0))
+            if (lo, hi) != (0, len(spec[1])):
+                self.storages[i] = ("cpu", spec[1][lo:hi])
+                self.tensors = [
+                    (s, off - lo if s == i else off, *rest)
+                    for s, off, *rest in self.tensors
+                ]
 
     def encode_root(self, obj):
         self._tree = self.encode(obj)
@@ -321,22 +352,14 @@ class Decoder:
 
         if "ref" in spec:
             return self._modules[spec["ref"]]
-        path = spec["class"]
-        module_name, _, qualname = path.partition(":")
-        if not self._allowed(module_name):
-            raise TypeError(
-                f"refusing to rebuild module class {module_name}.{qualname}: only torch.nn classes "
-                f"and those named in allowed_modules are rebuilt"
-            )
-        cls = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            raise TypeError(f"{module_name}.{qualname} is not a torch.nn.Module")
+        cls = self._module_class(spec["class"])
         obj = cls.__new__(cls)
         torch.nn.Module.__init__(obj)
         self._modules[spec["id"]] = obj
+        internals = _module_internals()
         for k, v in spec["attrs"].items():
+            if k in internals or k.startswith("__") or k in ("_parameters", "_buffers", "_modules"):
+                raise TypeError(f"refusing to set module attribute {k!r} sent by a peer")
             obj.__dict__[k] = self._value(v)
         obj.training = spec["training"]
         for k, p in spec["parameters"].items():
@@ -355,6 +378,35 @@ class Decoder:
         for k, c in spec["children"].items():
             obj._modules[k] = None if c is None else self._module(c.value)
         return obj
+
+    def _module_class(self, path):
+        """The class named ``module:qualname``, if rebuilding it is allowed: its module is
+        ``torch.nn`` (or below) or named in ``allowed_modules``, the qualname walks only
+        through classes, and the class found really is that module's ``nn.Module``
+        subclass. Only exactly allowlisted modules are ever imported."""
+        import torch
+
+        module_name, _, qualname = path.partition(":")
+        refused = TypeError(
+            f"refusing to rebuild module class {module_name}.{qualname}: only torch.nn classes "
+            f"and those named in allowed_modules are rebuilt"
+        )
+        if not self._allowed(module_name):
+            raise refused
+        module = sys.modules.get(module_name)
+        if module is None:
+            if module_name not in self.allowed_modules:
+                raise refused
+            module = importlib.import_module(module_name)
+        cls = module
+        for part in qualname.split("."):
+            cls = getattr(cls, part, None)
+            if not isinstance(cls, type):
+                raise refused
+        if not (issubclass(cls, torch.nn.Module) and cls.__module__ == module_name
+                and cls.__qualname__ == qualname):
+            raise refused
+        return cls
 
     def _allowed(self, module_name):
         if module_name == "torch.nn" or module_name.startswith("torch.nn."):

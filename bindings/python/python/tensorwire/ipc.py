@@ -41,6 +41,7 @@ requests are size-capped and time-limited. See ``docs/ipc.md``.
 from __future__ import annotations
 
 import atexit
+import collections
 import enum
 import functools
 import inspect
@@ -282,7 +283,7 @@ class _Lease:
     def __del__(self):
         client = self._client
         if client is not None:
-            client._pending_releases.append(self.object_id)
+            client._pending_releases.append(self.object_id)   # deque: thread-safe
 
 
 # ------------------------------------------------------------------ client
@@ -331,20 +332,41 @@ class Client:
     ``allowed_modules``.
     """
 
-    def __init__(self, socket_path: Optional[str] = None, *, timeout: float = 60.0,
+    def __init__(self, socket_path: Optional[str] = None, *, timeout: float = 600.0,
                  allowed_modules=(), device: Optional[int] = None):
         self.socket_path = socket_path or default_socket_path(device)
         self.allowed_modules = tuple(allowed_modules)
+        self.timeout = timeout
         self._native = _native.IpcClient(self.socket_path, timeout)
-        self._pending_releases = []
+        self._pending_releases = collections.deque()
+        self._closed = False
+
+    def _request(self, method: str, *args):
+        """Calls a native client method; when the server is gone, connects again once
+        (a restarted server on the same socket) and retries. Handles from the old
+        server stay stale."""
+        try:
+            return getattr(self._native, method)(*args)
+        except ServerGoneError as gone:
+            if self._closed:
+                raise
+            try:
+                fresh = _native.IpcClient(self.socket_path, self.timeout)
+            except ServerGoneError:
+                raise gone from None   # no new server: report the one that went away
+            self._native = fresh
+            self._pending_releases.clear()   # the old server's objects are gone
+            return getattr(fresh, method)(*args)
 
     @property
     def server_id(self) -> str:
         return self._native.server_id
 
     def _flush_releases(self):
-        if self._pending_releases:
-            ids, self._pending_releases[:] = list(self._pending_releases), []
+        ids = []
+        while self._pending_releases:
+            ids.append(self._pending_releases.popleft())
+        if ids:
             try:
                 self._native.release(ids)
             except IpcError:
@@ -362,12 +384,12 @@ class Client:
     def call(self, endpoint: str, *args, **kwargs):
         """Calls ``endpoint(*args, **kwargs)`` on the server and returns its result."""
         self._flush_releases()
-        return self._result(self._native.call(endpoint, _encode_args(args, kwargs)))
+        return self._result(self._request("call", endpoint, _encode_args(args, kwargs)))
 
     def submit(self, endpoint: str, *args, **kwargs) -> str:
         """Queues ``endpoint(*args, **kwargs)`` as a task; returns its id."""
         self._flush_releases()
-        return self._native.submit(endpoint, _encode_args(args, kwargs))
+        return self._request("submit", endpoint, _encode_args(args, kwargs))
 
     def get_task_status(self, task_id: str) -> dict:
         return self._native.task_status(task_id)
@@ -406,16 +428,16 @@ class Client:
 
     def ping(self) -> bool:
         try:
-            self._native.ping()
+            self._request("ping")
             return True
         except (ServerGoneError, IpcTimeoutError):
             return False
 
     def get_server_info(self) -> dict:
-        return self._native.server_info()
+        return self._request("server_info")
 
     def list_endpoints(self) -> Dict[str, dict]:
-        return self._native.list_endpoints()
+        return self._request("list_endpoints")
 
     def invalidate_call_cache(self, endpoint: str, *args, **kwargs) -> bool:
         """Drops the cached result of ``endpoint(*args, **kwargs)``."""
@@ -431,6 +453,7 @@ class Client:
         if self._native.connected:
             self._flush_releases()
             self._native.close()
+        self._closed = True
 
     def __enter__(self):
         return self
@@ -577,7 +600,7 @@ class Provider:
 
     def __init__(self, *, enabled: Optional[bool] = None, execution_mode: str = "auto",
                  socket_path: Optional[str] = None, device: Optional[int] = None,
-                 timeout: float = 60.0, autostart: Optional[bool] = None, allowed_modules=()):
+                 timeout: float = 600.0, autostart: Optional[bool] = None, allowed_modules=()):
         if execution_mode not in ("auto", "local", "server", "client"):
             raise ValueError(f"execution_mode must be auto, local, server or client, not {execution_mode!r}")
         self.enabled = _env_enabled() if enabled is None else bool(enabled)
@@ -611,6 +634,8 @@ class Provider:
         _validate_options(execution, concurrency)
         endpoint = EndpointDefinition(name or func.__name__, func, execution, managed,
                                       concurrency, cache, cache_format_key, singleflight)
+        if endpoint.name in self._endpoints:
+            raise ValueError(f"endpoint {endpoint.name!r} is already registered")
         self._endpoints[endpoint.name] = endpoint
         for server in self._servers:
             server._register(endpoint)
