@@ -434,9 +434,12 @@ impl Service {
     pub fn submit(self: &Arc<Self>, endpoint: &str, args: Incoming) -> Result<String> {
         let ep = self.endpoint(endpoint)?;
         let service = Arc::downgrade(self);
+        // A serialized endpoint's tasks wait in the queue, not in a worker.
+        let gate =
+            (ep.options.concurrency == schema::Concurrency::Serialized).then(|| ep.name.clone());
         let id = self
             .tasks
-            .submit(endpoint, move || match service.upgrade() {
+            .submit_gated(endpoint, gate, move || match service.upgrade() {
                 Some(service) => service.compute(&ep, args),
                 None => Err((RemoteKind::ShuttingDown, "server stopped".into())),
             })?;

@@ -42,12 +42,16 @@ impl Default for TaskLimits {
 struct Entry<T> {
     info: TaskInfo,
     job: Option<Job<T>>,
+    /// Tasks with the same gate run one at a time; a gated task whose gate is busy
+    /// waits in the queue without taking a worker.
+    gate: Option<String>,
     outcome: Option<TaskOutcome<T>>,
     finished: Option<Instant>,
 }
 
 struct Table<T> {
     tasks: HashMap<String, Entry<T>>,
+    busy_gates: std::collections::HashSet<String>,
     queue: VecDeque<String>,
     finished_order: VecDeque<String>,
     pending: usize,
@@ -119,6 +123,7 @@ impl<T: Clone + Send + 'static> TaskPool<T> {
         let shared = Arc::new(Shared {
             table: Mutex::new(Table {
                 tasks: HashMap::new(),
+                busy_gates: Default::default(),
                 queue: VecDeque::new(),
                 finished_order: VecDeque::new(),
                 pending: 0,
@@ -149,6 +154,18 @@ impl<T: Clone + Send + 'static> TaskPool<T> {
     pub fn submit(
         &self,
         endpoint: &str,
+        job: impl FnOnce() -> TaskOutcome<T> + Send + 'static,
+    ) -> Result<String> {
+        self.submit_gated(endpoint, None, job)
+    }
+
+    /// Like [`submit`](Self::submit), but tasks sharing `gate` run one at a time (a
+    /// serialized endpoint); while one runs, the others wait in the queue and the
+    /// workers take other tasks.
+    pub fn submit_gated(
+        &self,
+        endpoint: &str,
+        gate: Option<String>,
         job: impl FnOnce() -> TaskOutcome<T> + Send + 'static,
     ) -> Result<String> {
         let mut table = self.shared.lock();
@@ -184,6 +201,7 @@ impl<T: Clone + Send + 'static> TaskPool<T> {
                     error: None,
                 },
                 job: Some(Box::new(job)),
+                gate,
                 outcome: None,
                 finished: None,
             },
@@ -312,17 +330,28 @@ fn unknown(id: &str) -> IpcError {
 
 fn worker<T>(shared: Arc<Shared<T>>) {
     loop {
-        let (id, job) = {
+        let (id, job, gate) = {
             let mut table = shared.lock();
             loop {
-                if let Some(id) = table.queue.pop_front() {
-                    let job = table.tasks.get_mut(&id).and_then(|e| {
+                // The first queued task whose gate (if any) is free.
+                let next = table.queue.iter().position(|id| {
+                    table
+                        .tasks
+                        .get(id)
+                        .and_then(|e| e.gate.as_ref())
+                        .is_none_or(|g| !table.busy_gates.contains(g))
+                });
+                if let Some(id) = next.and_then(|i| table.queue.remove(i)) {
+                    let taken = table.tasks.get_mut(&id).and_then(|e| {
                         e.info.state = TaskState::Running;
                         e.info.started_at = Some(now_secs());
-                        e.job.take()
+                        e.job.take().map(|job| (job, e.gate.clone()))
                     });
-                    if let Some(job) = job {
-                        break (id, job);
+                    if let Some((job, gate)) = taken {
+                        if let Some(g) = &gate {
+                            table.busy_gates.insert(g.clone());
+                        }
+                        break (id, job, gate);
                     }
                     continue;
                 }
@@ -346,6 +375,11 @@ fn worker<T>(shared: Arc<Shared<T>>) {
         table.pending -= 1;
         table.finish(&id, state, Some(outcome));
         table.prune(&shared.limits);
+        if let Some(g) = gate {
+            table.busy_gates.remove(&g);
+            // A task waiting for this gate may run now.
+            shared.work.notify_all();
+        }
         drop(table);
         shared.done.notify_all();
     }
@@ -418,6 +452,50 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn gated_tasks_wait_in_the_queue_not_in_a_worker() {
+        let pool = TaskPool::<u32>::new(
+            TaskLimits {
+                workers: 2,
+                ..TaskLimits::default()
+            },
+            "t",
+        )
+        .unwrap();
+        let slow = || {
+            std::thread::sleep(Duration::from_millis(150));
+            Ok(1)
+        };
+        let gated: Vec<String> = (0..3)
+            .map(|_| {
+                pool.submit_gated("load", Some("load".into()), slow)
+                    .unwrap()
+            })
+            .collect();
+        let quick = pool.submit("quick", || Ok(2)).unwrap();
+        pool.wait(&quick, Duration::from_secs(5)).unwrap();
+        for id in &gated {
+            assert_eq!(
+                pool.wait(id, Duration::from_secs(5)).unwrap().state,
+                TaskState::Completed
+            );
+        }
+        // One at a time: their run intervals do not overlap.
+        let mut spans: Vec<(f64, f64)> = gated
+            .iter()
+            .map(|id| {
+                let i = pool.info(id).unwrap();
+                (i.started_at.unwrap(), i.finished_at.unwrap())
+            })
+            .collect();
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0));
+        // The quick task did not wait behind the gated ones: the free worker took it
+        // while the first held the gate.
+        let quick_done = pool.info(&quick).unwrap().finished_at.unwrap();
+        assert!(quick_done <= spans[1].0, "{quick_done} vs {spans:?}");
     }
 
     #[test]
