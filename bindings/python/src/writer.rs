@@ -8,7 +8,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyTuple, PyType};
 use tensorwire::zt::{
-    Checksum, ComponentData, Compression, WriteOptions, ZtWriter, DEFAULT_ZSTD_LEVEL,
+    Checksum, ComponentData, Compression, WriteOptions, ZtVersion, ZtWriter, DEFAULT_ZSTD_LEVEL,
 };
 use tensorwire::{DType, Error, Layout, Shape};
 
@@ -116,13 +116,27 @@ fn primary_role<'a>(format: &str, roles: &[&'a str]) -> Option<&'a str> {
 #[pymethods]
 impl Writer {
     /// Creates `path` (mode "w", replacing any file there on finish) or opens an
-    /// existing `.zt` file to add tensors (mode "a").
+    /// existing `.zt` file to add tensors (mode "a"). `version=2` writes the `.zt`
+    /// version 2 format that ztensor 2.x reads (digests "xxh3" or "sha256"; appending
+    /// to a version 2 file is not supported).
     #[new]
-    #[pyo3(signature = (path, mode = "w"))]
-    fn new(py: Python<'_>, path: PathBuf, mode: &str) -> PyResult<Self> {
-        let inner = match mode {
-            "w" => py.detach(|| ZtWriter::create(&path)),
-            "a" => py.detach(|| ZtWriter::append(&path)),
+    #[pyo3(signature = (path, mode = "w", *, version = 1))]
+    fn new(py: Python<'_>, path: PathBuf, mode: &str, version: u32) -> PyResult<Self> {
+        let version = match version {
+            1 => ZtVersion::V1,
+            2 => ZtVersion::V2,
+            other => {
+                return Err(to_pyerr(Error::invalid(format!(
+                    "version must be 1 or 2, not {other}"
+                ))))
+            }
+        };
+        let inner = match (mode, version) {
+            ("w", version) => py.detach(|| ZtWriter::create_with_version(&path, version)),
+            ("a", ZtVersion::V1) => py.detach(|| ZtWriter::append(&path)),
+            ("a", _) => Err(Error::unsupported(
+                "appending to a .zt version 2 file (write a new one)",
+            )),
             _ => Err(Error::invalid(format!(
                 "mode must be \"w\" or \"a\", not {mode:?}"
             ))),

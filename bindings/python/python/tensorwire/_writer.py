@@ -6,7 +6,9 @@ from . import _native
 
 
 class Writer(_native.Writer):
-    """Writes a .zt file (ztensor 1.2 format; ztensor 1.2.3 reads it).
+    """Writes a .zt file (ztensor 1.2 format; ztensor 1.2.3 reads it), or with
+    ``version=2`` the .zt version 2 format that ztensor 2.x reads (digests "xxh3" or
+    "sha256" there; version 2 files cannot be appended to).
 
     ``Writer(path)`` creates (or on finish replaces) ``path``; ``Writer.append(path)``
     adds tensors to an existing file. Use it as a context manager: it finishes on
