@@ -484,6 +484,7 @@ pub fn ipc_encode(
         }
     }
     let mut builder = OutgoingBuilder::new();
+    let mut events: std::collections::HashMap<(i32, u64), Vec<u8>> = Default::default();
     for spec in &order {
         match spec {
             Spec::Cpu(i) => {
@@ -494,15 +495,21 @@ pub fn ipc_encode(
                 let (export, offset) = py
                     .detach(|| cuda::export_pointer(*ptr, *nbytes))
                     .or_raise(py)?;
+                // One event per (device, stream) per value: a model's storages on one
+                // stream are all ready once it fires.
                 let event = match stream {
-                    Some(stream) => {
-                        let event = py
-                            .detach(|| ProducerEvent::record(*device, *stream))
-                            .or_raise(py)?;
-                        let handle = event.handle().to_vec();
-                        builder.keep_alive(Arc::new(event));
-                        handle
-                    }
+                    Some(stream) => match events.get(&(*device, *stream)) {
+                        Some(handle) => handle.clone(),
+                        None => {
+                            let event = py
+                                .detach(|| ProducerEvent::record(*device, *stream))
+                                .or_raise(py)?;
+                            let handle = event.handle().to_vec();
+                            builder.keep_alive(Arc::new(event));
+                            events.insert((*device, *stream), handle.clone());
+                            handle
+                        }
+                    },
                     None => Vec::new(),
                 };
                 builder.keep_alive(Arc::new(PyKeepAlive(owner.clone_ref(py))));
