@@ -65,9 +65,21 @@ fn make_class<'py>(
     bases: &[Bound<'py, PyType>],
     doc: &str,
 ) -> PyResult<Py<PyType>> {
+    make_class_in(py, "tensorwire", name, bases, doc)
+}
+
+/// `class name(*bases)` in Python module `module`, with a docstring (exception
+/// classes with more than one base, which `create_exception!` cannot make).
+pub(crate) fn make_class_in<'py>(
+    py: Python<'py>,
+    module: &str,
+    name: &str,
+    bases: &[Bound<'py, PyType>],
+    doc: &str,
+) -> PyResult<Py<PyType>> {
     let bases = PyTuple::new(py, bases)?;
     let dict = PyDict::new(py);
-    dict.set_item(intern!(py, "__module__"), "tensorwire")?;
+    dict.set_item(intern!(py, "__module__"), module)?;
     dict.set_item(intern!(py, "__doc__"), doc)?;
     let ty = py.get_type::<PyType>().call1((name, bases, dict))?;
     Ok(ty.cast_into::<PyType>()?.unbind())

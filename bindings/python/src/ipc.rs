@@ -22,7 +22,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::IntoPyObjectExt;
 use tensorwire::ipc::cuda::{self, CudaExport, CudaMapping, ProducerEvent};
 use tensorwire::ipc::schema::{
     Concurrency, EndpointInfo, EndpointOptions, Execution, Framework, Location, Node, ObjectInfo,
@@ -59,13 +59,7 @@ fn make_class<'py>(
     bases: &[Bound<'py, PyType>],
     doc: &str,
 ) -> PyResult<Py<PyType>> {
-    let dict = PyDict::new(py);
-    dict.set_item(intern!(py, "__module__"), "tensorwire.ipc")?;
-    dict.set_item(intern!(py, "__doc__"), doc)?;
-    let ty = py
-        .get_type::<PyType>()
-        .call1((name, PyTuple::new(py, bases)?, dict))?;
-    Ok(ty.cast_into::<PyType>()?.unbind())
+    crate::errors::make_class_in(py, "tensorwire.ipc", name, bases, doc)
 }
 
 fn classes(py: Python<'_>) -> PyResult<&Classes> {
@@ -1007,6 +1001,16 @@ pub struct IpcClient {
 }
 
 impl IpcClient {
+    /// `f` of the client, or the default once it is closed.
+    fn peek<T: Default>(&self, f: impl FnOnce(&Client) -> T) -> T {
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_deref()
+            .map(f)
+            .unwrap_or_default()
+    }
+
     /// The client, or an error once it is closed.
     fn live(&self, py: Python<'_>) -> PyResult<Arc<Client>> {
         self.client
@@ -1046,32 +1050,19 @@ impl IpcClient {
     /// True until `close`.
     #[getter]
     fn connected(&self) -> bool {
-        self.client
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.peek(|_| true)
     }
 
-    /// The id of the server this client talks to.
+    /// The id of the server this client talks to ("" once closed).
     #[getter]
     fn server_id(&self) -> String {
-        self.client
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|c| c.server_id().to_owned())
-            .unwrap_or_default()
+        self.peek(|c| c.server_id().to_owned())
     }
 
-    /// The socket path.
+    /// The socket path ("" once closed).
     #[getter]
     fn socket_path(&self) -> String {
-        self.client
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|c| c.path().display().to_string())
-            .unwrap_or_default()
+        self.peek(|c| c.path().display().to_string())
     }
 
     fn ping(&self, py: Python<'_>) -> PyResult<()> {
