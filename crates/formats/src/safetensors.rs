@@ -483,7 +483,9 @@ impl<'de> de::Visitor<'de> for MetadataSeed<'_, '_> {
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Metadata, E> {
-        Err(self.0.fail(malformed("`__metadata__` must be an object of strings")))
+        Err(self
+            .0
+            .fail(malformed("`__metadata__` must be an object of strings")))
     }
 
     fn visit_bool<E: de::Error>(self, _: bool) -> Result<Metadata, E> {
@@ -1176,8 +1178,11 @@ mod tests {
         assert!(message(three, &[1]).contains("`data_offsets` must be [begin, end]"));
         assert!(message(r#"{"__metadata__":{"k":1}}"#, &[]).contains("value of `k`"));
         assert!(message(r#"{"__metadata__":[]}"#, &[]).contains("object of strings"));
-        assert!(message(r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} x"#, &[1])
-            .contains("invalid JSON header"));
+        assert!(message(
+            r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} x"#,
+            &[1]
+        )
+        .contains("invalid JSON header"));
     }
 
     #[test]
