@@ -682,7 +682,15 @@ fn a_late_answer_gives_its_lease_back() {
         client.call("slow_managed", &Outgoing::plain(Node::Null)),
         Err(IpcError::Timeout { .. })
     ));
-    std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.service().live() != (1, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the late answer never held a lease"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(50)); // its frame is on its way
     assert_eq!(
         server.service().live(),
         (1, 1),
