@@ -27,12 +27,13 @@ use std::mem::ManuallyDrop;
 use std::path::Path;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use libloading::Library;
 
 use crate::error::{IpcError, Result};
+use crate::util::lock;
 
 // ---------------------------------------------------------------------------------------------
 // Driver types and constants (as declared in cuda.h)
@@ -102,6 +103,8 @@ fn to_chars<const N: usize>(bytes: [u8; N]) -> [c_char; N] {
 /// # Safety
 ///
 /// `T` must be the type of the symbol: a function pointer with the symbol's C signature.
+// SAFETY: an `unsafe fn` because the symbol is handed out as `T` unchecked: only the
+// caller knows the symbol's real signature (see `# Safety`).
 unsafe fn symbol<T: Copy>(lib: &Library, names: &[&str]) -> std::result::Result<T, String> {
     for name in names {
         // SAFETY: forwarded from the caller, who promises `T` is the type of this symbol.
@@ -127,6 +130,8 @@ macro_rules! driver_api {
             ///
             /// `lib` must be a CUDA driver library: each name must be a function with the C
             /// signature declared for it in this table (the one `cuda.h` declares).
+            // SAFETY: an `unsafe fn` because the table's signatures are trusted, not checked:
+            // only the caller knows `lib` is a CUDA driver (see `# Safety`).
             unsafe fn resolve(lib: &Library) -> std::result::Result<Api, String> {
                 Ok(Api {
                     $( $field: {
@@ -388,7 +393,7 @@ impl CudaDriver {
 }
 
 fn format_uuid(uuid: &[u8; 16]) -> String {
-    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::util::hex(uuid);
     format!(
         "GPU-{}-{}-{}-{}-{}",
         &hex[..8],
@@ -799,10 +804,6 @@ type EventKey = ([u8; 16], [u8; 64]);
 
 static EVENTS: Mutex<BoundedCache<EventKey, Arc<OpenedEvent>>> =
     Mutex::new(BoundedCache::new(EVENT_CACHE_CAPACITY));
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The opened event for `handle` on the device with `device_uuid`, from the cache or opened now.
 fn opened_event(

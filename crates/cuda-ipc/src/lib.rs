@@ -57,6 +57,7 @@ pub mod server;
 pub mod service;
 pub mod socket;
 pub mod tasks;
+mod util;
 pub mod value;
 
 pub use crate::client::{Client, ClientOptions};

@@ -19,6 +19,7 @@ use crate::frame::{FrameKind, FrameLimits};
 use crate::schema::{self, Request, Response, ServerInfo};
 use crate::service::{ConnectionId, Service, ServiceLimits};
 use crate::socket::{self, PeerCredentials, Received};
+use crate::util::{effective_uid, hex, now_secs};
 
 /// How often an idle connection thread looks up to see whether the server is stopping.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -34,10 +35,8 @@ pub struct PeerPolicy {
 impl PeerPolicy {
     /// Only processes of the server's own effective user.
     pub fn same_user() -> PeerPolicy {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
         PeerPolicy {
-            allowed_uids: vec![uid],
+            allowed_uids: vec![effective_uid()],
         }
     }
 
@@ -92,8 +91,7 @@ impl ServerConfig {
 pub fn default_socket_path(name: &str) -> PathBuf {
     let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("tensorwire"),
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        _ => PathBuf::from(format!("/tmp/tensorwire-{}", unsafe { libc::geteuid() })),
+        _ => PathBuf::from(format!("/tmp/tensorwire-{}", effective_uid())),
     };
     dir.join(format!("{name}.sock"))
 }
@@ -245,15 +243,8 @@ fn device_uuids() -> Vec<String> {
     let count = driver.device_count().unwrap_or(0);
     (0..count)
         .filter_map(|i| driver.device_uuid(i).ok())
-        .map(|u| u.iter().map(|b| format!("{b:02x}")).collect())
+        .map(|u| hex(&u))
         .collect()
-}
-
-fn now_secs() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// 128 random bits from the kernel, in hex.
@@ -264,7 +255,7 @@ fn random_id() -> Result<String> {
     if n != bytes.len() as isize {
         return Err(io::Error::last_os_error().into());
     }
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&bytes))
 }
 
 fn bind(path: &Path) -> Result<UnixListener> {

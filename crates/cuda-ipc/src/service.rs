@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use crate::error::{IpcError, RemoteKind, Result};
@@ -18,6 +18,7 @@ use crate::schema::{
     Response, ServerInfo, SharedValue,
 };
 use crate::tasks::{TaskLimits, TaskOutcome, TaskPool};
+use crate::util::{hex, lock, now_secs};
 use crate::value::{Incoming, Outgoing};
 
 /// Runs an endpoint on its arguments.
@@ -88,7 +89,7 @@ pub fn default_cache_key(args: &Payload) -> Result<Option<String>> {
         return Ok(None);
     }
     let bytes = schema::encode(&canonical(&args.value))?;
-    Ok(Some(bytes.iter().map(|b| format!("{b:02x}")).collect()))
+    Ok(Some(hex(&bytes)))
 }
 
 fn canonical(node: &Node) -> Node {
@@ -249,17 +250,6 @@ pub struct Service {
     tasks: TaskPool<Computed>,
     /// The counters.
     pub counters: Counters,
-}
-
-fn now_secs() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Service {

@@ -441,7 +441,6 @@ mod tests {
         let (a, _b) = pair();
         let cred = peer_credentials(&a).unwrap();
         assert_eq!(cred.pid, std::process::id() as i32);
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(cred.uid, unsafe { libc::geteuid() });
+        assert_eq!(cred.uid, crate::util::effective_uid());
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{IpcError, RemoteKind, Result};
 use crate::schema::{TaskInfo, TaskState};
+use crate::util::now_secs;
 
 /// What a task computes: a value of type `T` or an error kind and message.
 pub type TaskOutcome<T> = std::result::Result<T, (RemoteKind, String)>;
@@ -71,13 +72,6 @@ struct Shared<T> {
 pub struct TaskPool<T: Clone + Send + 'static> {
     shared: Arc<Shared<T>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn now_secs() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 impl<T> Shared<T> {
