@@ -284,7 +284,7 @@ impl<'py> Arena<'py> {
         let (array, mut buf) = fresh(py, DType::U8, &[total.saturating_add(64) as u64])?;
         let start = (64 - buf.as_ptr() as usize % 64) % 64;
         let mut pieces = Vec::with_capacity(sources.len());
-        let mut jobs: Vec<(&[u8], &mut [u8])> = Vec::new();
+        let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(sources.len());
         let mut rest = &mut buf.as_mut_slice()[start..];
         let mut at = start;
         for src in sources {
@@ -293,15 +293,9 @@ impl<'py> Arena<'py> {
             rest = tail;
             pieces.push((src.as_ptr() as usize, at, src.len()));
             at += take;
-            for (s, d) in src.chunks(COPY_CHUNK).zip(piece.chunks_mut(COPY_CHUNK)) {
-                jobs.push((s, &mut d[..s.len()]));
-            }
+            jobs.push((&mut piece[..src.len()], src));
         }
-        let copy_all = move || {
-            use rayon::prelude::*;
-            jobs.into_par_iter().for_each(|(s, d)| d.copy_from_slice(s));
-        };
-        maybe_detach(py, total, copy_all);
+        copy_parallel(py, jobs);
         Ok(Arena {
             array,
             pieces,
@@ -439,6 +433,22 @@ impl FreshBuf {
         // reference to the buffer, and it lives while the array does.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+}
+
+/// Copies each `(destination, source)` pair (of equal lengths) in 1 MiB chunks on
+/// rayon's pool, with the GIL released when there is enough to copy.
+pub fn copy_parallel(py: Python<'_>, jobs: Vec<(&mut [u8], &[u8])>) {
+    let total = jobs.iter().map(|(_, src)| src.len()).sum();
+    let mut chunks = Vec::with_capacity(jobs.len());
+    for (dst, src) in jobs {
+        chunks.extend(dst.chunks_mut(COPY_CHUNK).zip(src.chunks(COPY_CHUNK)));
+    }
+    maybe_detach(py, total, move || {
+        use rayon::prelude::*;
+        chunks
+            .into_par_iter()
+            .for_each(|(dst, src)| dst.copy_from_slice(src));
+    });
 }
 
 /// Bytes above which copies and decodes release the GIL.

@@ -383,36 +383,6 @@ impl IpcValue {
     }
 }
 
-/// Raw copy jobs, sent to worker threads with the GIL released.
-struct CopyJobs(Vec<(*mut u8, *const u8, usize)>);
-
-// SAFETY: each job copies between ranges that `OutgoingBuilder::finish` made disjoint
-// inside a fresh map, from source buffers that the caller keeps alive (it holds their
-// Python objects) for the whole copy.
-unsafe impl Send for CopyJobs {}
-
-/// Bytes per parallel copy task.
-const COPY_CHUNK: usize = 1 << 20;
-
-fn run_copies(jobs: CopyJobs) {
-    use rayon::prelude::*;
-    let mut pieces = Vec::new();
-    for (dst, src, len) in jobs.0 {
-        let mut at = 0;
-        while at < len {
-            let n = COPY_CHUNK.min(len - at);
-            // SAFETY: `at + n <= len`, inside both ranges.
-            pieces.push(unsafe { (dst.add(at) as usize, src.add(at) as usize, n) });
-            at += n;
-        }
-    }
-    pieces.into_par_iter().for_each(|(dst, src, n)| {
-        // SAFETY: see `CopyJobs`: disjoint destination pieces inside a live writable
-        // map, sources inside live buffers.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) }
-    });
-}
-
 type TensorSpec = (u32, u64, String, Vec<u64>, Vec<u64>, String, bool);
 
 fn framework(name: &str) -> PyResult<Framework> {
@@ -537,27 +507,9 @@ pub fn ipc_encode(
     }
     let copied = builder.bytes_to_copy();
     let outgoing = builder
-        .finish(value, |jobs| {
-            let jobs = CopyJobs(
-                jobs.into_iter()
-                    .map(|(dst, src)| (dst, src.as_ptr(), src.len()))
-                    .collect(),
-            );
-            if copied >= 4 * COPY_CHUNK {
-                py.detach(move || run_copies(jobs));
-            } else {
-                run_copies_serial(jobs);
-            }
-        })
+        .finish(value, |jobs| arrays::copy_parallel(py, jobs))
         .or_raise(py)?;
     Ok(IpcValue { outgoing, copied })
-}
-
-fn run_copies_serial(jobs: CopyJobs) {
-    for (dst, src, len) in jobs.0 {
-        // SAFETY: see `CopyJobs`.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
-    }
 }
 
 // ------------------------------------------------------------------ received values

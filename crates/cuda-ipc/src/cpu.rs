@@ -49,11 +49,13 @@ impl Registry {
         self.by_inode.retain(|_, w| w.strong_count() > 0);
     }
 
-    fn add(&mut self, segment: &Arc<Segment>) {
+    /// Records a live segment under its address range and its file's `key`.
+    fn add(&mut self, segment: &Arc<Segment>, key: (u64, u64)) {
         self.prune();
         let start = segment.as_ptr() as usize;
         self.by_addr
             .push((start, start + segment.len(), Arc::downgrade(segment)));
+        self.by_inode.insert(key, Arc::downgrade(segment));
     }
 }
 
@@ -75,9 +77,7 @@ pub fn find_segment(ptr: *const u8, len: usize) -> Option<(Arc<Segment>, u64)> {
 /// descriptor of it coming back from a peer maps to this same segment).
 pub fn register(segment: &Arc<Segment>) -> Result<()> {
     let key = inode(segment.fd())?;
-    let mut reg = registry();
-    reg.add(segment);
-    reg.by_inode.insert(key, Arc::downgrade(segment));
+    registry().add(segment, key);
     Ok(())
 }
 
@@ -103,8 +103,7 @@ pub fn map_received(fd: OwnedFd) -> Result<Arc<Segment>> {
         return Ok(seg);
     }
     let segment = Arc::new(Segment::from_fd(fd, Access::ReadWrite, true)?);
-    reg.add(&segment);
-    reg.by_inode.insert(key, Arc::downgrade(&segment));
+    reg.add(&segment, key);
     Ok(segment)
 }
 
@@ -178,41 +177,42 @@ impl<'a> StoragePacker<'a> {
         self.pending.iter().map(|(_, b)| b.len()).sum()
     }
 
-    /// Copies the pending storages into a new memfd (in parallel chunks through
-    /// `copy`, which gets `(destination, source)` pairs) and returns the segments and
-    /// every storage's place.
+    /// Copies the pending storages into a new memfd through `copy`, which gets
+    /// `(destination, source)` pairs of equal length (copy them in any order, in
+    /// parallel if worth it), and returns the segments and every storage's place.
     pub fn finish(
         mut self,
-        copy: impl FnOnce(Vec<(*mut u8, &'a [u8])>),
+        copy: impl FnOnce(Vec<(&mut [u8], &'a [u8])>),
     ) -> Result<(Vec<Arc<Segment>>, Vec<Placed>)> {
         if !self.pending.is_empty() {
-            let size = self.pending_len.max(1);
-            let segment = Arc::new(Segment::memfd("tensorwire-ipc", size)?);
-            // Every byte is about to be written: allocate the pages in one call.
-            if size >= PREFAULT_MIN {
-                segment.prefault();
-            }
+            let segment = shared_segment(self.pending_len)?;
             let base = segment
                 .as_mut_ptr()
                 .ok_or_else(|| IpcError::protocol("a new memfd is not writable"))?;
+            // SAFETY: the segment was just created and mapped read-write for
+            // `segment.len()` bytes; nothing else refers to its memory yet (the registry
+            // holds a `Weak` to the segment, no pointer into it), and `segment` outlives
+            // the slice, which is dropped when `copy` returns.
+            let mut rest: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(base, segment.len()) };
             let seg_index = self.segments.len();
             let mut at = 0usize;
             let mut jobs = Vec::with_capacity(self.pending.len());
             for (index, bytes) in std::mem::take(&mut self.pending) {
-                at = at.next_multiple_of(STORAGE_ALIGN);
-                segment.check_range(at, bytes.len())?;
-                // SAFETY: `at..at+len` is inside the fresh writable map (checked above)
-                // and ranges of different storages do not overlap (each starts past
-                // the previous one's end).
-                jobs.push((unsafe { base.add(at) }, bytes));
+                let start = at.next_multiple_of(STORAGE_ALIGN);
+                let (dst, tail) = std::mem::take(&mut rest)
+                    .split_at_mut_checked(start - at)
+                    .and_then(|(_, tail)| tail.split_at_mut_checked(bytes.len()))
+                    .ok_or_else(|| IpcError::protocol("packed storages overrun their memfd"))?;
+                rest = tail;
+                jobs.push((dst, bytes));
                 self.placed[index] = Some(Placed {
                     segment: seg_index,
-                    offset: at as u64,
+                    offset: start as u64,
                 });
-                at += bytes.len();
+                at = start + bytes.len();
             }
             copy(jobs);
-            register(&segment)?;
             self.segments.push(segment);
         }
         let placed = self
@@ -224,13 +224,10 @@ impl<'a> StoragePacker<'a> {
     }
 }
 
-/// Copies each `(destination, source)` pair (destinations from
-/// [`StoragePacker::finish`]) on the calling thread.
-pub fn copy_serial(jobs: Vec<(*mut u8, &[u8])>) {
+/// Copies each `(destination, source)` pair on the calling thread.
+pub fn copy_serial(jobs: Vec<(&mut [u8], &[u8])>) {
     for (dst, src) in jobs {
-        // SAFETY: `finish` hands out destinations inside a fresh writable map with room
-        // for `src.len()` bytes each, not overlapping each other or any source.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        dst.copy_from_slice(src);
     }
 }
 

@@ -202,7 +202,7 @@ impl<'a> OutgoingBuilder<'a> {
     pub fn finish(
         self,
         value: Node,
-        copy: impl FnOnce(Vec<(*mut u8, &'a [u8])>),
+        copy: impl FnOnce(Vec<(&mut [u8], &'a [u8])>),
     ) -> Result<Outgoing> {
         let (segments, placed) = self.packer.finish(copy)?;
         let mut placed = placed.into_iter();
