@@ -14,8 +14,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use numpy::ndarray::ArrayView1;
-use numpy::PyArray1;
 use pyo3::exceptions::{
     PyConnectionError, PyPermissionError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError,
 };
@@ -36,7 +34,7 @@ use tensorwire::ipc::{
 
 use crate::arrays;
 use crate::errors::TensorwireError;
-use crate::shm::ShmMapping;
+use crate::shm::segment_array;
 
 // ------------------------------------------------------------------ errors
 
@@ -586,8 +584,10 @@ impl IpcReceived {
         for (desc, storage) in payload.storages.iter().zip(storages) {
             match storage {
                 ReceivedStorage::Cpu {
-                    segment, offset, ..
-                } => arrays.append(storage_array(py, segment, offset, desc.len)?)?,
+                    segment,
+                    offset,
+                    len,
+                } => arrays.append(segment_array(py, segment, offset as usize, len as usize)?)?,
                 ReceivedStorage::Cuda(location) => arrays.append(Bound::new(
                     py,
                     CudaStorage {
@@ -599,35 +599,6 @@ impl IpcReceived {
         }
         PyTuple::new(py, [tree, tensors.into_any(), arrays.into_any()])
     }
-}
-
-/// A writable uint8 array over `len` bytes at `offset` of a received segment, whose
-/// numpy `base` holds the map.
-fn storage_array<'py>(
-    py: Python<'py>,
-    segment: Arc<tensorwire::shm::Segment>,
-    offset: u64,
-    len: u64,
-) -> PyResult<Bound<'py, PyAny>> {
-    let (offset, len) = (offset as usize, len as usize);
-    segment
-        .check_range(offset, len)
-        .map_err(crate::errors::to_pyerr)?;
-    let base = segment
-        .as_mut_ptr()
-        .map(|p| p.cast_const())
-        .unwrap_or(segment.as_ptr());
-    // SAFETY: `offset..offset+len` is inside the map (checked above).
-    let ptr = unsafe { base.add(offset) };
-    let owner = Bound::new(py, ShmMapping { segment })?;
-    // SAFETY: `ptr..ptr+len` lies inside the segment's map, which `owner` (the array's
-    // base) keeps alive; the map is never moved or resized while it lives. Received
-    // memfds are mapped read-write: the memory is shared with the sender by design,
-    // as CUDA IPC memory is.
-    let view = unsafe { ArrayView1::from_shape_ptr(len, ptr) };
-    // SAFETY: `owner` becomes the array's base and holds the map (see above).
-    let array = unsafe { PyArray1::<u8>::borrow_from_array(&view, owner.into_any()) };
-    Ok(array.into_any())
 }
 
 /// A CUDA storage received from a peer, not yet opened in this process.
@@ -1259,7 +1230,7 @@ pub fn cuda_import_stats() -> (u64, u64) {
 #[pyfunction]
 pub fn shared_buffer(py: Python<'_>, nbytes: usize) -> PyResult<Bound<'_, PyAny>> {
     let segment = tensorwire::ipc::cpu::shared_segment(nbytes).or_raise(py)?;
-    storage_array(py, segment, 0, nbytes as u64)
+    segment_array(py, segment, 0, nbytes)
 }
 
 /// The default socket path for a server called `name`.

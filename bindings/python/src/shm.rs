@@ -54,6 +54,36 @@ impl ShmMapping {
     }
 }
 
+/// A uint8 numpy array over `len` bytes at `offset` of `segment`, whose `base` holds
+/// the mapping: writable over a read-write map (writes reach every process that maps
+/// it, which is what shared memory is for), read-only over a read-only one.
+pub(crate) fn segment_array(
+    py: Python<'_>,
+    segment: Arc<Segment>,
+    offset: usize,
+    len: usize,
+) -> PyResult<Bound<'_, PyAny>> {
+    segment.check_range(offset, len).or_raise()?;
+    let Some(base) = segment.as_mut_ptr() else {
+        // Read-only map: a read-only view, never a writable window over it.
+        let bytes = Bytes::from_arc(segment)
+            .slice_at(offset as u64, len as u64)
+            .or_raise()?;
+        return arrays::zero_copy(py, &bytes, DType::U8, &[len as u64]);
+    };
+    // SAFETY: `offset..offset+len` is inside the map (checked above).
+    let ptr = unsafe { base.add(offset) }.cast_const();
+    let owner = Bound::new(py, ShmMapping { segment })?;
+    // SAFETY: `ptr..ptr + len` lies inside the segment's map, readable and writable
+    // (it is mapped read-write: `as_mut_ptr` returned it), valid while `owner`'s `Arc`
+    // holds the `Segment`. The view only describes the region for numpy.
+    let view = unsafe { ArrayView1::from_shape_ptr(len, ptr) };
+    // SAFETY: `owner` becomes the array's base, so the map it holds outlives the
+    // array, and a `Segment`'s map is never moved or resized while it lives.
+    let array = unsafe { PyArray1::<u8>::borrow_from_array(&view, owner.into_any()) };
+    Ok(array.into_any())
+}
+
 /// A named shared-memory segment holding a tensor packet at offset 0 (the layout of
 /// tenso's `TensoShm`). `tensorwire.shm.SharedTensor` is the Python API on top.
 #[pyclass(frozen, module = "tensorwire._native", name = "ShmSegment")]
@@ -302,23 +332,8 @@ impl ShmSegment {
     /// writable when the segment is mapped read-write.
     fn buffer<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let segment = self.segment()?;
-        let len = segment.len() as u64;
-        let Some(ptr) = segment.as_mut_ptr() else {
-            // Read-only map: a read-only view, never a writable window over it.
-            return arrays::zero_copy(py, &Bytes::from_arc(segment), DType::U8, &[len]);
-        };
-        let (ptr, len) = (ptr.cast_const(), segment.len());
-        let owner = Bound::new(py, ShmMapping { segment })?;
-        // SAFETY: `ptr..ptr + len` is the segment's map, readable and writable (it is
-        // mapped read-write: `as_mut_ptr` returned it), valid while `owner`'s `Arc`
-        // holds the `Segment`. The view only describes the region for numpy.
-        let view = unsafe { ArrayView1::from_shape_ptr(len, ptr) };
-        // SAFETY: `owner` becomes the array's base, so the map it holds outlives the
-        // array, and a `Segment`'s map is never moved or resized while it lives.
-        // Writes through the array go to shared memory, which is what a read-write
-        // segment is for (as with tenso's `buf`).
-        let array = unsafe { PyArray1::<u8>::borrow_from_array(&view, owner.into_any()) };
-        Ok(array.into_any())
+        let len = segment.len();
+        segment_array(py, segment, 0, len)
     }
 
     /// Drops this handle's mapping. Arrays and buffers taken from it keep theirs.

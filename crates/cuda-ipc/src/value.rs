@@ -84,17 +84,31 @@ pub struct Incoming {
 /// One storage of a received value, ready to use.
 #[derive(Debug, Clone)]
 pub enum ReceivedStorage {
-    /// Bytes of a mapped memfd (zero-copy; the map lives as long as the `Bytes`).
+    /// A range of a mapped memfd (zero-copy), checked to lie inside it.
     Cpu {
-        /// The storage's bytes.
-        bytes: Bytes,
-        /// The segment they are in (writable: it is shared with the sender).
+        /// The segment (writable: it is shared with the sender).
         segment: Arc<Segment>,
-        /// Their offset in it.
+        /// The storage's offset in it.
         offset: u64,
+        /// The storage's length.
+        len: u64,
     },
     /// A CUDA storage, to be opened with [`crate::cuda::import`].
     Cuda(Location),
+}
+
+impl ReceivedStorage {
+    /// A CPU storage's bytes as a view that keeps the map alive (`None` for CUDA).
+    pub fn bytes(&self) -> Option<Bytes> {
+        match self {
+            ReceivedStorage::Cpu {
+                segment,
+                offset,
+                len,
+            } => cpu::storage_bytes(segment, *offset, *len).ok(),
+            ReceivedStorage::Cuda(_) => None,
+        }
+    }
 }
 
 impl Incoming {
@@ -122,13 +136,21 @@ impl Incoming {
                     let segment = segments.get(*fd as usize).ok_or_else(|| {
                         IpcError::protocol(format!("storage {i}: no descriptor {fd}"))
                     })?;
-                    let bytes = cpu::storage_bytes(segment, *offset, storage.len).map_err(|e| {
-                        IpcError::protocol(format!("storage {i} is outside its memfd: {e}"))
-                    })?;
+                    let in_segment = usize::try_from(*offset)
+                        .ok()
+                        .zip(usize::try_from(storage.len).ok())
+                        .is_some_and(|(at, len)| segment.check_range(at, len).is_ok());
+                    if !in_segment {
+                        return Err(IpcError::protocol(format!(
+                            "storage {i} is outside its memfd: bytes {offset}+{} of {}",
+                            storage.len,
+                            segment.len()
+                        )));
+                    }
                     Ok(ReceivedStorage::Cpu {
-                        bytes,
                         segment: segment.clone(),
                         offset: *offset,
+                        len: storage.len,
                     })
                 }
                 cuda @ Location::Cuda { .. } => Ok(ReceivedStorage::Cuda(cuda.clone())),
@@ -246,8 +268,14 @@ impl Outgoing {
         let mut builder = OutgoingBuilder::new();
         for (desc, storage) in payload.storages.iter().zip(storages) {
             match storage {
-                ReceivedStorage::Cpu { bytes, .. } => {
-                    builder.cpu_storage(bytes.as_slice())?;
+                ReceivedStorage::Cpu {
+                    segment,
+                    offset,
+                    len,
+                } => {
+                    // In range: checked when the storage was received.
+                    let (at, len) = (*offset as usize, *len as usize);
+                    builder.cpu_storage(&segment.as_slice()[at..at + len])?;
                 }
                 ReceivedStorage::Cuda(_) => {
                     builder.storage(desc.clone())?;

@@ -176,7 +176,7 @@ fn kill(child: &mut Child) {
 
 fn storage_f32(incoming: Incoming) -> (Vec<f32>, Vec<ReceivedStorage>) {
     let (_payload, storages) = incoming.storages().unwrap();
-    let ReceivedStorage::Cpu { bytes, .. } = &storages[0] else {
+    let Some(bytes) = storages[0].bytes() else {
         panic!("expected a CPU storage")
     };
     let values = bytes
