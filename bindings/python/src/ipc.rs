@@ -14,6 +14,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use numpy::PyArrayDescr;
 use pyo3::exceptions::{
     PyConnectionError, PyPermissionError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError,
 };
@@ -21,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
-use tensorwire::ipc::cuda::{self, CudaExport, CudaMapping, ProducerEvent};
+use tensorwire::ipc::cuda::{self, CudaMapping, ProducerEvent};
 use tensorwire::ipc::schema::{
     Concurrency, EndpointInfo, EndpointOptions, Execution, Framework, Location, Node, ObjectInfo,
     Payload, ServerInfo, StorageDesc, TaskInfo, TaskState, TensorDesc,
@@ -31,6 +32,7 @@ use tensorwire::ipc::{
     Client, ClientOptions, Incoming, IpcError, Outgoing, OutgoingBuilder, ReceivedStorage,
     RemoteKind, Server, ServerConfig,
 };
+use tensorwire::{DType, Error};
 
 use crate::arrays;
 use crate::errors::TensorwireError;
@@ -267,19 +269,17 @@ fn to_node(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Node> {
         let inner = to_node(t.value.bind(obj.py()), depth + 1)?;
         return Ok(Node::Tagged(t.tag.clone(), Box::new(inner)));
     }
-    if let Ok(list) = obj.cast::<PyList>() {
-        return list
-            .iter()
-            .map(|v| to_node(&v, depth + 1))
-            .collect::<PyResult<_>>()
-            .map(Node::List);
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return tuple
-            .iter()
-            .map(|v| to_node(&v, depth + 1))
-            .collect::<PyResult<_>>()
-            .map(Node::Tuple);
+    let is_list = obj.is_instance_of::<PyList>();
+    if is_list || obj.is_instance_of::<PyTuple>() {
+        let items = obj
+            .try_iter()?
+            .map(|v| to_node(&v?, depth + 1))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(if is_list {
+            Node::List(items)
+        } else {
+            Node::Tuple(items)
+        });
     }
     if let Ok(dict) = obj.cast::<PyDict>() {
         let mut entries = Vec::with_capacity(dict.len());
@@ -287,24 +287,29 @@ fn to_node(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Node> {
             let key = k.cast::<PyString>().map_err(|_| {
                 PyTypeError::new_err(format!(
                     "dict keys shared over tensorwire.ipc must be str, not {}",
-                    k.get_type()
-                        .name()
-                        .map(|n| n.to_string())
-                        .unwrap_or_default()
+                    type_name(&k)
                 ))
             })?;
             entries.push((key.to_cow()?.into_owned(), to_node(&v, depth + 1)?));
         }
         return Ok(Node::Map(entries));
     }
-    let type_name = obj
-        .get_type()
+    Err(PyTypeError::new_err(format!(
+        "cannot share a {} over tensorwire.ipc: values are None, bool, int, float, str, bytes, lists, tuples, dicts with str keys, tensors, numpy arrays and torch.nn modules (nothing is pickled)",
+        type_name(obj)
+    )))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
         .name()
         .map(|n| n.to_string())
-        .unwrap_or_default();
-    Err(PyTypeError::new_err(format!(
-        "cannot share a {type_name} over tensorwire.ipc: values are None, bool, int, float, str, bytes, lists, tuples, dicts with str keys, tensors, numpy arrays and torch.nn modules (nothing is pickled)"
-    )))
+        .unwrap_or_default()
+}
+
+/// Python values of `nodes`.
+fn from_nodes<'py>(py: Python<'py>, nodes: &[Node]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    nodes.iter().map(|n| from_node(py, n)).collect()
 }
 
 fn from_node<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'py, PyAny>> {
@@ -315,22 +320,8 @@ fn from_node<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'py, PyAny>> {
         Node::Float(f) => f.into_bound_py_any(py)?,
         Node::Str(s) => s.into_bound_py_any(py)?,
         Node::Bytes(b) => PyBytes::new(py, b).into_any(),
-        Node::List(items) => PyList::new(
-            py,
-            items
-                .iter()
-                .map(|n| from_node(py, n))
-                .collect::<PyResult<Vec<_>>>()?,
-        )?
-        .into_any(),
-        Node::Tuple(items) => PyTuple::new(
-            py,
-            items
-                .iter()
-                .map(|n| from_node(py, n))
-                .collect::<PyResult<Vec<_>>>()?,
-        )?
-        .into_any(),
+        Node::List(items) => PyList::new(py, from_nodes(py, items)?)?.into_any(),
+        Node::Tuple(items) => PyTuple::new(py, from_nodes(py, items)?)?.into_any(),
         Node::Map(entries) => {
             let dict = PyDict::new(py);
             for (k, v) in entries {
@@ -373,15 +364,19 @@ impl IpcValue {
     fn copied(&self) -> usize {
         self.copied
     }
-
-    /// Number of tensors.
-    #[getter]
-    fn num_tensors(&self) -> usize {
-        self.outgoing.payload.tensors.len()
-    }
 }
 
-type TensorSpec = (u32, u64, String, Vec<u64>, Vec<u64>, String, bool);
+/// `(storage, byte offset, dtype, shape, strides, framework, requires_grad)`; dtype,
+/// shape and strides are `None` for a numpy array given whole as its storage.
+type TensorSpec = (
+    u32,
+    u64,
+    Option<String>,
+    Option<Vec<u64>>,
+    Option<Vec<u64>>,
+    String,
+    bool,
+);
 
 fn framework(name: &str) -> PyResult<Framework> {
     match name {
@@ -396,14 +391,117 @@ fn framework(name: &str) -> PyResult<Framework> {
 /// Keeps a Python object (a CUDA tensor) alive for as long as a value shares its memory.
 struct PyKeepAlive(#[allow(dead_code)] Py<PyAny>);
 
+/// One storage spec, parsed.
+enum StorageSpec<'py> {
+    /// Host bytes: a uint8 view of a torch storage (`"cpu"`), or a numpy array given
+    /// whole (`"numpy"`: made C-contiguous little-endian here, its tensor's dtype, shape
+    /// and strides taken from it).
+    Host(arrays::Prepared<'py>),
+    /// `("cuda", data_ptr, nbytes, device, stream or None, owner)`.
+    Cuda {
+        ptr: u64,
+        nbytes: u64,
+        device: i32,
+        stream: Option<u64>,
+        owner: Py<PyAny>,
+    },
+}
+
+fn storage_spec<'py>(spec: &Bound<'py, PyTuple>) -> PyResult<StorageSpec<'py>> {
+    let kind: String = spec.get_item(0)?.extract()?;
+    match kind.as_str() {
+        "cpu" | "numpy" => Ok(StorageSpec::Host(arrays::prepare(&spec.get_item(1)?)?)),
+        "cuda" => {
+            let (_, ptr, nbytes, device, stream, owner): (
+                String,
+                u64,
+                u64,
+                i32,
+                Option<u64>,
+                Py<PyAny>,
+            ) = spec.extract()?;
+            Ok(StorageSpec::Cuda {
+                ptr,
+                nbytes,
+                device,
+                stream,
+                owner,
+            })
+        }
+        other => Err(PyValueError::new_err(format!(
+            "storage kind must be 'cpu', 'numpy' or 'cuda', not {other:?}"
+        ))),
+    }
+}
+
+/// The tensors of `specs`, with what numpy storages imply filled in.
+fn tensor_descs(specs: Vec<TensorSpec>, storages: &[StorageSpec<'_>]) -> PyResult<Vec<TensorDesc>> {
+    specs
+        .into_iter()
+        .map(
+            |(storage, offset, dtype, shape, strides, fw, requires_grad)| {
+                let (dtype, shape, strides) = match (dtype, shape, strides) {
+                    (Some(dtype), Some(shape), Some(strides)) => (dtype, shape, strides),
+                    _ => {
+                        let Some(StorageSpec::Host(array)) = storages.get(storage as usize) else {
+                            return Err(PyValueError::new_err(
+                            "a tensor without dtype, shape and strides must name a numpy storage",
+                        ));
+                        };
+                        let shape = array.shape()?;
+                        let strides = shape.c_strides();
+                        (
+                            array.dtype.name().to_owned(),
+                            shape.dims().to_vec(),
+                            strides,
+                        )
+                    }
+                };
+                Ok(TensorDesc {
+                    storage,
+                    offset,
+                    dtype,
+                    shape,
+                    strides,
+                    framework: framework(&fw)?,
+                    requires_grad,
+                })
+            },
+        )
+        .collect()
+}
+
+/// The byte range of each storage its tensors reach (`0..0` for one no tensor uses).
+fn reached(tensors: &[TensorDesc], storages: usize) -> Result<Vec<(u64, u64)>, Error> {
+    let mut reach: Vec<Option<(u64, u64)>> = vec![None; storages];
+    for t in tensors {
+        let dtype = t.dtype.parse::<DType>()?;
+        let extent = tensorwire::core::strided::extent_bytes(dtype, &t.shape, &t.strides)?;
+        if extent == 0 {
+            continue;
+        }
+        let end = t.offset.checked_add(extent).ok_or(Error::Overflow {
+            what: "tensor extent",
+        })?;
+        let Some(slot) = reach.get_mut(t.storage as usize) else {
+            continue; // the payload check names the bad index
+        };
+        let (lo, hi) = slot.get_or_insert((t.offset, end));
+        *lo = (*lo).min(t.offset);
+        *hi = (*hi).max(end);
+    }
+    Ok(reach.into_iter().map(|r| r.unwrap_or((0, 0))).collect())
+}
+
 /// Builds a value to send from a tree, tensor specs `(storage, byte offset, dtype,
-/// shape, strides, framework, requires_grad)` and storage specs `("cpu", array)` or
-/// `("cuda", data_ptr, nbytes, device, stream or None, owner)`.
+/// shape, strides, framework, requires_grad)` and storage specs `("cpu", uint8 array)`,
+/// `("numpy", array)` or `("cuda", data_ptr, nbytes, device, stream or None, owner)`.
 ///
-/// CPU storages already inside a shared segment (received, or sent before) are
-/// referenced as they are; the others are copied into one new memfd, in parallel and
-/// without the GIL. CUDA storages are exported as IPC handles of their allocation
-/// (and, with a stream, an IPC event recorded on it).
+/// Only the bytes of a host storage that its tensors reach are sent (a view of a large
+/// storage sends the view). Host storages already inside a shared segment (received,
+/// or sent before) are referenced as they are; the others are copied into one new
+/// memfd, in parallel and without the GIL. CUDA storages are exported as IPC handles of
+/// their allocation, with one IPC event per device and stream recorded on it.
 #[pyfunction]
 pub fn ipc_encode(
     py: Python<'_>,
@@ -412,96 +510,69 @@ pub fn ipc_encode(
     storages: Vec<Bound<'_, PyTuple>>,
 ) -> PyResult<IpcValue> {
     let value = to_node(tree, 0)?;
-    let mut prepared = Vec::new();
-    let mut cuda_specs = Vec::new();
-    enum Spec {
-        Cpu(usize),
-        Cuda(usize),
-    }
-    let mut order = Vec::with_capacity(storages.len());
-    for spec in &storages {
-        let kind: String = spec.get_item(0)?.extract()?;
-        match kind.as_str() {
-            "cpu" => {
-                prepared.push(arrays::prepare(&spec.get_item(1)?)?);
-                order.push(Spec::Cpu(prepared.len() - 1));
-            }
-            "cuda" => {
-                let (_, ptr, nbytes, device, stream, owner): (
-                    String,
-                    u64,
-                    u64,
-                    i32,
-                    Option<u64>,
-                    Py<PyAny>,
-                ) = spec.extract()?;
-                cuda_specs.push((ptr, nbytes, device, stream, owner));
-                order.push(Spec::Cuda(cuda_specs.len() - 1));
-            }
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "storage kind must be 'cpu' or 'cuda', not {other:?}"
-                )))
-            }
+    let specs = storages
+        .iter()
+        .map(storage_spec)
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut tensors = tensor_descs(tensors, &specs)?;
+    let reach = reached(&tensors, specs.len()).map_err(crate::errors::to_pyerr)?;
+    for t in &mut tensors {
+        if let (Some(StorageSpec::Host(_)), Some((lo, _))) =
+            (specs.get(t.storage as usize), reach.get(t.storage as usize))
+        {
+            t.offset -= lo;
         }
     }
     let mut builder = OutgoingBuilder::new();
-    let mut events: std::collections::HashMap<(i32, u64), Vec<u8>> = Default::default();
-    for spec in &order {
+    let mut events: std::collections::HashMap<(i32, u64), [u8; 64]> = Default::default();
+    for (spec, &(lo, hi)) in specs.iter().zip(&reach) {
         match spec {
-            Spec::Cpu(i) => {
-                builder.cpu_storage(prepared[*i].bytes()).or_raise(py)?;
+            StorageSpec::Host(array) => {
+                let bytes = array
+                    .bytes()
+                    .get(lo as usize..hi as usize)
+                    .ok_or_else(|| PyValueError::new_err("a tensor reaches past its storage"))?;
+                builder.cpu_storage(bytes).or_raise(py)?;
             }
-            Spec::Cuda(i) => {
-                let (ptr, nbytes, device, stream, owner) = &cuda_specs[*i];
+            &StorageSpec::Cuda {
+                ptr,
+                nbytes,
+                device,
+                stream,
+                ref owner,
+            } => {
                 let (export, offset) = py
-                    .detach(|| cuda::export_pointer(*ptr, *nbytes))
+                    .detach(|| cuda::export_pointer(ptr, nbytes))
                     .or_raise(py)?;
                 // One event per (device, stream) per value: a model's storages on one
                 // stream are all ready once it fires.
                 let event = match stream {
-                    Some(stream) => match events.get(&(*device, *stream)) {
-                        Some(handle) => handle.clone(),
+                    Some(stream) => Some(match events.get(&(device, stream)) {
+                        Some(handle) => *handle,
                         None => {
                             let event = py
-                                .detach(|| ProducerEvent::record(*device, *stream))
+                                .detach(|| ProducerEvent::record(device, stream))
                                 .or_raise(py)?;
-                            let handle = event.handle().to_vec();
+                            let handle = event.handle();
                             builder.keep_alive(Arc::new(event));
-                            events.insert((*device, *stream), handle.clone());
+                            events.insert((device, stream), handle);
                             handle
                         }
-                    },
-                    None => Vec::new(),
+                    }),
+                    None => None,
                 };
                 builder.keep_alive(Arc::new(PyKeepAlive(owner.clone_ref(py))));
                 builder
                     .storage(StorageDesc {
-                        len: *nbytes,
-                        location: Location::Cuda {
-                            device_uuid: export.device_uuid.to_vec(),
-                            handle: export.handle.to_vec(),
-                            alloc_size: export.alloc_size,
-                            offset,
-                            event,
-                        },
+                        len: nbytes,
+                        location: Location::cuda(&export, offset, event),
                     })
                     .or_raise(py)?;
             }
         }
     }
-    for (storage, offset, dtype, shape, strides, fw, requires_grad) in tensors {
-        builder
-            .tensor(TensorDesc {
-                storage,
-                offset,
-                dtype,
-                shape,
-                strides,
-                framework: framework(&fw)?,
-                requires_grad,
-            })
-            .or_raise(py)?;
+    for tensor in tensors {
+        builder.tensor(tensor).or_raise(py)?;
     }
     let copied = builder.bytes_to_copy();
     let outgoing = builder
@@ -616,52 +687,22 @@ impl CudaStorage {
         self.len
     }
 
-    /// The device's UUID, in hex.
-    #[getter]
-    fn device_uuid(&self) -> String {
-        match &self.location {
-            Location::Cuda { device_uuid, .. } => {
-                device_uuid.iter().map(|b| format!("{b:02x}")).collect()
-            }
-            Location::Memfd { .. } => String::new(),
-        }
-    }
-
     /// Opens the allocation (once per process; later opens reuse the mapping) and
     /// returns the storage's device memory. `lease` (any object) is kept alive as long
     /// as the buffer, and so as long as any tensor made from it.
     #[pyo3(signature = (lease=None))]
     fn open(&self, py: Python<'_>, lease: Option<Py<PyAny>>) -> PyResult<CudaBuffer> {
-        let Location::Cuda {
-            device_uuid,
-            handle,
-            alloc_size,
-            offset,
-            event,
-        } = &self.location
-        else {
-            return Err(PyValueError::new_err("not a CUDA storage"));
-        };
-        let uuid: [u8; 16] = device_uuid
-            .as_slice()
-            .try_into()
-            .map_err(|_| PyValueError::new_err("device UUID must be 16 bytes"))?;
-        let handle: [u8; 64] = handle
-            .as_slice()
-            .try_into()
-            .map_err(|_| PyValueError::new_err("IPC handle must be 64 bytes"))?;
-        let export = CudaExport {
-            device_uuid: uuid,
-            handle,
-            base: 0,
-            alloc_size: *alloc_size,
-        };
+        // The payload check made every CUDA location's fields the right size.
+        let (export, offset, event) = self
+            .location
+            .cuda_export()
+            .ok_or_else(|| PyValueError::new_err("not a CUDA storage"))?;
         let mapping = py.detach(|| cuda::import(&export)).or_raise(py)?;
         Ok(CudaBuffer {
             mapping,
-            offset: *offset,
+            offset,
             len: self.len,
-            event: <[u8; 64]>::try_from(event.as_slice()).ok(),
+            event,
             lease,
         })
     }
@@ -1233,6 +1274,14 @@ pub fn shared_buffer(py: Python<'_>, nbytes: usize) -> PyResult<Bound<'_, PyAny>
     segment_array(py, segment, 0, nbytes)
 }
 
+/// The numpy dtype of tensorwire dtype `name` (`"f32"`, `"bf16"`, …; the float8 and
+/// bfloat16 types come from ml_dtypes).
+#[pyfunction]
+pub fn numpy_dtype<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyArrayDescr>> {
+    let dtype = name.parse::<DType>().map_err(crate::errors::to_pyerr)?;
+    crate::dtypes::descr(py, dtype)
+}
+
 /// The default socket path for a server called `name`.
 #[pyfunction]
 pub fn default_socket_path(name: &str) -> String {
@@ -1257,6 +1306,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_import_stats, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket_path, m)?)?;
     m.add_function(wrap_pyfunction!(shared_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_dtype, m)?)?;
     let c = classes(py)?;
     for (name, ty) in [
         ("IpcError", &c.base),

@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 use tensorwire_core::{strided, DType, MAX_NDIM};
 
+use crate::cuda::CudaExport;
 use crate::error::{IpcError, RemoteKind, Result};
 
 /// Deepest nesting the decoder accepts (CBOR levels, so about half as many value levels).
@@ -500,6 +501,42 @@ impl Payload {
     }
 }
 
+impl Location {
+    /// Bytes `offset..` of an exported CUDA allocation, with the producer's event.
+    pub fn cuda(export: &CudaExport, offset: u64, event: Option<[u8; 64]>) -> Location {
+        Location::Cuda {
+            device_uuid: export.device_uuid.to_vec(),
+            handle: export.handle.to_vec(),
+            alloc_size: export.alloc_size,
+            offset,
+            event: event.map(|e| e.to_vec()).unwrap_or_default(),
+        }
+    }
+
+    /// For a CUDA location: the export to open (its `base` is unknown here: 0), the
+    /// offset in the allocation and the event to wait on. `None` for a memfd location
+    /// or fields of the wrong size ([`Payload::validate`] refuses those).
+    pub fn cuda_export(&self) -> Option<(CudaExport, u64, Option<[u8; 64]>)> {
+        let Location::Cuda {
+            device_uuid,
+            handle,
+            alloc_size,
+            offset,
+            event,
+        } = self
+        else {
+            return None;
+        };
+        let export = CudaExport {
+            device_uuid: device_uuid.as_slice().try_into().ok()?,
+            handle: handle.as_slice().try_into().ok()?,
+            base: 0,
+            alloc_size: *alloc_size,
+        };
+        Some((export, *offset, event.as_slice().try_into().ok()))
+    }
+}
+
 impl TensorDesc {
     /// The tensor's dtype.
     pub fn dtype(&self) -> Result<DType> {
@@ -652,6 +689,24 @@ mod tests {
             event: vec![],
         };
         assert!(p.validate(0).is_err(), "storage beyond its allocation");
+    }
+
+    #[test]
+    fn cuda_locations_round_trip_their_export() {
+        let export = CudaExport {
+            device_uuid: [7; 16],
+            handle: [9; 64],
+            base: 0,
+            alloc_size: 4096,
+        };
+        let with_event = Location::cuda(&export, 128, Some([1; 64]));
+        assert_eq!(
+            with_event.cuda_export(),
+            Some((export.clone(), 128, Some([1; 64])))
+        );
+        let without = Location::cuda(&export, 0, None);
+        assert_eq!(without.cuda_export(), Some((export, 0, None)));
+        assert_eq!(Location::Memfd { fd: 0, offset: 0 }.cuda_export(), None);
     }
 
     #[test]

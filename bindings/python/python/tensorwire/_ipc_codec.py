@@ -20,17 +20,6 @@ from . import _native
 
 MODULE_TAG = "torch.nn.Module"
 
-# numpy dtype name -> tensorwire dtype name (ml_dtypes names included).
-_NP_NAMES = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64",
-    "int32": "i32", "int16": "i16", "int8": "i8", "uint64": "u64", "uint32": "u32",
-    "uint16": "u16", "uint8": "u8", "bool": "bool", "complex64": "complex64",
-    "complex128": "complex128", "bfloat16": "bf16", "float8_e4m3fn": "f8_e4m3fn",
-    "float8_e5m2": "f8_e5m2", "float8_e4m3fnuz": "f8_e4m3fnuz",
-    "float8_e5m2fnuz": "f8_e5m2fnuz",
-}
-_TW_TO_NP = {v: k for k, v in _NP_NAMES.items()}
-
 # Module attributes every nn.Module gets from Module.__init__ (hooks, bookkeeping):
 # recreated on the receiving side, never sent.
 _MODULE_INTERNALS = None
@@ -38,28 +27,6 @@ _MODULE_INTERNALS = None
 
 def _torch():
     return sys.modules.get("torch")
-
-
-def _np_dtype(name: str):
-    np_name = _TW_TO_NP.get(name)
-    if np_name is None:
-        raise TypeError(f"no numpy dtype for {name} tensors")
-    if np_name in ("bfloat16",) or np_name.startswith("float8"):
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError(f"{name} tensors need the ml_dtypes package in numpy") from None
-        return np.dtype(getattr(ml_dtypes, np_name))
-    return np.dtype(np_name)
-
-
-_ELEMENT_SIZES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2,
-                  "i8": 1, "u64": 8, "u32": 4, "u16": 2, "u8": 1, "bool": 1,
-                  "complex64": 8, "complex128": 16}
-
-
-def _np_dtype_size(name: str) -> int:
-    return _ELEMENT_SIZES.get(name, 1)   # the float8 types are one byte
 
 
 def _module_internals():
@@ -84,31 +51,9 @@ class Encoder:
         self._held = []
 
     def value(self):
-        """The native value to send, built from what was encoded."""
-        self._trim_cpu_storages()
+        """The native value to send, built from what was encoded (the native encoder
+        sends only the bytes of each host storage that its tensors reach)."""
         return _native.ipc_encode(self._tree, self.tensors, self.storages)
-
-    def _trim_cpu_storages(self):
-        """Sends only the bytes of each CPU storage that its tensors reach (a view of a
-        huge storage sends the view, not the storage)."""
-        reach = {}
-        for storage, offset, dtype, shape, strides, _, _ in self.tensors:
-            if 0 in shape:
-                continue
-            elem = _np_dtype_size(dtype)
-            end = offset + (sum((d - 1) * s for d, s in zip(shape, strides)) + 1) * elem
-            lo, hi = reach.get(storage, (offset, end))
-            reach[storage] = (min(lo, offset), max(hi, end))
-        for i, spec in enumerate(self.storages):
-            if spec[0] != "cpu":
-                continue
-            lo, hi = reach.get(i, (0, 0))
-            if (lo, hi) != (0, len(spec[1])):
-                self.storages[i] = ("cpu", spec[1][lo:hi])
-                self.tensors = [
-                    (s, off - lo if s == i else off, *rest)
-                    for s, off, *rest in self.tensors
-                ]
 
     def encode_root(self, obj):
         self._tree = self.encode(obj)
@@ -148,19 +93,13 @@ class Encoder:
         if known is not None:
             return known
         self._held.append(arr)
-        name = _NP_NAMES.get(arr.dtype.name)
-        if name is None or arr.dtype.fields is not None:
+        if arr.dtype.kind in "OUSMm" or arr.dtype.fields is not None:
             raise TypeError(f"cannot share numpy arrays of dtype {arr.dtype}")
-        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
-        raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
-        self._held.append(raw)
-        storage = self._storage(("np", id(raw)), ("cpu", raw))
-        strides = [s // arr.itemsize for s in arr.strides] if arr.size else [0] * arr.ndim
+        # The array is its own storage; the native encoder makes it C-contiguous and
+        # little-endian and takes its dtype, shape and strides.
+        storage = self._storage(("np", id(arr)), ("numpy", arr))
         index = len(self.tensors)
-        self.tensors.append((storage, 0, name, list(arr.shape), strides, "numpy", False))
+        self.tensors.append((storage, 0, None, None, None, "numpy", False))
         self._tensor_index[id(arr)] = index
         return index
 
@@ -309,7 +248,7 @@ class Decoder:
 
     @staticmethod
     def _numpy(storage, offset, dtype, shape, strides):
-        np_dtype = _np_dtype(dtype)
+        np_dtype = _native.numpy_dtype(dtype)
         if 0 in shape:
             return np.empty(shape, np_dtype)
         return np.ndarray(tuple(shape), np_dtype, buffer=storage, offset=offset,
@@ -340,7 +279,7 @@ class Decoder:
 
         dt = torch_dtype(dtype)
         base = self._torch_storage(storage_index, storage)
-        elem = torch.empty(0, dtype=dt).element_size()
+        elem = dt.itemsize
         if offset % elem:
             raise ValueError(f"tensor offset {offset} is not a multiple of its element size {elem}")
         out = torch.empty(0, dtype=dt, device=base.device)
