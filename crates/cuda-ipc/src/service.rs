@@ -138,6 +138,9 @@ type CacheKey = (String, String);
 
 struct CacheEntry {
     value: Outgoing,
+    /// Which store this is (unique per service): a computed value names the entry it
+    /// came from or went into by it.
+    serial: u64,
     object_id: Option<String>,
     /// When it was last stored or hit (a logical clock), for LRU eviction.
     used: u64,
@@ -195,8 +198,12 @@ impl State {
     }
 }
 
+/// A built value and the serial of the cache entry it was stored in, if any.
+type Built = (Outgoing, Option<u64>);
+
 struct Flight {
-    outcome: Mutex<Option<TaskOutcome<Outgoing>>>,
+    /// The leader's result.
+    outcome: Mutex<Option<TaskOutcome<Built>>>,
     done: Condvar,
 }
 
@@ -207,6 +214,8 @@ pub struct Computed {
     endpoint: Arc<Endpoint>,
     key: Option<String>,
     cached: bool,
+    /// The serial of the cache entry holding this value, when one does.
+    entry: Option<u64>,
 }
 
 /// Named counters the server reports.
@@ -448,14 +457,15 @@ impl Service {
         } else {
             None
         };
-        let computed = |value: Outgoing, cached: bool| Computed {
+        let computed = |value: Outgoing, cached: bool, entry: Option<u64>| Computed {
             value,
             endpoint: ep.clone(),
             key: key.clone(),
             cached,
+            entry,
         };
         let Some(k) = key.clone() else {
-            return self.build(ep, args).map(|v| computed(v, false));
+            return self.build(ep, args).map(|v| computed(v, false, None));
         };
         let cache_key = (ep.name.clone(), k);
         if opts.cache {
@@ -465,17 +475,15 @@ impl Service {
             if let Some(entry) = state.cache.get_mut(&cache_key) {
                 entry.used = now;
                 self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(computed(entry.value.clone(), true));
+                return Ok(computed(entry.value.clone(), true, Some(entry.serial)));
             }
             drop(state);
             self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
         }
         if !opts.singleflight {
             let value = self.build(ep, args)?;
-            if opts.cache {
-                self.store(&cache_key, &value);
-            }
-            return Ok(computed(value, false));
+            let entry = opts.cache.then(|| self.store(&cache_key, &value));
+            return Ok(computed(value, false, entry));
         }
         let (flight, leader) = {
             let mut flights = lock(&self.flights);
@@ -506,17 +514,17 @@ impl Service {
                 .clone()
                 .unwrap_or_else(|| Err((RemoteKind::Internal, "empty flight".into())));
             // Shared with the leader's build: from the cache only when caching is on.
-            return outcome.map(|v| computed(v, opts.cache));
+            return outcome.map(|(v, entry)| computed(v, opts.cache, entry));
         }
-        let outcome = self.build(ep, args);
-        if let (Ok(value), true) = (&outcome, opts.cache) {
+        let outcome = self.build(ep, args).map(|value| {
             // Cached before the flight ends, so later callers hit the cache.
-            self.store(&cache_key, value);
-        }
+            let entry = opts.cache.then(|| self.store(&cache_key, &value));
+            (value, entry)
+        });
         *lock(&flight.outcome) = Some(outcome.clone());
         flight.done.notify_all();
         lock(&self.flights).remove(&cache_key);
-        outcome.map(|v| computed(v, false))
+        outcome.map(|(v, entry)| computed(v, false, entry))
     }
 
     fn build(&self, ep: &Endpoint, args: Incoming) -> TaskOutcome<Outgoing> {
@@ -524,7 +532,8 @@ impl Service {
         ep.run(args)
     }
 
-    fn store(&self, key: &CacheKey, value: &Outgoing) {
+    /// Caches `value` under `key`; returns the new entry's serial.
+    fn store(&self, key: &CacheKey, value: &Outgoing) -> u64 {
         let mut state = lock(&self.state);
         state.uncache(key);
         while state.cache.len() >= self.limits.max_cache_entries.max(1) {
@@ -542,15 +551,17 @@ impl Service {
                 .fetch_add(1, Ordering::Relaxed);
         }
         state.clock += 1;
-        let used = state.clock;
+        let serial = state.clock;
         state.cache.insert(
             key.clone(),
             CacheEntry {
                 value: value.clone(),
+                serial,
                 object_id: None,
-                used,
+                used: serial,
             },
         );
+        serial
     }
 
     /// Turns a computed value into what one connection receives: when the value must
@@ -600,7 +611,7 @@ impl Service {
             state
                 .cache
                 .get(k)
-                .filter(|e| same_value(&e.value, &computed.value))
+                .filter(|e| Some(e.serial) == computed.entry)
                 .and_then(|e| e.object_id.clone())
                 .filter(|id| state.objects.contains_key(id))
         });
@@ -620,7 +631,7 @@ impl Service {
                     state.next_object
                 );
                 let cached = match cache_key.as_ref().and_then(|k| state.cache.get_mut(k)) {
-                    Some(entry) if same_value(&entry.value, &computed.value) => {
+                    Some(entry) if Some(entry.serial) == computed.entry => {
                         entry.object_id = Some(id.clone());
                         true
                     }
@@ -792,15 +803,6 @@ fn unreachable_info() -> Result<(Response, Option<Outgoing>)> {
         RemoteKind::Internal,
         "ServerInfo is answered by the socket server",
     ))
-}
-
-fn same_value(a: &Outgoing, b: &Outgoing) -> bool {
-    a.payload == b.payload
-        && a.segments.len() == b.segments.len()
-        && a.segments
-            .iter()
-            .zip(&b.segments)
-            .all(|(x, y)| Arc::ptr_eq(x, y))
 }
 
 #[cfg(test)]
