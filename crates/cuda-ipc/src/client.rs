@@ -190,9 +190,7 @@ impl Client {
                         waited_ms: timeout.as_millis() as u64,
                     })
                 }
-                Ok(Received::Closed) => {
-                    return Err(self.gone(IpcError::protocol("connection closed by the server")))
-                }
+                Ok(Received::Closed) => return Err(self.lost("connection closed by the server")),
                 Err(e) => {
                     let e = self.gone(e);
                     if !matches!(e, IpcError::ServerGone { .. }) {
@@ -222,27 +220,32 @@ impl Client {
         }
     }
 
-    /// Maps a lost connection to [`IpcError::ServerGone`]; other errors pass through.
+    /// Maps a lost connection (the socket layer's I/O errors for a closed peer) to
+    /// [`IpcError::ServerGone`]; other errors pass through.
     fn gone(&self, e: IpcError) -> IpcError {
-        let lost = match &e {
-            IpcError::Io(io) => matches!(
-                io.kind(),
-                io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::NotConnected
-            ),
-            IpcError::Protocol { reason } => reason.contains("closed"),
-            _ => false,
-        };
-        if lost {
-            IpcError::ServerGone {
-                path: self.path.display().to_string(),
-                server_id: (!self.server_id.is_empty()).then(|| self.server_id.clone()),
-                reason: e.to_string(),
+        match &e {
+            IpcError::Io(io)
+                if matches!(
+                    io.kind(),
+                    io::ErrorKind::BrokenPipe
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::ConnectionAborted
+                        | io::ErrorKind::NotConnected
+                        | io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                self.lost(e.to_string())
             }
-        } else {
-            e
+            _ => e,
+        }
+    }
+
+    /// [`IpcError::ServerGone`] for this client's server.
+    fn lost(&self, reason: impl Into<String>) -> IpcError {
+        IpcError::ServerGone {
+            path: self.path.display().to_string(),
+            server_id: (!self.server_id.is_empty()).then(|| self.server_id.clone()),
+            reason: reason.into(),
         }
     }
 

@@ -190,7 +190,7 @@ pub fn recv_frame(
         match recvmsg_with_fds(stream, &mut header[got..], &mut fds) {
             Ok(0) if got == 0 => return Ok(Received::Closed),
             Ok(0) => {
-                return Err(IpcError::protocol(format!(
+                return Err(closed(format!(
                     "connection closed inside a frame header ({got} of {HEADER_LEN} bytes)"
                 )))
             }
@@ -215,7 +215,7 @@ pub fn recv_frame(
     while filled < body.len() {
         match reader.read(&mut body[filled..]) {
             Ok(0) => {
-                return Err(IpcError::protocol(format!(
+                return Err(closed(format!(
                     "connection closed inside a frame body ({filled} of {} bytes)",
                     body.len()
                 )))
@@ -236,6 +236,12 @@ pub fn recv_frame(
         )));
     }
     Ok(Received::Frame(Frame { header, body, fds }))
+}
+
+/// The peer closed the connection in the middle of a frame: an `UnexpectedEof` I/O
+/// error, so callers can tell a lost peer from a malformed frame by its kind.
+fn closed(reason: String) -> IpcError {
+    IpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, reason))
 }
 
 fn is_timeout(e: &io::Error) -> bool {
