@@ -479,6 +479,21 @@ impl PrimaryContext {
     fn push(&self) -> Result<CtxGuard<'static>> {
         self.driver.push(self.ctx)
     }
+
+    /// Copies `dst.len()` bytes at `offset` of the device range `(base, size)` (memory
+    /// of this context's device) to `dst`, synchronously, checking the range first.
+    fn read(
+        &self,
+        what: &str,
+        (base, size): (u64, u64),
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let len = u64::try_from(dst.len()).map_err(|_| overflow("copy length"))?;
+        check_span(|| what.to_owned(), offset, len, size)?;
+        let _guard = self.push()?;
+        self.driver.copy_to_host(base + offset, dst)
+    }
 }
 
 impl Drop for PrimaryContext {
@@ -912,10 +927,8 @@ impl CudaMapping {
     /// Copies `dst.len()` bytes at `offset` in the mapping to host memory (synchronous, on the
     /// legacy default stream). A helper for tests, tools and non-PyTorch consumers.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let len = u64::try_from(dst.len()).map_err(|_| overflow("copy length"))?;
-        check_span(|| "CUDA mapping".to_owned(), offset, len, self.size)?;
-        let _guard = self.ctx.push()?;
-        self.ctx.driver.copy_to_host(self.ptr + offset, dst)
+        self.ctx
+            .read("CUDA mapping", (self.ptr, self.size), offset, dst)
     }
 }
 
@@ -1110,10 +1123,8 @@ impl DeviceBuffer {
 
     /// Copies `dst.len()` bytes at `offset` in the buffer to `dst` (synchronous).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let len = u64::try_from(dst.len()).map_err(|_| overflow("copy length"))?;
-        check_span(|| "device buffer".to_owned(), offset, len, self.size)?;
-        let _guard = self.ctx.push()?;
-        self.ctx.driver.copy_to_host(self.ptr + offset, dst)
+        self.ctx
+            .read("device buffer", (self.ptr, self.size), offset, dst)
     }
 }
 
