@@ -24,9 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_SCRIPT = os.path.join(HERE, "ipc_server.py")
 
 
-def start_server_process(path, env=None):
+def start_server_process(path, env=None, code=None):
+    """A server in another process: ipc_server.py, or ``code`` (which serves on
+    ``sys.argv[1]``); returns it and its server id once it says ``ready``."""
+    program = ["-c", code] if code is not None else [SERVER_SCRIPT]
     proc = subprocess.Popen(
-        [sys.executable, SERVER_SCRIPT, path],
+        [sys.executable, *program, path],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **(env or {})})
     line = proc.stdout.readline()
@@ -411,10 +414,20 @@ def test_provider_autostarts_a_server_when_the_environment_says_so(sock, monkeyp
 
 # ------------------------------------------------------------------ torch
 
-CHILD_TORCH = """
+# The start and the end of the servers the torch and CUDA tests run in a child process.
+CHILD_HEAD = """
 import sys, time, torch
 from tensorwire import ipc
 p = ipc.Provider(execution_mode="server", socket_path=sys.argv[1], autostart=False)
+"""
+CHILD_SERVE = """
+s = ipc.Server(p).start()
+print("ready", s.server_id, flush=True)
+while s.running:
+    time.sleep(0.1)
+"""
+
+CHILD_TORCH = CHILD_HEAD + """
 
 @p.share(managed=True)
 def model():
@@ -449,20 +462,13 @@ def state(n: int):
 def echo(x):
     return x
 
-s = ipc.Server(p).start()
-print("ready", s.server_id, flush=True)
-while s.running:
-    time.sleep(0.1)
-"""
+""" + CHILD_SERVE
 
 
 @pytest.fixture
 def torch_server(sock):
     pytest.importorskip("torch")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_TORCH, sock], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("ready"), proc.stderr.read()
+    proc, _ = start_server_process(sock, code=CHILD_TORCH)
     yield sock
     kill(proc)
 
@@ -582,10 +588,7 @@ def test_module_classes_outside_torch_nn_are_refused(sock):
 
 # ------------------------------------------------------------------ CUDA
 
-CHILD_CUDA = """
-import sys, time, torch
-from tensorwire import ipc
-p = ipc.Provider(execution_mode="server", socket_path=sys.argv[1], autostart=False)
+CHILD_CUDA = CHILD_HEAD + """
 
 @p.share(managed=True)
 def weights():
@@ -601,11 +604,7 @@ def model():
 def add_one(t):
     return t + 1
 
-s = ipc.Server(p).start()
-print("ready", s.server_id, flush=True)
-while s.running:
-    time.sleep(0.1)
-"""
+""" + CHILD_SERVE
 
 
 def _cuda_ready():
@@ -617,9 +616,7 @@ def _cuda_ready():
 
 def test_cuda_tensors_and_modules_between_processes(sock):
     torch = _cuda_ready()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_CUDA, sock], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("ready"), proc.stderr.read()
+    proc, _ = start_server_process(sock, code=CHILD_CUDA)
     try:
         c = ipc.Client(sock)
         torch.manual_seed(0)
