@@ -45,6 +45,7 @@ import collections
 import enum
 import functools
 import inspect
+import math
 import os
 import sys
 import threading
@@ -101,21 +102,13 @@ def empty(shape, dtype="float32"):
     sent without a copy, and the processes that receive it see the server's writes and
     the server sees theirs (CPU values not allocated this way are copied into shared
     memory once, when first shared, and the receivers alias that copy)."""
-    import numpy as np
-
     dtype = np.dtype(dtype)
-    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-    count = 1
-    for d in shape:
-        count *= int(d)
-    raw = _native.shared_buffer(count * dtype.itemsize)
-    return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
+    shape = tuple(int(d) for d in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    return _native.shared_buffer(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 
 def share_memory(value):
     """A copy of a numpy array or CPU torch tensor in shared memory (see :func:`empty`)."""
-    import numpy as np
-
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         from ._torch import torch_dst_bytes
