@@ -132,21 +132,21 @@ fn requests() -> Vec<(&'static str, Request)> {
             "call_memfd",
             Request::Call {
                 endpoint: "load".into(),
-                args: memfd_payload(),
+                args: memfd_payload().into(),
             },
         ),
         (
             "call_cuda",
             Request::Call {
                 endpoint: "gpu".into(),
-                args: cuda_payload(),
+                args: cuda_payload().into(),
             },
         ),
         (
             "submit",
             Request::Submit {
                 endpoint: "train".into(),
-                args: Payload::plain(Node::Map(vec![("epochs".into(), Node::Int(3))])),
+                args: Payload::plain(Node::Map(vec![("epochs".into(), Node::Int(3))])).into(),
             },
         ),
         (
@@ -196,7 +196,7 @@ fn requests() -> Vec<(&'static str, Request)> {
             "invalidate_call",
             Request::InvalidateCall {
                 endpoint: "load".into(),
-                args: deep_payload(),
+                args: deep_payload().into(),
             },
         ),
         (
@@ -236,7 +236,7 @@ fn responses() -> Vec<(&'static str, Response)> {
         (
             "value_memfd",
             Response::Value(SharedValue {
-                payload: memfd_payload(),
+                payload: memfd_payload().into(),
                 object: Some(ObjectRef {
                     object_id: "o1".into(),
                     server_id: "3f2a9c".into(),
@@ -248,7 +248,7 @@ fn responses() -> Vec<(&'static str, Response)> {
         (
             "value_cuda",
             Response::Value(SharedValue {
-                payload: cuda_payload(),
+                payload: cuda_payload().into(),
                 object: None,
                 cached: false,
             }),

@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::{IpcError, Result};
@@ -406,7 +406,7 @@ impl Client {
     pub fn invalidate_call(&self, endpoint: &str, args: &Payload) -> Result<u64> {
         match self.simple(Request::InvalidateCall {
             endpoint: endpoint.into(),
-            args: args.clone(),
+            args: Arc::new(args.clone()),
         })? {
             Response::Invalidated(n) => Ok(n),
             other => Err(unexpected(&other)),

@@ -10,6 +10,8 @@
 //! plain values under a [`Node::Tagged`] tag, and the receiving side decides what a tag
 //! may rebuild.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use tensorwire_core::{strided, DType, MAX_NDIM};
 
@@ -44,14 +46,14 @@ pub enum Request {
         /// Endpoint name.
         endpoint: String,
         /// Its arguments (positional and keyword, as the endpoint's adapter lays them out).
-        args: Payload,
+        args: Arc<Payload>,
     },
     /// Queues an endpoint as a task; answers with the task id.
     Submit {
         /// Endpoint name.
         endpoint: String,
         /// Its arguments.
-        args: Payload,
+        args: Arc<Payload>,
     },
     /// A task's state.
     TaskStatus {
@@ -95,7 +97,7 @@ pub enum Request {
         /// Endpoint name.
         endpoint: String,
         /// The call's arguments.
-        args: Payload,
+        args: Arc<Payload>,
     },
     /// Drops every cached result of an endpoint.
     InvalidateEndpoint {
@@ -253,7 +255,7 @@ pub enum Location {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SharedValue {
     /// The value.
-    pub payload: Payload,
+    pub payload: Arc<Payload>,
     /// The object that keeps it alive on the server, when there is one; the client
     /// holds one lease on it and gives it back with [`Request::Release`].
     pub object: Option<ObjectRef>,
@@ -638,7 +640,7 @@ mod tests {
     fn requests_round_trip() {
         let request = Request::Call {
             endpoint: "load".into(),
-            args: payload(),
+            args: Arc::new(payload()),
         };
         let bytes = encode(&request).unwrap();
         assert_eq!(decode::<Request>(&bytes).unwrap(), request);

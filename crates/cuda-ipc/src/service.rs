@@ -815,8 +815,8 @@ mod tests {
         Service::new("0123456789abcdef".into(), ServiceLimits::default()).unwrap()
     }
 
-    fn int_args(n: i64) -> Payload {
-        Payload::plain(Node::Tuple(vec![Node::Int(n)]))
+    fn int_args(n: i64) -> Arc<Payload> {
+        Arc::new(Payload::plain(Node::Tuple(vec![Node::Int(n)])))
     }
 
     fn call(s: &Arc<Service>, conn: ConnectionId, ep: &str, n: i64) -> Response {
@@ -845,7 +845,7 @@ mod tests {
             Arc::new(move |args: Incoming| {
                 r.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(delay);
-                Ok(Outgoing::plain(args.payload.value))
+                Ok(Outgoing::plain(args.payload.value.clone()))
             }),
             None,
         ));

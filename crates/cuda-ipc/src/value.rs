@@ -22,8 +22,9 @@ pub type KeepAlive = Arc<dyn Any + Send + Sync>;
 /// result is one `Outgoing` sent again and again.
 #[derive(Clone, Default)]
 pub struct Outgoing {
-    /// The value.
-    pub payload: Payload,
+    /// The value (shared: a cached result's answers and the messages that carry it
+    /// hold the one payload).
+    pub payload: Arc<Payload>,
     /// Segment number `i` travels as descriptor `i` of the frame.
     pub segments: Vec<Arc<Segment>>,
     /// Kept alive as long as this value (and every server-side object holding it).
@@ -44,7 +45,7 @@ impl Outgoing {
     /// A value with no tensors.
     pub fn plain(value: Node) -> Outgoing {
         Outgoing {
-            payload: Payload::plain(value),
+            payload: Arc::new(Payload::plain(value)),
             ..Outgoing::default()
         }
     }
@@ -76,7 +77,7 @@ impl Outgoing {
 #[derive(Debug)]
 pub struct Incoming {
     /// The value.
-    pub payload: Payload,
+    pub payload: Arc<Payload>,
     /// The frame's descriptors.
     pub fds: Vec<OwnedFd>,
 }
@@ -113,14 +114,14 @@ impl ReceivedStorage {
 
 impl Incoming {
     /// Checks the payload against the descriptors.
-    pub fn new(payload: Payload, fds: Vec<OwnedFd>) -> Result<Incoming> {
+    pub fn new(payload: Arc<Payload>, fds: Vec<OwnedFd>) -> Result<Incoming> {
         payload.validate(fds.len())?;
         Ok(Incoming { payload, fds })
     }
 
     /// Maps every descriptor and resolves every storage (CUDA ones are returned as
     /// their location). Each storage's range is checked against its segment.
-    pub fn storages(self) -> Result<(Payload, Vec<ReceivedStorage>)> {
+    pub fn storages(self) -> Result<(Arc<Payload>, Vec<ReceivedStorage>)> {
         let segments = self
             .fds
             .into_iter()
@@ -254,7 +255,7 @@ impl<'a> OutgoingBuilder<'a> {
         };
         payload.validate(segments.len())?;
         Ok(Outgoing {
-            payload,
+            payload: Arc::new(payload),
             segments,
             keepalive: self.keepalive,
         })
@@ -264,7 +265,8 @@ impl<'a> OutgoingBuilder<'a> {
 impl Outgoing {
     /// Sends a received value on as it is: its memfd storages go out as ranges of the
     /// same segments (zero-copy; the peer that sent them maps its own memory again).
-    pub fn from_received(payload: Payload, storages: &[ReceivedStorage]) -> Result<Outgoing> {
+    pub fn from_received(payload: Arc<Payload>, storages: &[ReceivedStorage]) -> Result<Outgoing> {
+        let payload = Arc::unwrap_or_clone(payload);
         let mut builder = OutgoingBuilder::new();
         for (desc, storage) in payload.storages.iter().zip(storages) {
             match storage {

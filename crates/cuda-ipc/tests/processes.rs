@@ -450,7 +450,9 @@ fn malformed_and_oversized_frames_are_refused() {
     // A payload that lies about its tensor: refused, typed.
     let client = Client::connect(&path, ClientOptions::default()).unwrap();
     let mut lying = int_arg(1);
-    lying.payload.tensors.push(f32_tensor(3, 10));
+    Arc::make_mut(&mut lying.payload)
+        .tensors
+        .push(f32_tensor(3, 10));
     let err = client.call("echo", &lying).unwrap_err();
     assert!(
         matches!(
