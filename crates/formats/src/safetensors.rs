@@ -432,20 +432,45 @@ impl<'de> de::Visitor<'de> for &HeaderParse<'_> {
             ) {
                 return Err(self.fail(e));
             }
-            let entry = map.next_value_seed(EntrySeed {
-                parse: self,
-                name: &name,
-            })?;
-            entries.push(HeaderEntry {
-                name,
-                dtype: entry.0,
-                shape: entry.1,
-                begin: entry.2,
-                end: entry.3,
-            });
+            entries.push(map.next_value_seed(EntrySeed { parse: self, name })?);
         }
         Ok((entries, metadata.unwrap_or_default()))
     }
+}
+
+/// The `visit_*` methods of a visitor that takes only JSON objects: every other value
+/// is refused with the error `$refuse` makes from the visitor.
+macro_rules! refuse_non_objects {
+    ($value:ty, |$this:ident| $refuse:expr) => {
+        fn visit_unit<E: de::Error>(self) -> Result<$value, E> {
+            let $this = &self;
+            Err($refuse)
+        }
+
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<$value, E> {
+            self.visit_unit()
+        }
+
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<$value, E> {
+            self.visit_unit()
+        }
+
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<$value, E> {
+            self.visit_unit()
+        }
+
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<$value, E> {
+            self.visit_unit()
+        }
+
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<$value, E> {
+            self.visit_unit()
+        }
+
+        fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<$value, A::Error> {
+            self.visit_unit()
+        }
+    };
 }
 
 /// `__metadata__`: an object of strings, in order.
@@ -482,61 +507,35 @@ impl<'de> de::Visitor<'de> for MetadataSeed<'_, '_> {
         Ok(out)
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Metadata, E> {
-        Err(self
-            .0
-            .fail(malformed("`__metadata__` must be an object of strings")))
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Metadata, E> {
-        self.visit_unit()
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Metadata, E> {
-        self.visit_unit()
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Metadata, E> {
-        self.visit_unit()
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Metadata, E> {
-        self.visit_unit()
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Metadata, E> {
-        self.visit_unit()
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Metadata, A::Error> {
-        self.visit_unit()
-    }
+    refuse_non_objects!(Metadata, |this| this
+        .0
+        .fail(malformed("`__metadata__` must be an object of strings")));
 }
 
 /// One tensor entry: `{"dtype": str, "shape": [u64], "data_offsets": [u64, u64]}`
 /// (other keys are ignored, as the package ignores them).
-struct EntrySeed<'p, 'l, 'n> {
+struct EntrySeed<'p, 'l> {
     parse: &'p HeaderParse<'l>,
-    name: &'n str,
+    name: String,
 }
 
-impl EntrySeed<'_, '_, '_> {
+impl EntrySeed<'_, '_> {
     fn bad<E: de::Error>(&self, what: &str) -> E {
         self.parse
             .fail(malformed(format!("tensor `{}`: {what}", self.name)))
     }
 }
 
-impl<'de> de::DeserializeSeed<'de> for EntrySeed<'_, '_, '_> {
-    type Value = (StDType, Shape, u64, u64);
+impl<'de> de::DeserializeSeed<'de> for EntrySeed<'_, '_> {
+    type Value = HeaderEntry;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> de::Visitor<'de> for EntrySeed<'_, '_, '_> {
-    type Value = (StDType, Shape, u64, u64);
+impl<'de> de::Visitor<'de> for EntrySeed<'_, '_> {
+    type Value = HeaderEntry;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a tensor entry object")
@@ -592,36 +591,16 @@ impl<'de> de::Visitor<'de> for EntrySeed<'_, '_, '_> {
             return Err(self.bad("`data_offsets` end is before begin"));
         }
         let shape = Shape::new(dims).map_err(|e| self.parse.fail::<A::Error>(e))?;
-        Ok((dtype, shape, begin, end))
+        Ok(HeaderEntry {
+            name: self.name,
+            dtype,
+            shape,
+            begin,
+            end,
+        })
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Err(self.bad("entry must be an object"))
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        self.visit_unit()
-    }
+    refuse_non_objects!(HeaderEntry, |this| this.bad("entry must be an object"));
 }
 
 /// Checks that the entries' ranges tile `0..data_len` exactly, each `shape × dtype`
