@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_packet import timed  # median of reps after a warm-up, GC off  # noqa: E402
+from bench_packet import fmt, timed  # timed: median of reps after a warm-up, GC off  # noqa: E402
 
 import tensorwire  # noqa: E402
 from tensorwire import ipc  # noqa: E402
@@ -107,12 +107,6 @@ def recv_oob(conn):
     head = conn.recv_bytes()
     count = int(conn.recv_bytes())
     return pickle.loads(head, buffers=[conn.recv_bytes() for _ in range(count)])
-
-
-def fmt(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} µs"
-    return f"{seconds * 1e3:.2f} ms"
 
 
 def main() -> int:

@@ -30,6 +30,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_packet import fmt  # noqa: E402
+
 SERVER = r"""
 import os, sys, time
 device = sys.argv[2]
@@ -123,10 +126,6 @@ SYNC = []   # torch.cuda.synchronize once CUDA is in use (set in main)
 def sync():
     for f in SYNC:
         f()
-
-
-def fmt(s):
-    return f"{s * 1e6:.0f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
 
 
 def start(cmd, env=None):
