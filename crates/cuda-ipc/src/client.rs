@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{IpcError, Result};
@@ -22,6 +22,7 @@ use crate::schema::{
     TaskState,
 };
 use crate::socket::{self, Received};
+use crate::util::lock;
 use crate::value::{Incoming, Outgoing};
 
 /// How a [`Client`] talks to its server.
@@ -119,10 +120,7 @@ impl Client {
     ) -> Result<(Response, Vec<OwnedFd>)> {
         let body = schema::encode(request)?;
         let timeout = timeout.unwrap_or(self.options.timeout);
-        let mut conn = self
-            .connection
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut conn = lock(&self.connection);
         if !conn.orphans.is_empty() && conn.broken.is_none() {
             let object_ids = std::mem::take(&mut conn.orphans);
             let release = schema::encode(&Request::Release { object_ids })?;

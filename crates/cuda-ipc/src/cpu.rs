@@ -10,12 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use tensorwire_core::Bytes;
 use tensorwire_shm::{Access, Segment};
 
 use crate::error::{IpcError, Result};
+use crate::util::lock;
 
 /// Alignment of each storage packed into a memfd.
 pub const STORAGE_ALIGN: usize = 64;
@@ -40,7 +41,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+    lock(&REGISTRY)
 }
 
 impl Registry {

@@ -10,7 +10,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use crate::frame::{FrameKind, FrameLimits};
 use crate::schema::{self, Request, Response, ServerInfo};
 use crate::service::{ConnectionId, Service, ServiceLimits};
 use crate::socket::{self, PeerCredentials, Received};
-use crate::util::{effective_uid, hex, now_secs};
+use crate::util::{effective_uid, hex, lock, now_secs};
 
 /// How often an idle connection thread looks up to see whether the server is stopping.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -148,7 +148,7 @@ impl Server {
     /// Binds the socket and starts accepting on a background thread. Refuses a path
     /// where another server is listening; removes a stale socket file left by a dead one.
     pub fn start(&self) -> Result<()> {
-        let mut accept = self.accept.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut accept = lock(&self.accept);
         if accept.is_some() || self.shared.stopping.load(Ordering::SeqCst) {
             return Err(IpcError::protocol(
                 "server already started (a stopped server cannot start again; make a new one)",
@@ -168,11 +168,7 @@ impl Server {
 
     /// Blocks until the server stops.
     pub fn wait(&self) {
-        let handle = self
-            .accept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let handle = lock(&self.accept).take();
         if let Some(h) = handle {
             let _ = h.join();
         }
@@ -180,12 +176,7 @@ impl Server {
 
     /// True between `start` and `stop`.
     pub fn is_running(&self) -> bool {
-        !self.shared.stopping.load(Ordering::SeqCst)
-            && self
-                .accept
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_some()
+        !self.shared.stopping.load(Ordering::SeqCst) && lock(&self.accept).is_some()
     }
 
     /// Stops accepting, closes every connection (their leases are given back), stops
@@ -194,13 +185,7 @@ impl Server {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        for (_, stream) in self
-            .shared
-            .connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-        {
+        for (_, stream) in lock(&self.shared.connections).drain() {
             let _ = stream.shutdown(Shutdown::Both);
         }
         self.wait();
@@ -352,11 +337,7 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
         }
         let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
         if let Ok(clone) = stream.try_clone() {
-            shared
-                .connections
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(id, clone);
+            lock(&shared.connections).insert(id, clone);
         }
         counters.connections.fetch_add(1, Ordering::Relaxed);
         counters.connections_open.fetch_add(1, Ordering::Relaxed);
@@ -366,11 +347,7 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
             .spawn(move || {
                 serve_connection(&conn_shared, id, &stream);
                 conn_shared.service.disconnect(id);
-                conn_shared
-                    .connections
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&id);
+                lock(&conn_shared.connections).remove(&id);
                 conn_shared
                     .service
                     .counters
@@ -379,11 +356,7 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
             });
         if spawned.is_err() {
             counters.connections_open.fetch_sub(1, Ordering::Relaxed);
-            shared
-                .connections
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&id);
+            lock(&shared.connections).remove(&id);
         }
     }
 }

@@ -66,7 +66,7 @@ impl Endpoint {
 
     fn run(&self, args: Incoming) -> std::result::Result<Outgoing, (RemoteKind, String)> {
         let _serial = (self.options.concurrency == schema::Concurrency::Serialized)
-            .then(|| self.serial.lock().unwrap_or_else(PoisonError::into_inner));
+            .then(|| lock(&self.serial));
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.handler)(args))) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(match e {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{IpcError, RemoteKind, Result};
 use crate::schema::{TaskInfo, TaskState};
-use crate::util::now_secs;
+use crate::util::{lock, now_secs};
 
 /// What a task computes: a value of type `T` or an error kind and message.
 pub type TaskOutcome<T> = std::result::Result<T, (RemoteKind, String)>;
@@ -76,7 +76,7 @@ pub struct TaskPool<T: Clone + Send + 'static> {
 
 impl<T> Shared<T> {
     fn lock(&self) -> MutexGuard<'_, Table<T>> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.table)
     }
 }
 
@@ -301,8 +301,7 @@ impl<T: Clone + Send + 'static> TaskPool<T> {
         drop(table);
         self.shared.work.notify_all();
         self.shared.done.notify_all();
-        let workers =
-            std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
+        let workers = std::mem::take(&mut *lock(&self.workers));
         for w in workers {
             let _ = w.join();
         }
