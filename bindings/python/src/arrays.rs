@@ -245,15 +245,16 @@ unsafe fn array_over<'py>(
     Ok(array)
 }
 
-/// One big uint8 numpy array that many copies are carved from: one allocation (and one
-/// round of page faults, on huge pages) instead of one per tensor, filled in parallel
-/// with the GIL released. Each piece is a 64-aligned, C-contiguous array whose `base`
-/// is the arena.
+/// One buffer that many copies are carved from: one allocation instead of one per
+/// tensor, filled in parallel with the GIL released. Each piece is a 64-aligned,
+/// C-contiguous array whose `base` is the arena's [`ArenaBuffer`]; large buffers are
+/// reused from [`arena_pool`] once every array of an earlier arena is gone, so a loop
+/// that decodes message after message does not pay for fresh pages each time.
 ///
 /// Use: [`Arena::new`] with the sources in the order they will be asked for, then
 /// [`Arena::take`] for each of them in that order.
 pub struct Arena<'py> {
-    array: Bound<'py, PyAny>,
+    owner: Bound<'py, ArenaBuffer>,
     /// `(source address, offset in the arena, length)` of each piece, in order.
     pieces: Vec<(usize, usize, usize)>,
     next: usize,
@@ -281,11 +282,16 @@ impl<'py> Arena<'py> {
                     what: "copy arena size",
                 })
             })?;
-        let (array, mut buf) = fresh(py, DType::U8, &[total.saturating_add(64) as u64])?;
+        let mut buf = arena_pool::take(total.checked_add(64).ok_or_else(|| {
+            to_pyerr(Error::Overflow {
+                what: "copy arena size",
+            })
+        })?)
+        .or_raise()?;
         let start = (64 - buf.as_ptr() as usize % 64) % 64;
         let mut pieces = Vec::with_capacity(sources.len());
         let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(sources.len());
-        let mut rest = &mut buf.as_mut_slice()[start..];
+        let mut rest = &mut buf[start..];
         let mut at = start;
         for src in sources {
             let take = Self::footprint(src.len());
@@ -296,11 +302,14 @@ impl<'py> Arena<'py> {
             jobs.push((&mut piece[..src.len()], src));
         }
         copy_parallel(py, jobs);
+        // Moving the Vec into its Python owner keeps its heap buffer where it is.
+        let base = buf.as_mut_ptr();
+        let owner = Bound::new(py, ArenaBuffer { buf })?;
         Ok(Arena {
-            array,
+            owner,
             pieces,
             next: 0,
-            base: buf.as_ptr().cast_mut(),
+            base,
             writable,
         })
     }
@@ -336,23 +345,119 @@ impl<'py> Arena<'py> {
             flags |= NPY_ARRAY_WRITEABLE;
         }
         let data = self.base.wrapping_add(offset);
-        // SAFETY: `data` is `len` = `dims × dtype` bytes inside the arena's own numpy
-        // buffer (offset and length recorded by `new`, which filled them), and that
-        // buffer lives while the arena array, the new array's base, does; numpy never
-        // reallocates it. Pieces do not overlap and each is handed out once (`next`
-        // only grows), so a writable piece is written only through its own array.
+        // SAFETY: `data` is `len` = `dims × dtype` bytes inside the arena's buffer
+        // (offset and length recorded by `new`, which filled them), and that buffer
+        // lives, unmoved, while its `ArenaBuffer`, the new array's base, does (the
+        // buffer goes back to the pool only when the owner is dropped, that is after
+        // the last array over it). Pieces do not overlap and each is handed out once
+        // (`next` only grows), so a writable piece is written only through its array.
         unsafe {
             array_over(
-                self.array.py(),
+                self.owner.py(),
                 data,
                 flags,
                 dtype,
                 dims,
                 None,
-                self.array.clone(),
+                self.owner.clone().into_any(),
             )
         }
         .map(Some)
+    }
+}
+
+/// The memory of an [`Arena`]: the numpy `base` of the arrays carved from it. When
+/// the last of them is gone the buffer goes back to [`arena_pool`].
+#[pyclass(frozen, module = "tensorwire._native", name = "ArenaBuffer")]
+pub struct ArenaBuffer {
+    buf: Vec<u8>,
+}
+
+#[pymethods]
+impl ArenaBuffer {
+    /// Number of bytes held.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+impl Drop for ArenaBuffer {
+    fn drop(&mut self) {
+        arena_pool::give_back(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Large arena buffers kept after use, so the next arena of a similar size reuses
+/// pages already mapped and touched instead of faulting in (and having the kernel
+/// zero) fresh ones. Bounded: at most [`arena_pool::MAX_RETAINED`] bytes are kept,
+/// only buffers of at least [`arena_pool::MIN_POOLED`] bytes, and a buffer is reused
+/// only for a request of at least half its size.
+pub mod arena_pool {
+    use std::sync::Mutex;
+
+    use tensorwire::{Error, Result};
+
+    /// Smallest buffer worth keeping (smaller ones are cheap for malloc).
+    pub const MIN_POOLED: usize = 1 << 20;
+    /// Most bytes kept in the pool at once.
+    pub const MAX_RETAINED: usize = 64 << 20;
+
+    static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+    fn free() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
+        // A panic while holding the lock cannot leave the list inconsistent (each
+        // operation is one push or remove), so a poisoned lock is still usable.
+        FREE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A buffer of exactly `len` bytes: a kept one when one fits (its old contents
+    /// still there: callers overwrite what they hand out), else a zeroed new one.
+    pub fn take(len: usize) -> Result<Vec<u8>> {
+        if len >= MIN_POOLED {
+            let mut list = free();
+            let fit = list
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.len() >= len && b.len() / 2 <= len)
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i);
+            if let Some(i) = fit {
+                let mut buf = list.swap_remove(i);
+                buf.truncate(len);
+                return Ok(buf);
+            }
+        }
+        // Probe first so an impossible size is an error, not an abort.
+        Vec::<u8>::new().try_reserve_exact(len).map_err(|_| {
+            Error::Io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes"),
+            ))
+        })?;
+        // Huge pages where the kernel allows them: fewer faults now, fewer TLB misses
+        // in every copy that reuses the buffer.
+        let mut buf = tensorwire::mmap::huge_page_vec(len);
+        buf.resize(len, 0);
+        Ok(buf)
+    }
+
+    /// Keeps `buf` for reuse when it is large enough and fits under the cap
+    /// (dropping the oldest kept buffers to make room), else frees it.
+    pub fn give_back(buf: Vec<u8>) {
+        if buf.len() < MIN_POOLED || buf.len() > MAX_RETAINED {
+            return;
+        }
+        let mut list = free();
+        let mut kept: usize = list.iter().map(Vec::len).sum();
+        while kept + buf.len() > MAX_RETAINED && !list.is_empty() {
+            kept -= list.remove(0).len();
+        }
+        list.push(buf);
     }
 }
 

@@ -32,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<arrays::BytesOwner>()?;
+    m.add_class::<arrays::ArenaBuffer>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(writer::convert, m)?)?;

@@ -202,6 +202,39 @@ def test_bundle_members_copied_into_one_arena_are_right(copy):
         assert_same(out[second], obj[second])
 
 
+def _arena_of(out):
+    """The one ArenaBuffer the copied members of a decoded bundle share."""
+    owners = {id(v.base): v.base for v in out.values()
+              if type(v.base).__name__ == "ArenaBuffer"}
+    assert len(owners) == 1, owners
+    return next(iter(owners.values()))
+
+
+def test_large_copy_arena_is_reused_only_after_its_arrays_are_gone():
+    # ~3 MiB of members at odd offsets: copied into an arena big enough to be pooled.
+    rng = np.random.default_rng(7)
+    obj = {"k" * (i % 3 + 1) + str(i): rng.standard_normal((64, 129)).astype(np.float32)
+           for i in range(96)}
+    data = packet.dumps(obj)
+    first = packet.loads(data)
+    held = {k: v for k, v in first.items() if type(v.base).__name__ == "ArenaBuffer"}
+    arena = _arena_of(first)
+    # While the first result's arrays live, a second decode must get other memory.
+    second = packet.loads(data)
+    assert _arena_of(second) is not arena
+    for key, value in held.items():
+        assert_same(value, obj[key])
+    pointers = {k: v.ctypes.data for k, v in held.items()}
+    del first, held, arena, value
+    # Its buffer is now free for reuse: a third decode may land exactly where the
+    # first one was, and every array it gives must still be right.
+    third = packet.loads(data)
+    assert any(third[k].ctypes.data == p for k, p in pointers.items())
+    for key, value in obj.items():
+        assert_same(third[key], value)
+        assert_same(second[key], value)
+
+
 def test_aligned_bundle_members_are_zero_copy():
     obj = {f"t{i}": sample("float32", (i + 1, 3), seed=i) for i in range(20)}
     data = packet.dumps(obj, aligned_bundle=True)
