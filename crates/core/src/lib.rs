@@ -21,7 +21,7 @@ mod value;
 pub use crate::bytes::{AlignedBuf, Bytes, Owner};
 pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};
-pub use crate::index::TensorIndex;
+pub use crate::index::{NameMap, NameSet, TensorIndex};
 pub use crate::limits::Limits;
 pub use crate::shape::{Shape, MAX_NDIM};
 pub use crate::source::{Layout, TensorInfo, TensorSource, TensorView};

@@ -41,13 +41,13 @@
 //! Not in scope: dequantizing, writing GGUF, big-endian files, GGUF v1.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::{
-    align_up, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorIndex, TensorInfo,
+    align_up, Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
     TensorSource, TensorView, Value,
 };
 
@@ -503,11 +503,13 @@ impl<'a> Cursor<'a> {
         self.need(n)?;
         // `need` checked pos + n <= buf.len(), so both fit in usize.
         let end = self.pos + n as usize;
-        let s = self.buf.get(self.pos..end).ok_or(Error::Truncated {
-            offset: self.pos(),
-            needed: n,
-            available: 0,
-        })?;
+        let Some(s) = self.buf.get(self.pos..end) else {
+            return Err(Error::Truncated {
+                offset: self.pos(),
+                needed: n,
+                available: 0,
+            });
+        };
         self.pos = end;
         Ok(s)
     }
@@ -687,7 +689,7 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
     let max_depth = limits.max_depth.min(MAX_NESTING);
     c.need_items(kv_count, MIN_KV_BYTES)?;
     let mut metadata = Vec::with_capacity(usize::try_from(kv_count).unwrap_or(0));
-    let mut keys = HashSet::new();
+    let mut keys = NameSet::default();
     let mut alignment = DEFAULT_ALIGNMENT;
     for _ in 0..kv_count {
         let key_at = c.pos();
@@ -710,7 +712,7 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
     // Tensor infos.
     c.need_items(tensor_count, MIN_TENSOR_INFO_BYTES)?;
     let mut raw = Vec::with_capacity(usize::try_from(tensor_count).unwrap_or(0));
-    let mut names: HashSet<&str> = HashSet::new();
+    let mut names: NameSet<&str> = NameSet::default();
     let max_ndim = limits.max_ndim.min(tensorwire_core::MAX_NDIM);
     for _ in 0..tensor_count {
         let at = c.pos();

@@ -15,15 +15,15 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde::de;
 use tensorwire_core::{
-    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorIndex, TensorInfo, TensorSource,
-    TensorView, Value,
+    Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
+    TensorSource, TensorView, Value,
 };
 
 /// Largest header the `safetensors` package accepts (and so do we), in bytes.
@@ -813,7 +813,7 @@ fn quoted(s: &str) -> String {
 pub struct SafetensorsWriter {
     entries: Vec<WriteEntry>,
     data: Vec<Bytes>,
-    names: HashSet<String>,
+    names: NameSet<String>,
     metadata: Option<BTreeMap<String, String>>,
 }
 

@@ -7,9 +7,8 @@
 //! non-tensor leaves become metadata values under their own names.
 
 use std::collections::BTreeMap;
-use std::collections::HashSet;
 
-use tensorwire_core::{Error, Result, Value};
+use tensorwire_core::{Error, NameSet, Result, Value};
 
 use crate::globals::{torch_dtype_name, Global};
 use crate::pickle::{Arena, Id, Obj};
@@ -47,7 +46,7 @@ pub fn flatten(
             tensors: Vec::new(),
             attributes: BTreeMap::new(),
         },
-        names: HashSet::new(),
+        names: NameSet::default(),
         holds_tensor: vec![None; arena.len()],
     };
     if matches!(arena.get(root), Obj::Tensor(_)) {
@@ -65,7 +64,7 @@ struct Walker<'a> {
     max_tensors: u64,
     nodes: u64,
     flat: Flat<'a>,
-    names: HashSet<String>,
+    names: NameSet<String>,
     /// Memo of [`Walker::holds_tensor`] per object.
     holds_tensor: Vec<Option<bool>>,
 }

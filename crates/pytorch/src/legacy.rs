@@ -8,9 +8,7 @@
 //! storage's byte range computable from the pickles alone, so the reader reads only
 //! the pickles at open and each storage when a tensor on it is asked for.
 
-use std::collections::HashMap;
-
-use tensorwire_core::{Error, Result};
+use tensorwire_core::{Error, NameMap, Result};
 
 use crate::input::Input;
 use crate::pickle::{self, Arena, Id, Obj, PersistentLoad, PickleLimits, Unpickled};
@@ -46,7 +44,7 @@ pub struct Legacy {
     /// The object pickle.
     pub object: Unpickled,
     /// Storage key → location.
-    pub storages: HashMap<Box<str>, LegacyStorage>,
+    pub storages: NameMap<Box<str>, LegacyStorage>,
     /// False for files written on a big-endian machine.
     pub little_endian: bool,
 }
@@ -55,7 +53,7 @@ pub struct Legacy {
 /// with the same type and size.
 #[derive(Default)]
 struct Storages {
-    seen: HashMap<Box<str>, StorageRef>,
+    seen: NameMap<Box<str>, StorageRef>,
 }
 
 impl PersistentLoad for Storages {
@@ -181,7 +179,7 @@ pub fn parse(input: &Input, limits: &PickleLimits, max_metadata: u64) -> Result<
             other => break other?,
         }
     };
-    let mut layout = HashMap::with_capacity(keys.len());
+    let mut layout = NameMap::with_capacity_and_hasher(keys.len(), Default::default());
     let mut at = end;
     for key in keys {
         let storage = storages.seen.get(&key).ok_or_else(|| {

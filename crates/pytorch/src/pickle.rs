@@ -8,9 +8,7 @@
 //! are interpreted by that module too, never executed. Every count, length and depth
 //! is checked against [`PickleLimits`] before anything is allocated.
 
-use std::collections::HashMap;
-
-use tensorwire_core::{Error, Result};
+use tensorwire_core::{Error, NameMap, Result};
 
 use crate::globals::{self, Global};
 use crate::tensor::{StorageRef, TensorRecord};
@@ -289,7 +287,7 @@ impl<'a> Input<'a> {
 #[derive(Default)]
 struct Memo {
     dense: Vec<Option<Id>>,
-    sparse: HashMap<u64, Id>,
+    sparse: NameMap<u64, Id>,
     len: usize,
 }
 

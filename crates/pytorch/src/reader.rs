@@ -1,14 +1,14 @@
 //! [`PtReader`]: a PyTorch checkpoint as a [`TensorSource`].
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::strided::swap_bytes;
 use tensorwire_core::{
-    AlignedBuf, Bytes, Error, Layout, Limits, Result, StridedView, TensorIndex, TensorInfo,
-    TensorSource, TensorView, Value,
+    AlignedBuf, Bytes, Error, Layout, Limits, NameMap, Result, StridedView, TensorIndex,
+    TensorInfo, TensorSource, TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_range::{RangeFile, RangeRead};
@@ -55,7 +55,7 @@ pub struct PtReader {
     input: Input,
     index: TensorIndex,
     records: Vec<TensorRecord>,
-    storages: HashMap<Box<str>, StorageData>,
+    storages: NameMap<Box<str>, StorageData>,
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
     limits: Limits,
@@ -77,7 +77,7 @@ impl std::fmt::Debug for PtReader {
 struct ZipStorages<'a> {
     archive: &'a ZipArchive,
     prefix: &'a str,
-    seen: HashMap<Box<str>, StorageRef>,
+    seen: NameMap<Box<str>, StorageRef>,
 }
 
 impl PersistentLoad for ZipStorages<'_> {
@@ -223,7 +223,7 @@ impl PtReader {
         let mut storages = ZipStorages {
             archive: &archive,
             prefix: &prefix,
-            seen: HashMap::new(),
+            seen: NameMap::default(),
         };
         let unpickled = pickle::unpickle(
             &pkl,
@@ -287,7 +287,7 @@ impl PtReader {
         input: Input,
         arena: &Arena,
         root: Id,
-        storages: HashMap<Box<str>, StorageData>,
+        storages: NameMap<Box<str>, StorageData>,
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {

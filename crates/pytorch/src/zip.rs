@@ -8,9 +8,7 @@
 //! not checked on reads, since torch can write archives with CRCs turned off; they
 //! are checked by [`ZipArchive::verify`].
 
-use std::collections::HashMap;
-
-use tensorwire_core::{AlignedBuf, Bytes, Error, Result};
+use tensorwire_core::{AlignedBuf, Bytes, Error, NameMap, Result};
 
 use crate::input::Input;
 
@@ -53,7 +51,7 @@ pub struct ZipEntry {
 #[derive(Debug)]
 pub struct ZipArchive {
     entries: Vec<ZipEntry>,
-    by_name: HashMap<Box<str>, usize>,
+    by_name: NameMap<Box<str>, usize>,
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -184,7 +182,8 @@ impl ZipArchive {
         Error::check_limit("zip record count", dir.entries, max_entries)?;
         let central = input.read_meta(dir.offset, dir.size)?;
         let mut entries = Vec::with_capacity(dir.entries as usize);
-        let mut by_name = HashMap::with_capacity(dir.entries as usize);
+        let mut by_name =
+            NameMap::with_capacity_and_hasher(dir.entries as usize, Default::default());
         let mut pos = 0usize;
         for _ in 0..dir.entries {
             let at = dir.offset + pos as u64;
