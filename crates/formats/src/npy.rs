@@ -28,6 +28,7 @@ use tensorwire_core::{
 };
 use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
 use tensorwire_pytorch::Input;
+use tensorwire_range::RangeFile;
 
 /// The magic bytes at the start of every `.npy` file.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
@@ -390,9 +391,16 @@ impl NumpyReader {
     }
 
     /// [`NumpyReader::open`] with explicit limits.
+    /// An `.npz` archive's member headers are read with positional reads of the file
+    /// (see [`NumpyReader::npz`]); array bytes come from the map.
     pub fn open_with(path: impl AsRef<Path>, limits: &Limits) -> Result<NumpyReader> {
-        crate::open_mapped(path.as_ref(), |bytes| {
-            NumpyReader::from_bytes(bytes, limits)
+        let path = path.as_ref();
+        crate::open_mapped(path, |bytes| {
+            if sniff(&bytes) {
+                return NumpyReader::from_bytes(bytes, limits);
+            }
+            let file = Arc::new(RangeFile::open(path)?);
+            NumpyReader::npz(Input::mapped_with_file(bytes, file)?, limits)
         })
     }
 
@@ -416,17 +424,25 @@ impl NumpyReader {
         }
     }
 
-    /// Reads an `.npz` archive from `input` (a map).
-    fn npz(input: Input, limits: &Limits) -> Result<NumpyReader> {
-        let archive = ZipArchive::parse(&input, limits.max_tensors, limits.max_name_bytes)?;
+    /// Reads an `.npz` archive from `input`: a map, possibly with the file for the
+    /// per-member headers (see [`Input::mapped_with_file`]; one positional read per
+    /// member is cheaper than first touches of map pages spread over the file).
+    pub fn npz(input: Input, limits: &Limits) -> Result<NumpyReader> {
+        let archive = ZipArchive::parse_with_heads(
+            &input,
+            limits.max_tensors,
+            limits.max_name_bytes,
+            NPY_HEAD_READ,
+        )?;
         let mut arrays = Vec::with_capacity(archive.entries().len());
         for entry in archive.entries() {
             let name = entry.name.strip_suffix(".npy").unwrap_or(&entry.name);
             let (header, location) = match entry.method {
                 Method::Stored => {
                     let npy = input.read(entry.data_offset, entry.size)?;
+                    let head = stored_member_header(&input, entry, limits)?;
                     (
-                        parse_member(&npy, &entry.name, limits)?,
+                        parse_member(&head, &entry.name, limits)?,
                         Location::Mapped(npy),
                     )
                 }
@@ -535,6 +551,33 @@ fn parse_member(npy: &[u8], member: &str, limits: &Limits) -> Result<NpyHeader> 
         e @ (Error::Unsupported { .. } | Error::LimitExceeded { .. }) => e,
         e => Error::malformed(0, format!("NPZ member `{member}`: {e}")),
     })
+}
+
+/// Bytes of a member's start read along with its ZIP local header: enough for the
+/// `.npy` header of the arrays numpy writes (their headers are padded to 64 or 128).
+const NPY_HEAD_READ: u64 = 256;
+
+/// The `.npy` header bytes of a stored NPZ member: the head read with its local
+/// header when that covers the whole header, else read now (bounded by the member
+/// and the metadata limit). Only these bytes are read at open, never the array.
+fn stored_member_header(input: &Input, entry: &ZipEntry, limits: &Limits) -> Result<Bytes> {
+    let covered = |head: &Bytes| {
+        preamble(head).is_ok_and(|(_, _, fixed, len)| fixed + len <= head.len() as u64)
+    };
+    if let Some(head) = entry.head.as_ref().filter(|h| covered(h)) {
+        return Ok(head.clone());
+    }
+    let first = input.read_meta_up_to(entry.data_offset, NPY_HEAD_READ.min(entry.size))?;
+    let Ok((_, _, fixed, len)) = preamble(&first) else {
+        // Not an .npy start: `parse_member` names the problem.
+        return Ok(first);
+    };
+    let total = fixed.saturating_add(len).min(entry.size);
+    if total <= first.len() as u64 {
+        return Ok(first);
+    }
+    Error::check_limit(".npy header size", total, limits.max_metadata_bytes)?;
+    input.read_meta(entry.data_offset, total)
 }
 
 /// Checks the elements fit in the `.npy` bytes (`available` long).

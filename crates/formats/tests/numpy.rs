@@ -137,3 +137,141 @@ fn corrupt_deflate_streams_fail_on_read_not_open_or_panic() {
         }
     }
 }
+
+/// The same archive read from memory alone and with its member headers read
+/// positionally (as `NumpyReader::open` and `tensorwire::open` do): equal results.
+fn assert_same_arrays(a: &NumpyReader, b: &NumpyReader) {
+    assert_eq!(a.tensors(), b.tensors());
+    for t in a.tensors() {
+        assert_eq!(a.header(&t.name).unwrap(), b.header(&t.name).unwrap());
+        assert_eq!(
+            &*a.view(&t.name).unwrap().bytes,
+            &*b.view(&t.name).unwrap().bytes
+        );
+    }
+}
+
+#[test]
+fn npz_member_headers_are_read_positionally_never_the_arrays() {
+    for name in ["arrays", "compressed", "one"] {
+        let path = fixture(&format!("numpy/{name}.npz"));
+        let image = std::fs::read(&path).unwrap();
+        let in_memory =
+            NumpyReader::from_bytes(Bytes::from_vec(image.clone()), &Limits::default()).unwrap();
+        let file = std::sync::Arc::new(tensorwire_range::RangeFile::open(&path).unwrap());
+        let input = tensorwire_pytorch::Input::mapped_with_file(
+            Bytes::from_vec(image.clone()),
+            file.clone(),
+        )
+        .unwrap();
+        let positional = NumpyReader::npz(input, &Limits::default()).unwrap();
+        assert_same_arrays(&in_memory, &positional);
+        assert_same_arrays(&in_memory, &NumpyReader::open(&path).unwrap());
+        if name != "compressed" {
+            // Stored members: the directory, then one read of at most a local header
+            // plus 256 bytes per member; never a whole array.
+            let members = in_memory.tensors().len() as u64;
+            let budget = 64 * 1024 + members * (30 + 128 + 96 + 256);
+            assert!(
+                file.bytes_read() <= budget,
+                "{name}: read {}",
+                file.bytes_read()
+            );
+            let biggest = in_memory.tensors().iter().map(|t| t.nbytes).max().unwrap();
+            assert!(biggest < 256 || file.bytes_read() < image.len() as u64);
+        }
+    }
+}
+
+/// A stored ZIP archive of `(name, data)` records (CRCs left 0: not checked on reads).
+fn stored_zip(records: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut central = Vec::new();
+    for (name, data) in records {
+        let offset = out.len() as u32;
+        let fixed = |sig: u32, extra_fields: &[u8]| {
+            let mut h = sig.to_le_bytes().to_vec();
+            h.extend_from_slice(extra_fields);
+            h
+        };
+        let mut sizes = Vec::new();
+        sizes.extend_from_slice(&0u32.to_le_bytes()); // crc
+        sizes.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        sizes.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        let name_len = (name.len() as u16).to_le_bytes();
+        // Local header: version, flags, method 0, time, date, crc/sizes, name, extra 0.
+        let mut local = fixed(0x0403_4b50, &[20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        local.extend_from_slice(&sizes);
+        local.extend_from_slice(&name_len);
+        local.extend_from_slice(&[0, 0]);
+        local.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&local);
+        out.extend_from_slice(data);
+        // Central record: versions, flags, method, time, date, crc/sizes, lengths,
+        // disk, attributes, local header offset, name.
+        let mut c = fixed(0x0201_4b50, &[20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        c.extend_from_slice(&sizes);
+        c.extend_from_slice(&name_len);
+        c.extend_from_slice(&[0; 12]);
+        c.extend_from_slice(&offset.to_le_bytes());
+        c.extend_from_slice(name.as_bytes());
+        central.extend_from_slice(&c);
+    }
+    let dir_offset = out.len() as u32;
+    out.extend_from_slice(&central);
+    let n = (records.len() as u16).to_le_bytes();
+    out.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&n);
+    out.extend_from_slice(&n);
+    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
+    out.extend_from_slice(&dir_offset.to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out
+}
+
+/// A `.npy` v1 image of little-endian f32 values whose header dict is padded with
+/// spaces to `header_len` bytes (the format allows any padding; numpy reads it).
+fn padded_npy(values: &[f32], header_len: usize) -> Vec<u8> {
+    let dict = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        values.len()
+    );
+    let mut header = dict.into_bytes();
+    header.resize(header_len - 1, b' ');
+    header.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(&header);
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn npz_member_headers_longer_than_the_first_read_are_read_whole() {
+    let short: Vec<f32> = (0..40).map(|i| i as f32).collect();
+    let long: Vec<f32> = (0..9).map(|i| -(i as f32)).collect();
+    let image = stored_zip(&[
+        ("short.npy", padded_npy(&short, 118)),
+        ("long.npy", padded_npy(&long, 2038)),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("padded.npz");
+    std::fs::write(&path, &image).unwrap();
+    let positional = NumpyReader::open(&path).unwrap();
+    let in_memory = NumpyReader::from_bytes(Bytes::from_vec(image), &Limits::default()).unwrap();
+    assert_same_arrays(&in_memory, &positional);
+    let floats = |r: &NumpyReader, name: &str| -> Vec<f32> {
+        r.view(name)
+            .unwrap()
+            .bytes
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    assert_eq!(floats(&positional, "short"), short);
+    assert_eq!(floats(&positional, "long"), long);
+    assert_eq!(positional.header("long").unwrap().data_offset, 10 + 2038);
+}

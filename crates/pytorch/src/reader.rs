@@ -167,7 +167,9 @@ impl PtReader {
         PtReader::from_input(Input::ranged(file), limits)
     }
 
-    fn from_input(input: Input, limits: &Limits) -> Result<PtReader> {
+    /// Opens a checkpoint read through `input` (see [`Input`]: a map, a file, or a map
+    /// plus the file for metadata reads).
+    pub fn from_input(input: Input, limits: &Limits) -> Result<PtReader> {
         let head = input.read_meta_up_to(0, 32)?;
         if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
             PtReader::open_zip(input, limits)

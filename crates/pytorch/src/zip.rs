@@ -20,6 +20,8 @@ const LOCAL_SIG: u32 = 0x0403_4b50;
 const EOCD_LEN: u64 = 22;
 const CENTRAL_LEN: usize = 46;
 const LOCAL_LEN: u64 = 30;
+/// Extra-field bytes a combined local-header-and-head read allows for.
+const LOCAL_EXTRA_SLACK: u64 = 96;
 
 /// How a record's bytes are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +47,10 @@ pub struct ZipEntry {
     pub size: u64,
     /// File offset of the record's data.
     pub data_offset: u64,
+    /// The first bytes of the record's stored data, read together with its local
+    /// header when [`ZipArchive::parse_with_heads`] was asked for them (at most that
+    /// many, fewer for a shorter record); `None` otherwise.
+    pub head: Option<Bytes>,
 }
 
 /// The records of a ZIP archive.
@@ -178,6 +184,19 @@ impl ZipArchive {
     /// Reads the central directory and every record's local header. At most
     /// `max_entries` records, names of at most `max_name` bytes.
     pub fn parse(input: &Input, max_entries: u64, max_name: usize) -> Result<ZipArchive> {
+        ZipArchive::parse_with_heads(input, max_entries, max_name, 0)
+    }
+
+    /// Like [`ZipArchive::parse`], and also keeps the first `head_len` bytes of each
+    /// record's data ([`ZipEntry::head`]), read in the same read as its local header:
+    /// for formats that must look at every record's start (an NPZ member's `.npy`
+    /// header), this halves the scattered reads.
+    pub fn parse_with_heads(
+        input: &Input,
+        max_entries: u64,
+        max_name: usize,
+        head_len: u64,
+    ) -> Result<ZipArchive> {
         let dir = find_directory(input)?;
         Error::check_limit("zip record count", dir.entries, max_entries)?;
         let central = input.read_meta(dir.offset, dir.size)?;
@@ -229,7 +248,8 @@ impl ZipArchive {
             if method == Method::Stored && compressed != size {
                 return Err(bad(at, format!("stored record `{name}` has two sizes")));
             }
-            let data_offset = local_data_offset(input, header_offset, name)?;
+            let (data_offset, head) =
+                read_local_header(input, header_offset, name, compressed.min(head_len))?;
             match data_offset.checked_add(compressed) {
                 Some(end) if end <= dir.offset => {}
                 _ => {
@@ -254,6 +274,7 @@ impl ZipArchive {
                 compressed_size: compressed,
                 size,
                 data_offset,
+                head,
             });
             pos += CENTRAL_LEN + name_len + extra_len + comment_len;
         }
@@ -294,16 +315,34 @@ impl ZipArchive {
     }
 }
 
-/// Reads a record's local header to find where its data starts.
-fn local_data_offset(input: &Input, header_offset: u64, name: &str) -> Result<u64> {
+/// Reads a record's local header to find where its data starts, and, when `head_len`
+/// is not 0, up to that many bytes of the data in the same read (the local name and
+/// extra field usually match the central directory's, so a read sized from those
+/// covers them; when it does not, the head is left out).
+fn read_local_header(
+    input: &Input,
+    header_offset: u64,
+    name: &str,
+    head_len: u64,
+) -> Result<(u64, Option<Bytes>)> {
+    let want = if head_len == 0 {
+        LOCAL_LEN
+    } else {
+        // Room for torch-style alignment padding in the extra field.
+        LOCAL_LEN + name.len() as u64 + LOCAL_EXTRA_SLACK + head_len
+    };
+    let out_of_bounds = || Error::OutOfBounds {
+        tensor: format!("zip local header of `{name}`"),
+        offset: header_offset,
+        length: LOCAL_LEN,
+        limit: input.len(),
+    };
     let head = input
-        .read(header_offset, LOCAL_LEN)
-        .map_err(|_| Error::OutOfBounds {
-            tensor: format!("zip local header of `{name}`"),
-            offset: header_offset,
-            length: LOCAL_LEN,
-            limit: input.len(),
-        })?;
+        .read_meta_up_to(header_offset, want)
+        .map_err(|_| out_of_bounds())?;
+    if (head.len() as u64) < LOCAL_LEN {
+        return Err(out_of_bounds());
+    }
     if u32_at(&head, 0) != LOCAL_SIG {
         return Err(bad(
             header_offset,
@@ -311,7 +350,15 @@ fn local_data_offset(input: &Input, header_offset: u64, name: &str) -> Result<u6
         ));
     }
     let var = u64::from(u16_at(&head, 26)) + u64::from(u16_at(&head, 28));
-    Ok(header_offset + LOCAL_LEN + var)
+    let data_offset = header_offset + LOCAL_LEN + var;
+    let data_head = if head_len == 0 {
+        None
+    } else {
+        let start = (LOCAL_LEN + var) as usize;
+        let end = start.saturating_add(head_len as usize).min(head.len());
+        (start < end).then(|| head.slice(start..end)).transpose()?
+    };
+    Ok((data_offset, data_head))
 }
 
 /// A record's data: a slice of the input when stored, inflated into a buffer of

@@ -1,6 +1,7 @@
 //! Recognising formats by their magic bytes, and opening them.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use tensorwire_core::{Bytes, Error, Limits, Result, TensorSource};
 use tensorwire_formats::gguf::{self, GgufReader};
@@ -9,6 +10,7 @@ use tensorwire_formats::safetensors::{self, SafetensorsReader};
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_pytorch::zip::ZipArchive;
 use tensorwire_pytorch::{Input, PtReader};
+use tensorwire_range::RangeFile;
 use tensorwire_zt::ZtReader;
 
 /// A file format tensorwire recognises.
@@ -100,12 +102,8 @@ fn first_zip_name(head: &[u8]) -> Option<&[u8]> {
 
 /// Decides between a PyTorch checkpoint and an NPZ archive whose first record did not
 /// say (another tool wrote the archive): torch's have a `data.pkl` record.
-fn zip_format(bytes: &Bytes, limits: &Limits) -> Result<FileFormat> {
-    let archive = ZipArchive::parse(
-        &Input::mapped(bytes.clone()),
-        limits.max_tensors,
-        limits.max_name_bytes,
-    )?;
+fn zip_format(input: &Input, limits: &Limits) -> Result<FileFormat> {
+    let archive = ZipArchive::parse(input, limits.max_tensors, limits.max_name_bytes)?;
     let torch = archive
         .entries()
         .iter()
@@ -146,7 +144,35 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dy
     let path = path.as_ref();
     // Mapping is lazy, so sniffing the map costs no more than reading the head.
     let bytes = MappedFile::open_bytes(path, options.map_mode)?;
-    open_bytes(bytes, &options.limits).map_err(|e| e.with_path(path))
+    let opened = match sniff(&bytes) {
+        // ZIP-based and legacy checkpoints keep headers all over the file (one per
+        // record or storage): they are read with positional reads, a syscall each,
+        // instead of first touches of map pages, a page fault each plus page-table
+        // entries to tear down at unmap. Tensor bytes still come from the map.
+        Ok(FileFormat::PyTorch | FileFormat::Npz) => {
+            let file = Arc::new(RangeFile::open(path)?);
+            open_zip_or_pickle(Input::mapped_with_file(bytes, file)?, &options.limits)
+        }
+        _ => open_bytes(bytes, &options.limits),
+    };
+    opened.map_err(|e| e.with_path(path))
+}
+
+/// Opens a PyTorch checkpoint or an NPZ archive (a ZIP of either kind, told apart by
+/// its records, or a legacy pickle checkpoint).
+fn open_zip_or_pickle(input: Input, limits: &Limits) -> Result<Box<dyn TensorSource>> {
+    let head = input.read_meta_up_to(0, 64)?;
+    if head.starts_with(b"PK\x03\x04") {
+        let format = match first_zip_name(&head) {
+            Some(name) if name.ends_with(b".npy") => FileFormat::Npz,
+            Some(name) if name.ends_with(b"data.pkl") => FileFormat::PyTorch,
+            _ => zip_format(&input, limits)?,
+        };
+        if format == FileFormat::Npz {
+            return Ok(Box::new(NumpyReader::npz(input, limits)?));
+        }
+    }
+    Ok(Box::new(PtReader::from_input(input, limits)?))
 }
 
 /// Opens a tensor file image already in memory (a map, a shm segment, a buffer).
@@ -165,15 +191,8 @@ pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>
                 &packet_limits,
             )?))
         }
-        FileFormat::PyTorch => {
-            let zip_of_unknown_kind = bytes.starts_with(b"PK\x03\x04")
-                && !first_zip_name(&bytes).is_some_and(|n| n.ends_with(b"data.pkl"));
-            if zip_of_unknown_kind && zip_format(&bytes, limits)? == FileFormat::Npz {
-                return Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?));
-            }
-            Ok(Box::new(PtReader::from_bytes(bytes, limits)?))
-        }
-        FileFormat::Npy | FileFormat::Npz => Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?)),
+        FileFormat::PyTorch | FileFormat::Npz => open_zip_or_pickle(Input::mapped(bytes), limits),
+        FileFormat::Npy => Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?)),
         FileFormat::Safetensors => Ok(Box::new(SafetensorsReader::from_bytes(bytes, limits)?)),
         FileFormat::Gguf => Ok(Box::new(GgufReader::from_bytes(bytes, limits)?)),
     }
