@@ -275,3 +275,54 @@ fn npz_member_headers_longer_than_the_first_read_are_read_whole() {
     assert_eq!(floats(&positional, "long"), long);
     assert_eq!(positional.header("long").unwrap().data_offset, 10 + 2038);
 }
+
+/// A file image in memory that counts the positional reads made of it.
+struct CountingFile {
+    image: Vec<u8>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl tensorwire_range::RangeRead for CountingFile {
+    fn len(&self) -> u64 {
+        self.image.len() as u64
+    }
+
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> tensorwire_core::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let start = offset as usize;
+        buf.copy_from_slice(&self.image[start..start + buf.len()]);
+        Ok(())
+    }
+}
+
+#[test]
+fn small_npz_members_share_header_reads() {
+    let members: Vec<(String, Vec<f32>)> = (0..40)
+        .map(|i| {
+            (
+                format!("m{i}.npy"),
+                (0..(i % 7 + 1)).map(|v| (i * 10 + v) as f32).collect(),
+            )
+        })
+        .collect();
+    let records: Vec<(&str, Vec<u8>)> = members
+        .iter()
+        .map(|(name, values)| (name.as_str(), padded_npy(values, 118)))
+        .collect();
+    let image = stored_zip(&records);
+    let file = std::sync::Arc::new(CountingFile {
+        image: image.clone(),
+        reads: Default::default(),
+    });
+    let input =
+        tensorwire_pytorch::Input::mapped_with_file(Bytes::from_vec(image.clone()), file.clone())
+            .unwrap();
+    let positional = NumpyReader::npz(input, &Limits::default()).unwrap();
+    let in_memory = NumpyReader::from_bytes(Bytes::from_vec(image), &Limits::default()).unwrap();
+    assert_same_arrays(&in_memory, &positional);
+    let reads = file.reads.load(std::sync::atomic::Ordering::Relaxed);
+    // The directory's end and records (a few reads), then one read per 8 KiB of
+    // ~200-byte members, not one per member.
+    assert!(reads <= 8, "{reads} reads for 40 members");
+}

@@ -73,17 +73,19 @@ impl std::fmt::Debug for PtReader {
     }
 }
 
-/// Collects the storages a ZIP checkpoint's pickle names.
+/// Collects the storages a ZIP checkpoint's pickle names, each with its record.
 struct ZipStorages<'a> {
     archive: &'a ZipArchive,
     prefix: &'a str,
-    seen: NameMap<Box<str>, StorageRef>,
+    seen: NameMap<Box<str>, (StorageRef, &'a ZipEntry)>,
+    /// Scratch for record names (`<prefix>data/<key>`), reused across storages.
+    record: String,
 }
 
 impl PersistentLoad for ZipStorages<'_> {
     fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj> {
         let storage = StorageRef::from_persistent_id(arena, pid, offset)?;
-        if let Some(known) = self.seen.get(&storage.key) {
+        if let Some((known, _)) = self.seen.get(&storage.key) {
             if known.nbytes()? != storage.nbytes()? {
                 return Err(Error::malformed(
                     offset,
@@ -91,18 +93,23 @@ impl PersistentLoad for ZipStorages<'_> {
                 ));
             }
         } else {
-            let record = format!("{}data/{}", self.prefix, storage.key);
-            let entry = self.archive.get(&record).ok_or_else(|| {
+            let record = &mut self.record;
+            record.clear();
+            record.push_str(self.prefix);
+            record.push_str("data/");
+            record.push_str(&storage.key);
+            let entry = self.archive.get(record).ok_or_else(|| {
                 Error::malformed(offset, format!("no record `{record}` for a storage"))
             })?;
             if entry.size < storage.nbytes()? {
                 return Err(Error::SizeMismatch {
-                    tensor: record,
+                    tensor: record.clone(),
                     expected: storage.nbytes()?,
                     found: entry.size,
                 });
             }
-            self.seen.insert(storage.key.clone(), storage.clone());
+            self.seen
+                .insert(storage.key.clone(), (storage.clone(), entry));
         }
         Ok(Obj::Storage(storage))
     }
@@ -226,6 +233,7 @@ impl PtReader {
             archive: &archive,
             prefix: &prefix,
             seen: NameMap::default(),
+            record: String::new(),
         };
         let unpickled = pickle::unpickle(
             &pkl,
@@ -235,13 +243,8 @@ impl PtReader {
         )?;
         let data = storages
             .seen
-            .keys()
-            .map(|key| {
-                let entry = archive
-                    .get(&format!("{prefix}data/{key}"))
-                    .expect("checked when the storage was loaded");
-                (key.clone(), StorageData::Zip(entry.clone()))
-            })
+            .into_iter()
+            .map(|(key, (_, entry))| (key, StorageData::Zip(entry.clone())))
             .collect();
         let mut reader = PtReader::build(
             PtFormat::Zip,

@@ -49,7 +49,8 @@ pub struct ZipEntry {
     pub data_offset: u64,
     /// The first bytes of the record's stored data, read together with its local
     /// header when [`ZipArchive::parse_with_heads`] was asked for them (at most that
-    /// many, fewer for a shorter record); `None` otherwise.
+    /// many, fewer for a shorter record or when the read did not reach them); `None`
+    /// otherwise.
     pub head: Option<Bytes>,
 }
 
@@ -248,19 +249,6 @@ impl ZipArchive {
             if method == Method::Stored && compressed != size {
                 return Err(bad(at, format!("stored record `{name}` has two sizes")));
             }
-            let (data_offset, head) =
-                read_local_header(input, header_offset, name, compressed.min(head_len))?;
-            match data_offset.checked_add(compressed) {
-                Some(end) if end <= dir.offset => {}
-                _ => {
-                    return Err(Error::OutOfBounds {
-                        tensor: format!("zip record `{name}`"),
-                        offset: data_offset,
-                        length: compressed,
-                        limit: dir.offset,
-                    })
-                }
-            }
             let name: Box<str> = name.into();
             if by_name.insert(name.clone(), entries.len()).is_some() {
                 return Err(Error::Duplicate {
@@ -273,10 +261,25 @@ impl ZipArchive {
                 crc32,
                 compressed_size: compressed,
                 size,
-                data_offset,
-                head,
+                // Found from the local header below; until then, where that starts.
+                data_offset: header_offset,
+                head: None,
             });
             pos += CENTRAL_LEN + name_len + extra_len + comment_len;
+        }
+        locate_data(input, &mut entries, head_len)?;
+        for e in &entries {
+            match e.data_offset.checked_add(e.compressed_size) {
+                Some(end) if end <= dir.offset => {}
+                _ => {
+                    return Err(Error::OutOfBounds {
+                        tensor: format!("zip record `{}`", e.name),
+                        offset: e.data_offset,
+                        length: e.compressed_size,
+                        limit: dir.offset,
+                    })
+                }
+            }
         }
         Ok(ZipArchive { entries, by_name })
     }
@@ -315,50 +318,95 @@ impl ZipArchive {
     }
 }
 
-/// Reads a record's local header to find where its data starts, and, when `head_len`
-/// is not 0, up to that many bytes of the data in the same read (the local name and
-/// extra field usually match the central directory's, so a read sized from those
-/// covers them; when it does not, the head is left out).
-fn read_local_header(
-    input: &Input,
-    header_offset: u64,
-    name: &str,
-    head_len: u64,
-) -> Result<(u64, Option<Bytes>)> {
-    let want = if head_len == 0 {
-        LOCAL_LEN
-    } else {
-        // Room for torch-style alignment padding in the extra field.
-        LOCAL_LEN + name.len() as u64 + LOCAL_EXTRA_SLACK + head_len
+/// Bytes one read may span to cover the local headers of several records: records
+/// smaller than this (norms, biases) share reads with their neighbours.
+const GROUP_SPAN: u64 = 8 << 10;
+
+/// Sets each entry's `data_offset` (which holds its local header's offset on entry)
+/// from its local header, and, when `head_len` is not 0, its `head`: up to that many
+/// bytes of its data, read together with the header. Headers are read in file order,
+/// one read covering every header that lies within [`GROUP_SPAN`] of the first, so
+/// an archive of many small records costs far fewer reads than records.
+fn locate_data(input: &Input, entries: &mut [ZipEntry], head_len: u64) -> Result<()> {
+    // What a read must cover from a header: the fixed part, and with a head, the
+    // name, room for torch-style alignment padding in the extra field, and the head.
+    let want = |e: &ZipEntry| -> u64 {
+        if head_len == 0 {
+            LOCAL_LEN
+        } else {
+            LOCAL_LEN + e.name.len() as u64 + LOCAL_EXTRA_SLACK + e.compressed_size.min(head_len)
+        }
     };
-    let out_of_bounds = || Error::OutOfBounds {
-        tensor: format!("zip local header of `{name}`"),
-        offset: header_offset,
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&i| entries[i].data_offset);
+    let mut window: Option<(u64, Bytes)> = None;
+    for (k, &i) in order.iter().enumerate() {
+        let start = entries[i].data_offset;
+        let end = start.saturating_add(want(&entries[i]));
+        let covered = window
+            .as_ref()
+            .is_some_and(|(at, b)| start >= *at && end <= at + b.len() as u64);
+        if !covered {
+            let mut group_end = end;
+            for &j in &order[k + 1..] {
+                let next_end = entries[j].data_offset.saturating_add(want(&entries[j]));
+                if next_end - start > GROUP_SPAN {
+                    break;
+                }
+                group_end = group_end.max(next_end);
+            }
+            let bytes = input
+                .read_meta_up_to(start, group_end - start)
+                .map_err(|_| local_out_of_bounds(input, &entries[i]))?;
+            window = Some((start, bytes));
+        }
+        let (at, bytes) = window.as_ref().expect("set above");
+        let local = bytes.slice((start - at) as usize..)?;
+        let (data_offset, head) = parse_local_header(input, &entries[i], &local, head_len)?;
+        entries[i].data_offset = data_offset;
+        entries[i].head = head;
+    }
+    Ok(())
+}
+
+fn local_out_of_bounds(input: &Input, entry: &ZipEntry) -> Error {
+    Error::OutOfBounds {
+        tensor: format!("zip local header of `{}`", entry.name),
+        offset: entry.data_offset,
         length: LOCAL_LEN,
         limit: input.len(),
-    };
-    let head = input
-        .read_meta_up_to(header_offset, want)
-        .map_err(|_| out_of_bounds())?;
-    if (head.len() as u64) < LOCAL_LEN {
-        return Err(out_of_bounds());
     }
-    if u32_at(&head, 0) != LOCAL_SIG {
+}
+
+/// Where `entry`'s data starts, from its local header at the start of `local` (and
+/// the head of its data when `local` holds it).
+fn parse_local_header(
+    input: &Input,
+    entry: &ZipEntry,
+    local: &Bytes,
+    head_len: u64,
+) -> Result<(u64, Option<Bytes>)> {
+    let header_offset = entry.data_offset;
+    if (local.len() as u64) < LOCAL_LEN {
+        return Err(local_out_of_bounds(input, entry));
+    }
+    if u32_at(local, 0) != LOCAL_SIG {
         return Err(bad(
             header_offset,
-            format!("bad local-header signature for `{name}`"),
+            format!("bad local-header signature for `{}`", entry.name),
         ));
     }
-    let var = u64::from(u16_at(&head, 26)) + u64::from(u16_at(&head, 28));
+    let var = u64::from(u16_at(local, 26)) + u64::from(u16_at(local, 28));
     let data_offset = header_offset + LOCAL_LEN + var;
-    let data_head = if head_len == 0 {
+    let head = if head_len == 0 {
         None
     } else {
         let start = (LOCAL_LEN + var) as usize;
-        let end = start.saturating_add(head_len as usize).min(head.len());
-        (start < end).then(|| head.slice(start..end)).transpose()?
+        let len = entry.compressed_size.min(head_len) as usize;
+        let end = start.saturating_add(len).min(local.len());
+        (start < end).then(|| local.slice(start..end)).transpose()?
     };
-    Ok((data_offset, data_head))
+    Ok((data_offset, head))
 }
 
 /// A record's data: a slice of the input when stored, inflated into a buffer of
