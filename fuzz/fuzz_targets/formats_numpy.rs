@@ -2,12 +2,14 @@
 //! every array through `info`, `header`, `view` and `strided`; a view must hold
 //! `nbytes` bytes and a strided view, gathered, the same bytes as the view. Any read
 //! may fail (a deflated member can be corrupt); none may panic or allocate beyond the
-//! small limits below.
+//! small limits below. An archive opened with its member headers read positionally
+//! (as `NumpyReader::open` and `tensorwire::open` do) must give the same arrays.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tensorwire_core::{Limits, TensorSource};
-use tensorwire_formats::npy::NumpyReader;
+use tensorwire_formats::npy::{self, NumpyReader};
+use tensorwire_pytorch::Input;
 
 fn limits() -> Limits {
     Limits {
@@ -20,7 +22,18 @@ fn limits() -> Limits {
 
 fuzz_target!(|data: &[u8]| {
     let limits = limits();
-    let Ok(reader) = NumpyReader::from_bytes(data.to_vec().into(), &limits) else {
+    let image: tensorwire_core::Bytes = data.to_vec().into();
+    let opened = NumpyReader::from_bytes(image.clone(), &limits);
+    if !npy::sniff(data) {
+        let positional = Input::mapped_with_file(image.clone(), std::sync::Arc::new(image))
+            .and_then(|input| NumpyReader::npz(input, &limits));
+        match (&opened, &positional) {
+            (Ok(a), Ok(b)) => assert_eq!(a.tensors(), b.tensors(), "the two opens disagree"),
+            (Err(_), Err(_)) => {}
+            _ => panic!("one open failed and not the other"),
+        }
+    }
+    let Ok(reader) = opened else {
         return;
     };
     let names: Vec<_> = reader.tensors().iter().map(|t| t.name.clone()).collect();

@@ -1,12 +1,13 @@
 //! Opens arbitrary bytes as a PyTorch checkpoint (ZIP or legacy) and, when it opens,
 //! reads every tensor through every path: `info`, `record`, `view`, `strided` and
 //! `verify`. Any call may return an error; none may panic, hang or allocate beyond
-//! the small limits below.
+//! the small limits below. Opening with the metadata read positionally (as
+//! `tensorwire::open` does) must give the same tensors as opening the image alone.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tensorwire_core::{Limits, TensorSource};
-use tensorwire_pytorch::PtReader;
+use tensorwire_pytorch::{Input, PtReader};
 
 fn limits() -> Limits {
     Limits {
@@ -19,7 +20,16 @@ fn limits() -> Limits {
 
 fuzz_target!(|data: &[u8]| {
     let limits = limits();
-    let Ok(reader) = PtReader::from_bytes(data.to_vec().into(), &limits) else {
+    let image: tensorwire_core::Bytes = data.to_vec().into();
+    let opened = PtReader::from_bytes(image.clone(), &limits);
+    let positional = Input::mapped_with_file(image.clone(), std::sync::Arc::new(image))
+        .and_then(|input| PtReader::from_input(input, &limits));
+    match (&opened, &positional) {
+        (Ok(a), Ok(b)) => assert_eq!(a.tensors(), b.tensors(), "the two opens disagree"),
+        (Err(_), Err(_)) => {}
+        _ => panic!("one open failed and not the other"),
+    }
+    let Ok(reader) = opened else {
         return;
     };
     let _ = reader.format();
