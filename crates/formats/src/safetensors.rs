@@ -23,7 +23,7 @@ use std::sync::Arc;
 use serde::de;
 use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
-    TensorSource, TensorView, Value,
+    TensorSource, TensorView, Value, MAX_NDIM,
 };
 
 /// Largest header the `safetensors` package accepts (and so do we), in bytes.
@@ -223,7 +223,7 @@ type Metadata = Vec<(String, String)>;
 
 /// One tensor entry of a header, before validation against the data region.
 struct HeaderEntry {
-    name: String,
+    name: Arc<str>,
     dtype: StDType,
     shape: Shape,
     begin: u64,
@@ -273,11 +273,7 @@ impl SafetensorsReader {
         // A name listed twice is refused by the index (`Duplicate`).
         let mut index = TensorIndex::with_capacity(entries.len());
         for entry in &entries {
-            index.push(tensor_info(
-                Arc::from(entry.name.as_str()),
-                entry,
-                data_start,
-            )?)?;
+            index.push(tensor_info(Arc::clone(&entry.name), entry, data_start)?)?;
         }
         let attributes = metadata
             .iter()
@@ -413,7 +409,9 @@ impl<'de> de::Visitor<'de> for &HeaderParse<'_> {
     fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut entries = Vec::new();
         let mut metadata = None;
-        while let Some(name) = map.next_key::<String>()? {
+        // Keys without escapes are borrowed from the header: each name is allocated
+        // once, as the `Arc<str>` the index keeps.
+        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             if name == METADATA_KEY {
                 if metadata.is_some() {
                     return Err(self.fail(malformed("`__metadata__` appears twice")));
@@ -432,6 +430,7 @@ impl<'de> de::Visitor<'de> for &HeaderParse<'_> {
             ) {
                 return Err(self.fail(e));
             }
+            let name = Arc::from(name.as_ref());
             entries.push(map.next_value_seed(EntrySeed { parse: self, name })?);
         }
         Ok((entries, metadata.unwrap_or_default()))
@@ -516,7 +515,7 @@ impl<'de> de::Visitor<'de> for MetadataSeed<'_, '_> {
 /// (other keys are ignored, as the package ignores them).
 struct EntrySeed<'p, 'l> {
     parse: &'p HeaderParse<'l>,
-    name: String,
+    name: Arc<str>,
 }
 
 impl EntrySeed<'_, '_> {
@@ -542,30 +541,28 @@ impl<'de> de::Visitor<'de> for EntrySeed<'_, '_> {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut dtype, mut dims, mut offsets) = (None, None, None);
+        let (mut dtype, mut shape, mut offsets) = (None, None, None);
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match key.as_ref() {
                 "dtype" if dtype.is_none() => {
-                    let name: String = map
+                    let name: std::borrow::Cow<'de, str> = map
                         .next_value()
                         .map_err(|_: A::Error| self.bad::<A::Error>("missing string `dtype`"))?;
                     let Some(d) = StDType::from_name(&name) else {
-                        return Err(self.parse.fail(Error::UnknownDType { name }));
+                        return Err(self.parse.fail(Error::UnknownDType {
+                            name: name.into_owned(),
+                        }));
                     };
                     dtype = Some(d);
                 }
-                "shape" if dims.is_none() => {
-                    let d: Vec<u64> = map.next_value().map_err(|_: A::Error| {
-                        self.bad::<A::Error>("shape entries must be non-negative integers")
-                    })?;
-                    if let Err(e) = Error::check_limit(
-                        "tensor rank",
-                        d.len() as u64,
-                        self.parse.limits.max_ndim as u64,
-                    ) {
-                        return Err(self.parse.fail(e));
-                    }
-                    dims = Some(d);
+                "shape" if shape.is_none() => {
+                    let max_ndim = self.parse.limits.max_ndim.min(MAX_NDIM);
+                    let dims =
+                        map.next_value_seed(DimsSeed { max_ndim })
+                            .map_err(|_: A::Error| {
+                                self.bad::<A::Error>("shape entries must be non-negative integers")
+                            })?;
+                    shape = Some(dims.map_err(|e| self.parse.fail::<A::Error>(e))?);
                 }
                 "data_offsets" if offsets.is_none() => {
                     let o: [u64; 2] = map.next_value().map_err(|_: A::Error| {
@@ -584,13 +581,12 @@ impl<'de> de::Visitor<'de> for EntrySeed<'_, '_> {
             }
         }
         let dtype = dtype.ok_or_else(|| self.bad::<A::Error>("missing string `dtype`"))?;
-        let dims = dims.ok_or_else(|| self.bad::<A::Error>("missing array `shape`"))?;
+        let shape = shape.ok_or_else(|| self.bad::<A::Error>("missing array `shape`"))?;
         let [begin, end] =
             offsets.ok_or_else(|| self.bad::<A::Error>("`data_offsets` must be [begin, end]"))?;
         if end < begin {
             return Err(self.bad("`data_offsets` end is before begin"));
         }
-        let shape = Shape::new(dims).map_err(|e| self.parse.fail::<A::Error>(e))?;
         Ok(HeaderEntry {
             name: self.name,
             dtype,
@@ -601,6 +597,59 @@ impl<'de> de::Visitor<'de> for EntrySeed<'_, '_> {
     }
 
     refuse_non_objects!(HeaderEntry, |this| this.bad("entry must be an object"));
+}
+
+/// Reads a JSON array of dimensions into a [`Shape`] (no heap allocation up to rank
+/// 8), or the typed error for too many dimensions (counted, not stored) or an
+/// element count that overflows.
+struct DimsSeed {
+    max_ndim: usize,
+}
+
+impl<'de> de::DeserializeSeed<'de> for DimsSeed {
+    type Value = Result<Shape>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> de::Visitor<'de> for DimsSeed {
+    type Value = Result<Shape>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of non-negative integers")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut small = [0u64; 8];
+        let mut spill: Vec<u64> = Vec::new();
+        let mut count = 0usize;
+        while let Some(d) = seq.next_element::<u64>()? {
+            if count < small.len() {
+                small[count] = d;
+            } else if count < self.max_ndim {
+                if spill.is_empty() {
+                    spill.extend_from_slice(&small);
+                }
+                spill.push(d);
+            }
+            count += 1;
+        }
+        if count > self.max_ndim {
+            return Ok(Err(Error::LimitExceeded {
+                what: "tensor rank",
+                limit: self.max_ndim as u64,
+                found: count as u64,
+            }));
+        }
+        let dims = if spill.is_empty() {
+            &small[..count]
+        } else {
+            &spill[..]
+        };
+        Ok(Shape::from_dims(dims))
+    }
 }
 
 /// Checks that the entries' ranges tile `0..data_len` exactly, each `shape × dtype`
@@ -626,14 +675,14 @@ fn check_tiling(
         })?;
         if e.end - e.begin != expected {
             return Err(Error::SizeMismatch {
-                tensor: e.name.clone(),
+                tensor: e.name.to_string(),
                 expected,
                 found: e.end - e.begin,
             });
         }
         if e.begin < covered {
             return Err(Error::Overlap {
-                tensor: e.name.clone(),
+                tensor: e.name.to_string(),
                 other: previous.unwrap_or_default().to_owned(),
                 offset: data_start + e.begin,
             });
@@ -650,7 +699,7 @@ fn check_tiling(
         }
         if e.end > data_len {
             return Err(Error::OutOfBounds {
-                tensor: e.name.clone(),
+                tensor: e.name.to_string(),
                 offset: e.begin,
                 length: e.end - e.begin,
                 limit: data_len,
