@@ -712,7 +712,10 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
     // Tensor infos.
     c.need_items(tensor_count, MIN_TENSOR_INFO_BYTES)?;
     let mut raw = Vec::with_capacity(usize::try_from(tensor_count).unwrap_or(0));
-    let mut names: NameSet<&str> = NameSet::default();
+    let mut names: NameSet<&str> = NameSet::with_capacity_and_hasher(
+        usize::try_from(tensor_count).unwrap_or(0),
+        Default::default(),
+    );
     let max_ndim = limits.max_ndim.min(tensorwire_core::MAX_NDIM);
     for _ in 0..tensor_count {
         let at = c.pos();
