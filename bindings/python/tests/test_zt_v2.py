@@ -1,6 +1,7 @@
 """Writing .zt version 2 (the ztensor 2.x format) from Python: Writer(version=2) and
-convert(zt_version=2), read back by tensorwire (ztensor 2.x reads these files too:
-fixtures/zt/v2/check_ours.py checks that with a ztensor 2.x install)."""
+convert(zt_version=2), read back by tensorwire and, where ztensor 2.x is installed,
+by ztensor itself (skipped otherwise; fixtures/zt/v2/check_ours.py checks every
+ZtWriter layout the same way)."""
 
 import numpy as np
 import pytest
@@ -52,3 +53,46 @@ def test_convert_to_version_2(tmp_path):
     with tensorwire.open(dst) as r:
         for k, v in arrays.items():
             np.testing.assert_array_equal(r[k], v)
+
+
+def _ztensor_2():
+    """The real ztensor package when version 2.x is installed (dev setups), else skip."""
+    from importlib import metadata
+
+    zt = pytest.importorskip("ztensor")
+    version = metadata.version("ztensor")
+    if int(version.split(".")[0]) < 2:
+        pytest.skip(f"needs ztensor 2.x to read version 2 files (installed: {version})")
+    return zt
+
+
+def test_ztensor_2_reads_what_we_write(tmp_path):
+    zt = _ztensor_2()
+    rng = np.random.default_rng(3)
+    arrays = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": rng.integers(-1000, 1000, 1000).astype(np.int64),
+        "c": np.array([True, False, True]),
+        "d": rng.standard_normal((5, 7)).astype(np.float16),
+    }
+    path = str(tmp_path / "ours.zt")
+    with tensorwire.Writer(path, version=2) as w:
+        w.write_numpy("a", arrays["a"])
+        w.write_numpy("b", arrays["b"], compress=True, checksum="xxh3")
+        w.write_numpy("c", arrays["c"], checksum="sha256")
+        w.write_numpy("d", arrays["d"], checksum="xxh3")
+    converted = str(tmp_path / "converted.zt")
+    tensorwire.convert(path, converted, zt_version=2)
+    for file in (path, converted):
+        with zt.open(file) as src:
+            assert sorted(src.keys()) == sorted(arrays)
+            for name, want in arrays.items():
+                t = src[name]
+                assert t.layout == "dense" and list(t.shape) == list(want.shape)
+                raw = t["data"].tobytes()
+                got = np.frombuffer(raw, want.dtype).reshape(want.shape)
+                np.testing.assert_array_equal(got, want, err_msg=f"{file}: {name}")
+                if t.caps.map:
+                    np.testing.assert_array_equal(np.from_dlpack(t), want)
+            checked, _ = src.verify(deep=True)
+            assert checked >= (3 if file == path else 0)
