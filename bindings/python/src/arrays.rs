@@ -2,6 +2,7 @@
 //! alive, and fresh arrays filled natively.
 
 use std::os::raw::{c_int, c_void};
+use std::sync::Arc;
 
 use numpy::npyffi::{
     npy_intp, NpyTypes, PyArrayObject, PyArray_Descr, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS,
@@ -80,6 +81,18 @@ pub fn zero_copy<'py>(
     dtype: DType,
     dims: &[u64],
 ) -> PyResult<Bound<'py, PyAny>> {
+    zero_copy_in(py, bytes, dtype, dims, None)
+}
+
+/// [`zero_copy`] with `owner` as the array's base when `bytes` lie in the memory it
+/// holds (the same `Arc` owner), else a new owner of `bytes`.
+fn zero_copy_in<'py>(
+    py: Python<'py>,
+    bytes: &Bytes,
+    dtype: DType,
+    dims: &[u64],
+    owner: Option<&Bound<'py, BytesOwner>>,
+) -> PyResult<Bound<'py, PyAny>> {
     let expected = tensorwire::Shape::from_dims(dims)
         .and_then(|s| s.byte_len(dtype))
         .or_raise()?;
@@ -98,19 +111,51 @@ pub fn zero_copy<'py>(
     if bytes.is_aligned(dtype.alignment()) {
         flags |= NPY_ARRAY_ALIGNED;
     }
-    let base = Bound::new(
-        py,
-        BytesOwner {
-            bytes: bytes.clone(),
-        },
-    )?;
+    let base = match owner {
+        Some(o) if Arc::ptr_eq(o.get().bytes.owner(), bytes.owner()) => o.clone(),
+        _ => Bound::new(
+            py,
+            BytesOwner {
+                bytes: bytes.clone(),
+            },
+        )?,
+    };
     // SAFETY: `data` points at `bytes.len()` bytes, which is exactly `dims × dtype`
-    // (checked above). They stay valid while `base` lives, since it owns a clone of
-    // `bytes` (and so the `Arc` of the map or buffer) and nothing reallocates them.
+    // (checked above). They stay valid while `base` lives, since it holds the same
+    // `Arc` owner of the map or buffer as `bytes` (a clone of `bytes`, or a `Bytes`
+    // over that owner's whole region) and nothing reallocates them.
     // The array is writable only when the owner reports a private copy-on-write map,
     // whose pages belong to this process alone: writes never reach the file or
     // another mapping.
     unsafe { array_over(py, data, flags, dtype, dims, None, base.into_any()) }
+}
+
+/// One [`BytesOwner`] for the zero-copy arrays a reader hands out over its map, made
+/// with the first of them: their common numpy `base`, so each array costs no owner
+/// object of its own. It holds the map's `Arc` (the whole file), as every array's
+/// `Bytes` did anyway.
+#[derive(Default)]
+pub struct SharedOwner(std::sync::OnceLock<Py<BytesOwner>>);
+
+impl SharedOwner {
+    /// [`zero_copy`], with this owner as the base when `bytes` are in its memory.
+    pub fn zero_copy<'py>(
+        &self,
+        py: Python<'py>,
+        bytes: &Bytes,
+        dtype: DType,
+        dims: &[u64],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let owner = match self.0.get() {
+            Some(owner) => owner,
+            None => {
+                let whole = Bytes::from_arc(Arc::clone(bytes.owner()));
+                let _ = self.0.set(Py::new(py, BytesOwner { bytes: whole })?);
+                self.0.get().expect("set above")
+            }
+        };
+        zero_copy_in(py, bytes, dtype, dims, Some(owner.bind(py)))
+    }
 }
 
 /// A zero-copy array of `dtype`, `dims` and element `strides` over `bytes`, which must

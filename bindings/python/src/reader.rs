@@ -42,6 +42,8 @@ impl<'a> Names<'a> {
 pub struct Reader {
     source: Option<Box<dyn TensorSource>>,
     path: PathBuf,
+    /// The base of the zero-copy arrays over the file map.
+    owner: arrays::SharedOwner,
 }
 
 impl Reader {
@@ -130,6 +132,7 @@ fn dense_array<'py>(
     copy: bool,
     raw: bool,
     lend: Lend,
+    owner: &arrays::SharedOwner,
 ) -> PyResult<Bound<'py, PyAny>> {
     let info = dense_info(src, name)?;
     let (dtype, dims): (DType, std::borrow::Cow<'_, [u64]>) = if raw {
@@ -167,7 +170,7 @@ fn dense_array<'py>(
         // Unaligned bytes (a legacy torch file's storages and NPZ members sit at
         // arbitrary offsets) are lent to numpy but copied for torch.
         if zero_copy && lendable(&bytes, info.dtype, lend) {
-            return arrays::zero_copy(py, &bytes, dtype, &dims);
+            return owner.zero_copy(py, &bytes, dtype, &dims);
         }
         // The bytes are already read (and gathered or swapped): copy them rather than
         // reading the tensor again.
@@ -310,6 +313,7 @@ impl Reader {
         Ok(Reader {
             source: Some(source),
             path,
+            owner: arrays::SharedOwner::default(),
         })
     }
 
@@ -335,7 +339,7 @@ impl Reader {
 
     /// `reader[name]`: the tensor as a numpy array (zero-copy when stored raw).
     fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        dense_array(py, self.src()?, name, false, false, Lend::Any)
+        dense_array(py, self.src()?, name, false, false, Lend::Any, &self.owner)
     }
 
     /// The file format (`"zt"`, `"zt-0.1"`).
@@ -380,11 +384,14 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
         match Names::extract(name)? {
-            Names::One(n) => dense_array(py, src, &n, copy, false, Lend::Any),
+            Names::One(n) => dense_array(py, src, &n, copy, false, Lend::Any, &self.owner),
             Names::Many(names) => {
                 let out = PyDict::new(py);
                 for n in sorted_by_offset(src, &names)? {
-                    out.set_item(n, dense_array(py, src, n, copy, false, Lend::Any)?)?;
+                    out.set_item(
+                        n,
+                        dense_array(py, src, n, copy, false, Lend::Any, &self.owner)?,
+                    )?;
                 }
                 Ok(out.into_any())
             }
@@ -401,7 +408,7 @@ impl Reader {
     ) -> PyResult<(Bound<'py, PyAny>, &'static str, Vec<u64>)> {
         let src = self.src()?;
         let info = dense_info(src, name)?;
-        let array = dense_array(py, src, name, copy, true, Lend::Aligned)?;
+        let array = dense_array(py, src, name, copy, true, Lend::Aligned, &self.owner)?;
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
@@ -423,9 +430,9 @@ impl Reader {
         let src = self.src()?;
         let info = dense_info(src, name)?;
         if dtypes::numpy_builtin(info.dtype) {
-            return dense_array(py, src, name, copy, false, Lend::Aligned);
+            return dense_array(py, src, name, copy, false, Lend::Aligned, &self.owner);
         }
-        let array = dense_array(py, src, name, copy, true, Lend::Aligned)?;
+        let array = dense_array(py, src, name, copy, true, Lend::Aligned, &self.owner)?;
         let parts = (array, info.dtype.name(), info.shape.dims().to_vec());
         Ok(parts.into_pyobject(py)?.into_any())
     }
@@ -524,7 +531,10 @@ impl Reader {
                 }
             }
             None => {
-                out.set_item("data", dense_array(py, src, name, copy, false, Lend::Any)?)?;
+                out.set_item(
+                    "data",
+                    dense_array(py, src, name, copy, false, Lend::Any, &self.owner)?,
+                )?;
             }
         }
         Ok(out)
@@ -539,6 +549,8 @@ impl Reader {
     /// Releases the reader. Arrays already handed out stay valid.
     fn close(&mut self) {
         self.source = None;
+        // Arrays handed out keep the map; the reader itself no longer does.
+        self.owner = arrays::SharedOwner::default();
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
