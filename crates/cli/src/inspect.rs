@@ -196,7 +196,7 @@ fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
         "stored_bytes": t.stored_bytes,
         "offset": t.offset,
         "encoding": t.encoding,
-        "attributes": attributes_json(&t.attributes),
+        "attributes": attributes_json(&*t.attributes),
     });
     if let (Some(zt), J::Object(map)) = (zt, &mut obj) {
         if let Ok(o) = zt.object(&t.name) {

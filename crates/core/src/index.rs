@@ -89,7 +89,6 @@ impl TensorIndex {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
     use crate::{DType, Layout, Shape};
@@ -104,7 +103,7 @@ mod tests {
             stored_bytes: 1,
             offset: 0,
             encoding: None,
-            attributes: BTreeMap::new(),
+            attributes: Default::default(),
         }
     }
 

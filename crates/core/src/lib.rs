@@ -24,7 +24,7 @@ pub use crate::error::{Error, Result};
 pub use crate::index::{NameMap, NameSet, TensorIndex};
 pub use crate::limits::Limits;
 pub use crate::shape::{Shape, MAX_NDIM};
-pub use crate::source::{Layout, TensorInfo, TensorSource, TensorView};
+pub use crate::source::{Attributes, Layout, TensorInfo, TensorSource, TensorView};
 pub use crate::strided::StridedView;
 pub use crate::value::Value;
 

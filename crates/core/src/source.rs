@@ -80,7 +80,60 @@ pub struct TensorInfo {
     /// Encoding of the stored bytes (`None` = raw).
     pub encoding: Option<String>,
     /// Per-tensor metadata.
-    pub attributes: BTreeMap<String, Value>,
+    pub attributes: Attributes,
+}
+
+/// Per-tensor metadata: a map shared (not copied) between the tensors that have the
+/// same, such as every `F32` tensor of a GGUF file (`{"gguf.type": "F32"}`), and
+/// between clones. Reads go through `Deref` to the map; [`Attributes::make_mut`]
+/// copies it first when it is shared.
+#[derive(Clone, PartialEq)]
+pub struct Attributes(Arc<BTreeMap<String, Value>>);
+
+impl Attributes {
+    /// The map, writable (copied first when shared).
+    pub fn make_mut(&mut self) -> &mut BTreeMap<String, Value> {
+        Arc::make_mut(&mut self.0)
+    }
+
+    /// The map itself (copied when shared).
+    pub fn into_map(self) -> BTreeMap<String, Value> {
+        Arc::unwrap_or_clone(self.0)
+    }
+}
+
+impl Default for Attributes {
+    /// No attributes: one empty map for the whole process, so a tensor without
+    /// attributes allocates nothing.
+    fn default() -> Self {
+        static EMPTY: std::sync::OnceLock<Attributes> = std::sync::OnceLock::new();
+        EMPTY
+            .get_or_init(|| Attributes(Arc::new(BTreeMap::new())))
+            .clone()
+    }
+}
+
+impl std::ops::Deref for Attributes {
+    type Target = BTreeMap<String, Value>;
+
+    fn deref(&self) -> &BTreeMap<String, Value> {
+        &self.0
+    }
+}
+
+impl From<BTreeMap<String, Value>> for Attributes {
+    fn from(map: BTreeMap<String, Value>) -> Self {
+        if map.is_empty() {
+            return Attributes::default();
+        }
+        Attributes(Arc::new(map))
+    }
+}
+
+impl fmt::Debug for Attributes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// A dense tensor's bytes with their dtype and shape.
@@ -183,4 +236,26 @@ pub trait TensorSource: Send + Sync {
 
     /// The concrete reader, for format-specific APIs (`downcast_ref::<ZtReader>()`).
     fn as_any(&self) -> &dyn Any;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_are_shared_until_written() {
+        let empty = Attributes::default();
+        assert!(empty.is_empty());
+        assert!(std::ptr::eq(&*empty, &*Attributes::from(BTreeMap::new())));
+
+        let a = Attributes::from(BTreeMap::from([("k".to_owned(), Value::Int(1))]));
+        let mut b = a.clone();
+        assert!(std::ptr::eq(&*a, &*b), "a clone shares the map");
+        b.make_mut().insert("j".to_owned(), Value::Int(2));
+        assert_eq!(a.len(), 1, "writing a shared map copies it first");
+        assert_eq!(b.len(), 2);
+        assert_ne!(a, b);
+        assert_eq!(b.clone().into_map().get("j"), Some(&Value::Int(2)));
+        assert_eq!(format!("{a:?}"), r#"{"k": Int(1)}"#);
+    }
 }

@@ -47,8 +47,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::{
-    align_up, Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
-    TensorSource, TensorView, Value,
+    align_up, Attributes, Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex,
+    TensorInfo, TensorSource, TensorView, Value,
 };
 
 /// The four bytes every GGUF file starts with.
@@ -312,8 +312,9 @@ impl GgufReader {
     pub fn from_bytes(bytes: Bytes, limits: &Limits) -> Result<GgufReader> {
         let header = parse_header(bytes.as_slice(), limits)?;
         let mut index = TensorIndex::with_capacity(header.tensors.len());
+        let mut shared = Vec::new();
         for t in &header.tensors {
-            index.push(tensor_info(t)?)?;
+            index.push(tensor_info(t, &mut shared)?)?;
         }
         Ok(GgufReader {
             bytes,
@@ -413,22 +414,41 @@ impl TensorSource for GgufReader {
 }
 
 /// The [`TensorInfo`] of a validated tensor.
-fn tensor_info(t: &GgufTensorInfo) -> Result<TensorInfo> {
+/// `shared` keeps the attribute map of each plain (non-block) type met so far: every
+/// `F32` tensor shares one `{"gguf.type": "F32"}`.
+fn tensor_info(t: &GgufTensorInfo, shared: &mut Vec<(GgmlType, Attributes)>) -> Result<TensorInfo> {
     let logical = t.shape();
-    let mut attributes = BTreeMap::new();
-    attributes.insert(
-        "gguf.type".to_owned(),
-        Value::Str(t.ggml_type.name().to_owned()),
-    );
-    let (dtype, shape, layout) = match t.ggml_type.dtype() {
-        Some(dtype) => (dtype, Shape::from_dims(&logical)?, Layout::Dense),
+    let type_only = || {
+        Attributes::from(BTreeMap::from([(
+            "gguf.type".to_owned(),
+            Value::Str(t.ggml_type.name().to_owned()),
+        )]))
+    };
+    let (dtype, shape, layout, attributes) = match t.ggml_type.dtype() {
+        Some(dtype) => {
+            let attributes = match shared.iter().find(|(ty, _)| *ty == t.ggml_type) {
+                Some((_, a)) => a.clone(),
+                None => {
+                    let a = type_only();
+                    shared.push((t.ggml_type, a.clone()));
+                    a
+                }
+            };
+            (
+                dtype,
+                Shape::from_dims(&logical)?,
+                Layout::Dense,
+                attributes,
+            )
+        }
         None => {
             let ne0 = t.dims.first().copied().unwrap_or(1);
             let mut bytes_shape = logical.clone();
             if let Some(last) = bytes_shape.last_mut() {
                 *last = t.ggml_type.row_bytes(ne0)?;
             }
-            attributes.insert(
+            let mut attributes = type_only();
+            attributes.make_mut().insert(
                 "gguf.shape".to_owned(),
                 Value::List(logical.iter().map(|&d| Value::Int(d.into())).collect()),
             );
@@ -436,6 +456,7 @@ fn tensor_info(t: &GgufTensorInfo) -> Result<TensorInfo> {
                 DType::U8,
                 Shape::from_dims(&bytes_shape)?,
                 Layout::Other(format!("gguf:{}", t.ggml_type.name())),
+                attributes,
             )
         }
     };

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use tensorwire_core::strided::{column_major_strides, swap_bytes};
 use tensorwire_core::{
-    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView, TensorIndex,
-    TensorInfo, TensorSource, TensorView, Value,
+    AlignedBuf, Attributes, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView,
+    TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
 use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
 use tensorwire_pytorch::Input;
@@ -475,6 +475,8 @@ impl NumpyReader {
     ) -> Result<NumpyReader> {
         let mut records = Vec::with_capacity(arrays.len());
         let mut index = TensorIndex::with_capacity(arrays.len());
+        // Members with the same descr and order share one attribute map.
+        let mut shared: Vec<(String, bool, Attributes)> = Vec::new();
         for (name, record, member_offset) in arrays {
             let name: Arc<str> = Arc::from(name);
             let h = &record.header;
@@ -482,11 +484,24 @@ impl NumpyReader {
                 Location::Mapped(_) => (None, h.nbytes),
                 Location::Deflated(e) => (Some("deflate".to_owned()), e.compressed_size),
             };
-            let mut attributes =
-                BTreeMap::from([("npy.descr".to_owned(), Value::Str(h.descr.clone()))]);
-            if h.fortran_order {
-                attributes.insert("npy.fortran_order".to_owned(), Value::Bool(true));
-            }
+            let known = shared
+                .iter()
+                .find(|(descr, fortran, _)| *descr == h.descr && *fortran == h.fortran_order);
+            let attributes = match known {
+                Some((_, _, a)) => a.clone(),
+                None => {
+                    let mut map =
+                        BTreeMap::from([("npy.descr".to_owned(), Value::Str(h.descr.clone()))]);
+                    if h.fortran_order {
+                        map.insert("npy.fortran_order".to_owned(), Value::Bool(true));
+                    }
+                    let a = Attributes::from(map);
+                    if shared.len() < SHARED_ATTRIBUTE_MAPS {
+                        shared.push((h.descr.clone(), h.fortran_order, a.clone()));
+                    }
+                    a
+                }
+            };
             index.push(TensorInfo {
                 name,
                 dtype: h.dtype,
@@ -505,7 +520,7 @@ impl NumpyReader {
             input,
             records,
             index,
-            attributes: BTreeMap::new(),
+            attributes: Default::default(),
             limits: *limits,
         })
     }
@@ -552,6 +567,10 @@ fn parse_member(npy: &[u8], member: &str, limits: &Limits) -> Result<NpyHeader> 
         e => Error::malformed(0, format!("NPZ member `{member}`: {e}")),
     })
 }
+
+/// Most distinct attribute maps a reader keeps for sharing (files rarely mix more
+/// than a few dtypes; past this, maps are simply not shared).
+const SHARED_ATTRIBUTE_MAPS: usize = 16;
 
 /// Bytes of a member's start read along with its ZIP local header: enough for the
 /// `.npy` header of the arrays numpy writes (their headers are padded to 64 or 128).

@@ -755,7 +755,7 @@ fn tensor_info(name: Arc<str>, entry: &HeaderEntry, data_start: u64) -> Result<T
         stored_bytes: nbytes,
         offset: data_start + entry.begin,
         encoding: None,
-        attributes,
+        attributes: attributes.into(),
     })
 }
 

@@ -133,6 +133,18 @@ fn check_fixture(name: &str) -> GgufReader {
             info.attributes.get("gguf.type"),
             Some(&Value::Str(ty.into()))
         );
+        // Plain tensors of one type share one attribute map.
+        if let Some(first) = r.tensors().iter().find(|o| {
+            o.layout == info.layout
+                && o.attributes.get("gguf.type") == info.attributes.get("gguf.type")
+        }) {
+            if info.layout == tensorwire_core::Layout::Dense {
+                assert!(
+                    std::ptr::eq(&*first.attributes, &*info.attributes),
+                    "{name}"
+                );
+            }
+        }
 
         let raw = r.raw(name).unwrap();
         assert_eq!(sha256_hex(&raw), t["sha256"].as_str().unwrap(), "{name}");

@@ -87,7 +87,7 @@ impl Builder<'_> {
             stored_bytes: nbytes,
             offset,
             encoding: (!view.zero_copy).then(|| "lz4".to_owned()),
-            attributes,
+            attributes: attributes.into(),
         });
         self.views.push(view.clone());
         Ok(())
@@ -205,7 +205,7 @@ impl PacketSource {
             infos: Vec::new(),
             views: Vec::new(),
             index: HashMap::new(),
-            attributes: BTreeMap::new(),
+            attributes: Default::default(),
         };
         if let Packet::Bundle(bundle) = &packet {
             let summary = bundle_summary(bundle);

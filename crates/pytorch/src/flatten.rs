@@ -44,7 +44,7 @@ pub fn flatten(
         nodes: 0,
         flat: Flat {
             tensors: Vec::new(),
-            attributes: BTreeMap::new(),
+            attributes: Default::default(),
         },
         names: NameSet::default(),
         holds_tensor: vec![None; arena.len()],

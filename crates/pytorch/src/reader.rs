@@ -331,7 +331,7 @@ impl PtReader {
                     }
                     _ => None,
                 },
-                attributes: BTreeMap::new(),
+                attributes: Default::default(),
             })?;
             records.push(record.clone());
         }

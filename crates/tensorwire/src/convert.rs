@@ -102,7 +102,7 @@ pub fn convert_source(
                 view.dtype,
                 &view.shape,
                 &view.bytes,
-                (!info.attributes.is_empty()).then(|| info.attributes.clone()),
+                (!info.attributes.is_empty()).then(|| info.attributes.clone().into_map()),
                 write,
             )?;
         } else if let (Layout::Other(layout), None) = (&info.layout, zt) {
@@ -110,7 +110,7 @@ pub fn convert_source(
             // quantized types, safetensors' packed floats) travel as their raw bytes,
             // with the layout and the source's attributes (type, logical shape).
             let view = source.view(&info.name)?;
-            let mut attributes = info.attributes.clone();
+            let mut attributes = info.attributes.clone().into_map();
             attributes.insert(SOURCE_LAYOUT_KEY.to_owned(), Value::Str(layout.clone()));
             writer.add_dense_with_attributes(
                 &info.name,

@@ -637,7 +637,7 @@ pub(crate) fn decode_v01(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
     finish_objects(&mut objects)?;
     Ok(Manifest {
         version: "0.1.0".to_owned(),
-        attributes: BTreeMap::new(),
+        attributes: Default::default(),
         objects,
     })
 }

@@ -716,7 +716,7 @@ fn info_of(obj: &Object, version: ZtVersion) -> Result<TensorInfo> {
         stored_bytes: obj.components.iter().map(|c| c.length).sum(),
         offset: obj.components.iter().map(|c| c.offset).min().unwrap_or(0),
         encoding,
-        attributes: obj.attributes.clone().unwrap_or_default(),
+        attributes: obj.attributes.clone().unwrap_or_default().into(),
     })
 }
 
