@@ -27,6 +27,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_packet import fmt  # µs below 1 ms, else ms  # noqa: E402
+
 
 def median_ms(fn, reps: int) -> float:
     fn()
@@ -180,29 +183,29 @@ def main(argv=None) -> int:
     # Every method returns the floor's arrays (GGUF stores dims innermost first; the
     # gguf package and tensorwire both give the numpy shape).
     ref = {}
-    for fmt, label, fn in rows:
+    for kind, label, fn in rows:
         got = fn()
         if label.startswith("numpy floor"):
-            ref[fmt] = got
+            ref[kind] = got
             continue
-        assert sorted(got) == sorted(ref[fmt]), (fmt, label)
+        assert sorted(got) == sorted(ref[kind]), (kind, label)
         for k, v in got.items():
             v = np.asarray(v)
-            assert v.shape == ref[fmt][k].shape and np.array_equal(v, ref[fmt][k]), (fmt, label, k)
+            assert v.shape == ref[kind][k].shape and np.array_equal(v, ref[kind][k]), (kind, label, k)
         del got
 
     n = len(ref["safetensors"])
     size = os.path.getsize(paths["safetensors"]) / 2**20
     print(f"# Zero-copy read of every tensor, {n} float32 tensors, {size:.0f} MiB; "
           f"median of {args.reps}\n")
-    print("| file | method | ms | vs floor |")
+    print("| file | method | time | vs floor |")
     print("| --- | --- | ---: | ---: |")
     base = {}
-    for fmt, label, fn in rows:
+    for kind, label, fn in rows:
         ms = median_ms(fn, args.reps)
         if label.startswith("numpy floor"):
-            base[fmt] = ms
-        print(f"| {fmt} | {label} | {ms:.2f} | {ms / base[fmt]:.2f} |", flush=True)
+            base[kind] = ms
+        print(f"| {kind} | {label} | {fmt(ms / 1e3)} | {ms / base[kind]:.2f} |", flush=True)
     return 0
 
 

@@ -30,6 +30,7 @@ import zipfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+from bench_packet import fmt  # µs below 1 ms, else ms  # noqa: E402
 from make_checkpoint import make_tensors  # noqa: E402
 
 
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
     if only:  # e.g. BENCH_ONLY=zip: only rows of that file (floors included)
         rows = [r for r in rows if r[0] == only]
     # Every method returns the floor's arrays.
-    for fmt, label, fn, _ in rows:
+    for _, label, fn, _ in rows:
         got = fn()
         for k, v in got.items():
             assert np.array_equal(to_np(v), ref[k]), (label, k)
@@ -185,15 +186,15 @@ def main(argv=None) -> int:
     print(f"# PyTorch checkpoint read, {len(entries)} float32 tensors, "
           f"{os.path.getsize(zip_path) / 2**20:.0f} MiB; torch {torch.__version__}; "
           f"median of {args.reps}\n")
-    print("| file | method | ms | vs floor (same kind) |")
+    print("| file | method | time | vs floor (same kind) |")
     print("| --- | --- | ---: | ---: |")
     base = {}
-    for fmt, label, fn, kind in rows:
+    for file, label, fn, kind in rows:
         ms = median_ms(fn, args.reps)
         if label.startswith("numpy floor"):
             base[kind] = ms
         ratio = f"{ms / base[kind]:.2f}" if kind in base else "–"
-        print(f"| {fmt} | {label} | {ms:.2f} | {ratio} |", flush=True)
+        print(f"| {file} | {label} | {fmt(ms / 1e3)} | {ratio} |", flush=True)
     return 0
 
 
