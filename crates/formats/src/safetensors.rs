@@ -411,7 +411,7 @@ impl<'de> de::Visitor<'de> for &HeaderParse<'_> {
         let mut metadata = None;
         // Keys without escapes are borrowed from the header: each name is allocated
         // once, as the `Arc<str>` the index keeps.
-        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(Text(name)) = map.next_key::<Text<'de>>()? {
             if name == METADATA_KEY {
                 if metadata.is_some() {
                     return Err(self.fail(malformed("`__metadata__` appears twice")));
@@ -511,6 +511,38 @@ impl<'de> de::Visitor<'de> for MetadataSeed<'_, '_> {
         .fail(malformed("`__metadata__` must be an object of strings")));
 }
 
+/// A JSON string borrowed from the header when it has no escapes (serde's own
+/// `Cow<str>` always allocates).
+struct Text<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for Text<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+
+        impl<'de> de::Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v)))
+            }
+        }
+
+        d.deserialize_str(TextVisitor)
+    }
+}
+
 /// One tensor entry: `{"dtype": str, "shape": [u64], "data_offsets": [u64, u64]}`
 /// (other keys are ignored, as the package ignores them).
 struct EntrySeed<'p, 'l> {
@@ -542,10 +574,10 @@ impl<'de> de::Visitor<'de> for EntrySeed<'_, '_> {
 
     fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut dtype, mut shape, mut offsets) = (None, None, None);
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
             match key.as_ref() {
                 "dtype" if dtype.is_none() => {
-                    let name: std::borrow::Cow<'de, str> = map
+                    let Text(name) = map
                         .next_value()
                         .map_err(|_: A::Error| self.bad::<A::Error>("missing string `dtype`"))?;
                     let Some(d) = StDType::from_name(&name) else {
