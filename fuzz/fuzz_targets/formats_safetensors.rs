@@ -1,7 +1,9 @@
 //! Opens arbitrary bytes as a safetensors file and, when it opens, reads every tensor
 //! (`info`, `view`, `raw`), then writes the file back with `write_source`: a file that
 //! opens must re-encode, and the re-encoded file must open with the same tensors and
-//! bytes. None may panic or allocate beyond the small limits below.
+//! bytes. None may panic or allocate beyond the small limits below. A header the
+//! reader accepts must be valid JSON to serde_json too, with the same tensor names
+//! and metadata (the reader has its own JSON scanner).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -22,6 +24,27 @@ fuzz_target!(|data: &[u8]| {
     let Ok(reader) = SafetensorsReader::from_bytes(data.to_vec().into(), &limits) else {
         return;
     };
+    let header = &data[8..8 + reader.header_len() as usize];
+    let json: serde_json::Value =
+        serde_json::from_slice(header).expect("an accepted header is valid JSON");
+    let object = json.as_object().expect("an accepted header is an object");
+    let names: Vec<&str> = object.keys().map(String::as_str).filter(|k| *k != "__metadata__").collect();
+    let mut listed: Vec<&str> = reader.tensors().iter().map(|t| &*t.name).collect();
+    listed.sort_unstable();
+    let mut expected = names.clone();
+    expected.sort_unstable();
+    assert_eq!(listed, expected, "tensor names differ from serde_json's");
+    // serde_json keeps the last of repeated keys; so does a map built in order.
+    let theirs: std::collections::BTreeMap<String, String> = match object.get("__metadata__") {
+        Some(serde_json::Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().expect("metadata values are strings").to_owned()))
+            .collect(),
+        _ => Default::default(),
+    };
+    let ours: std::collections::BTreeMap<String, String> =
+        reader.metadata().iter().cloned().collect();
+    assert_eq!(ours, theirs, "metadata differs from serde_json's");
     let mut covered = 0u64;
     for info in reader.tensors() {
         let raw = reader.raw(&info.name).expect("listed tensor has bytes");

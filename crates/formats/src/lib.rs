@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod gguf;
+mod json;
 pub mod npy;
 pub mod safetensors;
 

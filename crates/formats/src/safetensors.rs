@@ -14,13 +14,12 @@
 //! overlap, no gap, no trailing bytes, each range `shape × dtype` long.
 
 use std::any::Any;
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::de;
+use crate::json::{JsonError, JsonReader, Number};
 use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
     TensorSource, TensorView, Value, MAX_NDIM,
@@ -348,340 +347,182 @@ fn malformed(reason: impl Into<String>) -> Error {
 
 /// Parses the JSON header into tensor entries (in header order) and metadata.
 ///
-/// The JSON is walked once with serde visitors straight into [`HeaderEntry`]s (no
-/// generic JSON tree): a 185-tensor header parses in a fraction of the time. The
-/// first semantic problem (a bad entry, a limit) is kept in [`HeaderParse::failure`]
-/// and aborts the walk; the parser's own errors (syntax, types) become `Malformed`.
+/// The header is read once with [`JsonReader`] straight into [`HeaderEntry`]s (no
+/// JSON tree, names without escapes borrowed until the index keeps them). JSON
+/// syntax errors and every semantic problem (a bad entry, a limit) are typed errors;
+/// the first one found, in document order, is returned.
 fn parse_header(header: &[u8], limits: &Limits) -> Result<(Vec<HeaderEntry>, Metadata)> {
     if header.first() != Some(&b'{') {
         return Err(malformed(
             "the header must be a JSON object starting with `{`",
         ));
     }
-    let parse = HeaderParse {
-        limits,
-        failure: RefCell::new(None),
-    };
-    // serde_json bounds its own recursion (128 levels), so hostile nesting fails
-    // cleanly; the header length is capped above.
-    let mut de = serde_json::Deserializer::from_slice(header);
-    let parsed = de::DeserializeSeed::deserialize(&parse, &mut de).and_then(|v| {
-        de.end()?;
-        Ok(v)
-    });
-    match (parsed, parse.failure.into_inner()) {
-        (_, Some(failure)) => Err(failure),
-        (Ok(header), None) => Ok(header),
-        (Err(e), None) => Err(malformed(format!("invalid JSON header: {e}"))),
-    }
-}
-
-/// The state of one header parse.
-struct HeaderParse<'l> {
-    limits: &'l Limits,
-    /// The first typed error met; the walk stops there.
-    failure: RefCell<Option<Error>>,
-}
-
-impl HeaderParse<'_> {
-    /// Records `error` (the first one wins) and returns a parser error that stops the walk.
-    fn fail<E: de::Error>(&self, error: Error) -> E {
-        self.failure.borrow_mut().get_or_insert(error);
-        E::custom("header refused")
-    }
-}
-
-impl<'de> de::DeserializeSeed<'de> for &HeaderParse<'_> {
-    type Value = (Vec<HeaderEntry>, Metadata);
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> de::Visitor<'de> for &HeaderParse<'_> {
-    type Value = (Vec<HeaderEntry>, Metadata);
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON object of tensor entries")
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut entries = Vec::new();
-        let mut metadata = None;
-        // Keys without escapes are borrowed from the header: each name is allocated
-        // once, as the `Arc<str>` the index keeps.
-        while let Some(Text(name)) = map.next_key::<Text<'de>>()? {
-            if name == METADATA_KEY {
-                if metadata.is_some() {
-                    return Err(self.fail(malformed("`__metadata__` appears twice")));
-                }
-                metadata = Some(map.next_value_seed(MetadataSeed(self))?);
-                continue;
+    let text = std::str::from_utf8(header).map_err(|e| {
+        malformed(format!(
+            "invalid JSON header: not UTF-8 at byte {}",
+            e.valid_up_to()
+        ))
+    })?;
+    let syntax = |e: JsonError| malformed(format!("invalid JSON header: {e}"));
+    let mut json = JsonReader::new(text);
+    json.expect(b'{', "expected `{`").map_err(syntax)?;
+    let mut entries = Vec::new();
+    let mut metadata = None;
+    let mut first = true;
+    while json.more(b'}', first).map_err(syntax)? {
+        first = false;
+        let name = json.string().map_err(syntax)?;
+        json.expect(b':', "expected `:`").map_err(syntax)?;
+        if name == METADATA_KEY {
+            if metadata.is_some() {
+                return Err(malformed("`__metadata__` appears twice"));
             }
-            let count = entries.len() as u64 + 1;
-            if let Err(e) = Error::check_limit("tensor count", count, self.limits.max_tensors) {
-                return Err(self.fail(e));
-            }
-            if let Err(e) = Error::check_limit(
-                "tensor name length",
-                name.len() as u64,
-                self.limits.max_name_bytes as u64,
-            ) {
-                return Err(self.fail(e));
-            }
-            let name = Arc::from(name.as_ref());
-            entries.push(map.next_value_seed(EntrySeed { parse: self, name })?);
+            metadata = Some(parse_metadata(&mut json)?);
+            continue;
         }
-        Ok((entries, metadata.unwrap_or_default()))
+        Error::check_limit("tensor count", entries.len() as u64 + 1, limits.max_tensors)?;
+        Error::check_limit(
+            "tensor name length",
+            name.len() as u64,
+            limits.max_name_bytes as u64,
+        )?;
+        entries.push(parse_entry(&mut json, Arc::from(name.as_ref()), limits)?);
     }
-}
-
-/// The `visit_*` methods of a visitor that takes only JSON objects: every other value
-/// is refused with the error `$refuse` makes from the visitor.
-macro_rules! refuse_non_objects {
-    ($value:ty, |$this:ident| $refuse:expr) => {
-        fn visit_unit<E: de::Error>(self) -> Result<$value, E> {
-            let $this = &self;
-            Err($refuse)
-        }
-
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<$value, E> {
-            self.visit_unit()
-        }
-
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<$value, E> {
-            self.visit_unit()
-        }
-
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<$value, E> {
-            self.visit_unit()
-        }
-
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<$value, E> {
-            self.visit_unit()
-        }
-
-        fn visit_str<E: de::Error>(self, _: &str) -> Result<$value, E> {
-            self.visit_unit()
-        }
-
-        fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<$value, A::Error> {
-            self.visit_unit()
-        }
-    };
+    json.end().map_err(syntax)?;
+    Ok((entries, metadata.unwrap_or_default()))
 }
 
 /// `__metadata__`: an object of strings, in order.
-struct MetadataSeed<'p, 'l>(&'p HeaderParse<'l>);
-
-impl<'de> de::DeserializeSeed<'de> for MetadataSeed<'_, '_> {
-    type Value = Metadata;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
+fn parse_metadata(json: &mut JsonReader<'_>) -> Result<Metadata> {
+    let syntax = |e: JsonError| malformed(format!("invalid JSON header: {e}"));
+    json.ws();
+    if json.peek() != Some(b'{') {
+        return Err(malformed("`__metadata__` must be an object of strings"));
     }
-}
-
-impl<'de> de::Visitor<'de> for MetadataSeed<'_, '_> {
-    type Value = Metadata;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an object of strings")
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
-        let mut out = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            match map.next_value::<String>() {
-                Ok(value) => out.push((key, value)),
-                Err(e) => {
-                    self.0.fail::<A::Error>(malformed(format!(
-                        "`__metadata__` value of `{key}` must be a string"
-                    )));
-                    return Err(e);
-                }
-            }
+    json.expect(b'{', "expected `{`").map_err(syntax)?;
+    let mut out = Vec::new();
+    let mut first = true;
+    while json.more(b'}', first).map_err(syntax)? {
+        first = false;
+        let key = json.string().map_err(syntax)?.into_owned();
+        json.expect(b':', "expected `:`").map_err(syntax)?;
+        json.ws();
+        if json.peek() != Some(b'"') {
+            return Err(malformed(format!(
+                "`__metadata__` value of `{key}` must be a string"
+            )));
         }
-        Ok(out)
+        let value = json.string().map_err(syntax)?.into_owned();
+        out.push((key, value));
     }
-
-    refuse_non_objects!(Metadata, |this| this
-        .0
-        .fail(malformed("`__metadata__` must be an object of strings")));
-}
-
-/// A JSON string borrowed from the header when it has no escapes (serde's own
-/// `Cow<str>` always allocates).
-struct Text<'de>(std::borrow::Cow<'de, str>);
-
-impl<'de> de::Deserialize<'de> for Text<'de> {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TextVisitor;
-
-        impl<'de> de::Visitor<'de> for TextVisitor {
-            type Value = Text<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text(std::borrow::Cow::Borrowed(v)))
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
-                Ok(Text(std::borrow::Cow::Owned(v.to_owned())))
-            }
-
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Text<'de>, E> {
-                Ok(Text(std::borrow::Cow::Owned(v)))
-            }
-        }
-
-        d.deserialize_str(TextVisitor)
-    }
+    Ok(out)
 }
 
 /// One tensor entry: `{"dtype": str, "shape": [u64], "data_offsets": [u64, u64]}`
-/// (other keys are ignored, as the package ignores them).
-struct EntrySeed<'p, 'l> {
-    parse: &'p HeaderParse<'l>,
-    name: Arc<str>,
-}
-
-impl EntrySeed<'_, '_> {
-    fn bad<E: de::Error>(&self, what: &str) -> E {
-        self.parse
-            .fail(malformed(format!("tensor `{}`: {what}", self.name)))
+/// (other keys are skipped, as the package ignores them).
+fn parse_entry(json: &mut JsonReader<'_>, name: Arc<str>, limits: &Limits) -> Result<HeaderEntry> {
+    let syntax = |e: JsonError| malformed(format!("invalid JSON header: {e}"));
+    let bad = |what: &str| malformed(format!("tensor `{name}`: {what}"));
+    json.ws();
+    if json.peek() != Some(b'{') {
+        return Err(bad("entry must be an object"));
     }
-}
-
-impl<'de> de::DeserializeSeed<'de> for EntrySeed<'_, '_> {
-    type Value = HeaderEntry;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> de::Visitor<'de> for EntrySeed<'_, '_> {
-    type Value = HeaderEntry;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a tensor entry object")
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut dtype, mut shape, mut offsets) = (None, None, None);
-        while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
-            match key.as_ref() {
-                "dtype" if dtype.is_none() => {
-                    let Text(name) = map
-                        .next_value()
-                        .map_err(|_: A::Error| self.bad::<A::Error>("missing string `dtype`"))?;
-                    let Some(d) = StDType::from_name(&name) else {
-                        return Err(self.parse.fail(Error::UnknownDType {
-                            name: name.into_owned(),
-                        }));
-                    };
-                    dtype = Some(d);
+    json.expect(b'{', "expected `{`").map_err(syntax)?;
+    let (mut dtype, mut shape, mut offsets) = (None, None, None);
+    let mut first = true;
+    while json.more(b'}', first).map_err(syntax)? {
+        first = false;
+        let key = json.string().map_err(syntax)?;
+        json.expect(b':', "expected `:`").map_err(syntax)?;
+        json.ws();
+        match key.as_ref() {
+            "dtype" if dtype.is_none() => {
+                if json.peek() != Some(b'"') {
+                    return Err(bad("missing string `dtype`"));
                 }
-                "shape" if shape.is_none() => {
-                    let max_ndim = self.parse.limits.max_ndim.min(MAX_NDIM);
-                    let dims =
-                        map.next_value_seed(DimsSeed { max_ndim })
-                            .map_err(|_: A::Error| {
-                                self.bad::<A::Error>("shape entries must be non-negative integers")
-                            })?;
-                    shape = Some(dims.map_err(|e| self.parse.fail::<A::Error>(e))?);
+                let text = json.string().map_err(syntax)?;
+                let Some(d) = StDType::from_name(&text) else {
+                    return Err(Error::UnknownDType {
+                        name: text.into_owned(),
+                    });
+                };
+                dtype = Some(d);
+            }
+            "shape" if shape.is_none() => {
+                let max_ndim = limits.max_ndim.min(MAX_NDIM);
+                let mut dims = [0u64; MAX_NDIM];
+                let n = parse_u64s(json, &mut dims[..max_ndim])
+                    .map_err(syntax)?
+                    .ok_or_else(|| bad("shape entries must be non-negative integers"))?;
+                if n > max_ndim {
+                    return Err(Error::LimitExceeded {
+                        what: "tensor rank",
+                        limit: max_ndim as u64,
+                        found: n as u64,
+                    });
                 }
-                "data_offsets" if offsets.is_none() => {
-                    let o: [u64; 2] = map.next_value().map_err(|_: A::Error| {
-                        self.bad::<A::Error>(
+                shape = Some(Shape::from_dims(&dims[..n])?);
+            }
+            "data_offsets" if offsets.is_none() => {
+                let mut pair = [0u64; 2];
+                match parse_u64s(json, &mut pair).map_err(syntax)? {
+                    Some(2) => offsets = Some((pair[0], pair[1])),
+                    _ => {
+                        return Err(bad(
                             "`data_offsets` must be [begin, end] of non-negative integers",
-                        )
-                    })?;
-                    offsets = Some(o);
-                }
-                "dtype" | "shape" | "data_offsets" => {
-                    return Err(self.bad(&format!("`{key}` appears twice")))
-                }
-                _ => {
-                    map.next_value::<de::IgnoredAny>()?;
+                        ))
+                    }
                 }
             }
-        }
-        let dtype = dtype.ok_or_else(|| self.bad::<A::Error>("missing string `dtype`"))?;
-        let shape = shape.ok_or_else(|| self.bad::<A::Error>("missing array `shape`"))?;
-        let [begin, end] =
-            offsets.ok_or_else(|| self.bad::<A::Error>("`data_offsets` must be [begin, end]"))?;
-        if end < begin {
-            return Err(self.bad("`data_offsets` end is before begin"));
-        }
-        Ok(HeaderEntry {
-            name: self.name,
-            dtype,
-            shape,
-            begin,
-            end,
-        })
-    }
-
-    refuse_non_objects!(HeaderEntry, |this| this.bad("entry must be an object"));
-}
-
-/// Reads a JSON array of dimensions into a [`Shape`] (no heap allocation up to rank
-/// 8), or the typed error for too many dimensions (counted, not stored) or an
-/// element count that overflows.
-struct DimsSeed {
-    max_ndim: usize,
-}
-
-impl<'de> de::DeserializeSeed<'de> for DimsSeed {
-    type Value = Result<Shape>;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> de::Visitor<'de> for DimsSeed {
-    type Value = Result<Shape>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an array of non-negative integers")
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut small = [0u64; 8];
-        let mut spill: Vec<u64> = Vec::new();
-        let mut count = 0usize;
-        while let Some(d) = seq.next_element::<u64>()? {
-            if count < small.len() {
-                small[count] = d;
-            } else if count < self.max_ndim {
-                if spill.is_empty() {
-                    spill.extend_from_slice(&small);
-                }
-                spill.push(d);
+            "dtype" | "shape" | "data_offsets" => {
+                return Err(bad(&format!("`{key}` appears twice")))
             }
-            count += 1;
+            _ => json.skip_value(2).map_err(syntax)?,
         }
-        if count > self.max_ndim {
-            return Ok(Err(Error::LimitExceeded {
-                what: "tensor rank",
-                limit: self.max_ndim as u64,
-                found: count as u64,
-            }));
+    }
+    let dtype = dtype.ok_or_else(|| bad("missing string `dtype`"))?;
+    let shape = shape.ok_or_else(|| bad("missing array `shape`"))?;
+    let (begin, end) = offsets.ok_or_else(|| bad("`data_offsets` must be [begin, end]"))?;
+    if end < begin {
+        return Err(bad("`data_offsets` end is before begin"));
+    }
+    Ok(HeaderEntry {
+        name,
+        dtype,
+        shape,
+        begin,
+        end,
+    })
+}
+
+/// A JSON array of non-negative integers, stored into `out` (the first `out.len()`
+/// of them; the rest are only counted): `Ok(Some(count))`, or `Ok(None)` as soon as
+/// the value turns out to be anything else (not an array, or an element that is not
+/// such an integer).
+fn parse_u64s(
+    json: &mut JsonReader<'_>,
+    out: &mut [u64],
+) -> std::result::Result<Option<usize>, JsonError> {
+    if !json.eat(b'[') {
+        return Ok(None);
+    }
+    let mut count = 0;
+    let mut first = true;
+    while json.more(b']', first)? {
+        first = false;
+        json.ws();
+        if !matches!(json.peek(), Some(b'-' | b'0'..=b'9')) {
+            return Ok(None);
         }
-        let dims = if spill.is_empty() {
-            &small[..count]
-        } else {
-            &spill[..]
+        let Number::U64(v) = json.number()? else {
+            return Ok(None);
         };
-        Ok(Shape::from_dims(dims))
+        if let Some(slot) = out.get_mut(count) {
+            *slot = v;
+        }
+        count += 1;
     }
+    Ok(Some(count))
 }
 
 /// Checks that the entries' ranges tile `0..data_len` exactly, each `shape × dtype`
