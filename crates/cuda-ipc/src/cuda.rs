@@ -120,6 +120,8 @@ macro_rules! driver_api {
     ($( $field:ident = [$($name:literal),+] fn($($arg:ty),* $(,)?); )*) => {
         /// The driver functions this module calls, resolved from the loaded library.
         struct Api {
+            // SAFETY: a function-pointer type, not unsafe code: calling one is unsafe, and
+            // every call site says why its arguments are valid.
             $( $field: unsafe extern "C" fn($($arg),*) -> CUresult, )*
         }
 
@@ -176,6 +178,8 @@ driver_api! {
     memcpy_dtoh = ["cuMemcpyDtoH_v2"] fn(*mut c_void, CUdeviceptr, usize);
 }
 
+// SAFETY: a function-pointer type, not unsafe code: the one call (`error_name`) says why
+// its arguments are valid.
 type GetErrorName = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
 
 // ---------------------------------------------------------------------------------------------
