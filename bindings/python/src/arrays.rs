@@ -12,6 +12,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
+use tensorwire::core::AlignedBuf;
 use tensorwire::{Bytes, DType, Error, Shape};
 
 use crate::dtypes;
@@ -327,17 +328,12 @@ impl<'py> Arena<'py> {
                     what: "copy arena size",
                 })
             })?;
-        let mut buf = arena_pool::take(total.checked_add(64).ok_or_else(|| {
-            to_pyerr(Error::Overflow {
-                what: "copy arena size",
-            })
-        })?)
-        .or_raise()?;
-        let start = (64 - buf.as_ptr() as usize % 64) % 64;
+        // 64-aligned, so every piece (at a multiple of 64) is aligned for any dtype.
+        let mut buf = arena_pool::take(total).or_raise()?;
         let mut pieces = Vec::with_capacity(sources.len());
         let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(sources.len());
-        let mut rest = &mut buf[start..];
-        let mut at = start;
+        let mut rest = buf.as_mut_slice();
+        let mut at = 0;
         for src in sources {
             let take = Self::footprint(src.len());
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(take);
@@ -347,9 +343,9 @@ impl<'py> Arena<'py> {
             jobs.push((&mut piece[..src.len()], src));
         }
         copy_parallel(py, jobs);
-        // Moving the Vec into its Python owner keeps its heap buffer where it is.
-        let base = buf.as_mut_ptr();
-        let owner = Bound::new(py, ArenaBuffer { buf })?;
+        // Moving the buffer into its Python owner keeps its heap memory where it is.
+        let base = buf.as_mut_slice().as_mut_ptr();
+        let owner = Bound::new(py, ArenaBuffer { buf: Some(buf) })?;
         Ok(Arena {
             owner,
             pieces,
@@ -415,7 +411,8 @@ impl<'py> Arena<'py> {
 /// the last of them is gone the buffer goes back to [`arena_pool`].
 #[pyclass(frozen, module = "tensorwire._native", name = "ArenaBuffer")]
 pub struct ArenaBuffer {
-    buf: Vec<u8>,
+    /// Always `Some` until dropped (then it goes back to the pool).
+    buf: Option<AlignedBuf>,
 }
 
 #[pymethods]
@@ -423,17 +420,19 @@ impl ArenaBuffer {
     /// Number of bytes held.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.buf.len()
+        self.buf.as_ref().map_or(0, AlignedBuf::len)
     }
 
     fn __len__(&self) -> usize {
-        self.buf.len()
+        self.nbytes()
     }
 }
 
 impl Drop for ArenaBuffer {
     fn drop(&mut self) {
-        arena_pool::give_back(std::mem::take(&mut self.buf));
+        if let Some(buf) = self.buf.take() {
+            arena_pool::give_back(buf);
+        }
     }
 }
 
@@ -445,24 +444,26 @@ impl Drop for ArenaBuffer {
 pub mod arena_pool {
     use std::sync::Mutex;
 
-    use tensorwire::{Error, Result};
+    use tensorwire::core::AlignedBuf;
+    use tensorwire::Result;
 
     /// Smallest buffer worth keeping (smaller ones are cheap for malloc).
     pub const MIN_POOLED: usize = 1 << 20;
     /// Most bytes kept in the pool at once.
     pub const MAX_RETAINED: usize = 64 << 20;
 
-    static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+    static FREE: Mutex<Vec<AlignedBuf>> = Mutex::new(Vec::new());
 
-    fn free() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
+    fn free() -> std::sync::MutexGuard<'static, Vec<AlignedBuf>> {
         // A panic while holding the lock cannot leave the list inconsistent (each
         // operation is one push or remove), so a poisoned lock is still usable.
         FREE.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A buffer of exactly `len` bytes: a kept one when one fits (its old contents
-    /// still there: callers overwrite what they hand out), else a zeroed new one.
-    pub fn take(len: usize) -> Result<Vec<u8>> {
+    /// A 64-aligned buffer of at least `len` bytes (at most twice that): a kept one
+    /// when one fits (its old contents still there: callers overwrite what they hand
+    /// out), else a new zeroed one (`AlignedBuf::zeroed`: no pass over the memory).
+    pub fn take(len: usize) -> Result<AlignedBuf> {
         if len >= MIN_POOLED {
             let mut list = free();
             let fit = list
@@ -472,33 +473,20 @@ pub mod arena_pool {
                 .min_by_key(|(_, b)| b.len())
                 .map(|(i, _)| i);
             if let Some(i) = fit {
-                let mut buf = list.swap_remove(i);
-                buf.truncate(len);
-                return Ok(buf);
+                return Ok(list.swap_remove(i));
             }
         }
-        // Probe first so an impossible size is an error, not an abort.
-        Vec::<u8>::new().try_reserve_exact(len).map_err(|_| {
-            Error::Io(std::io::Error::new(
-                std::io::ErrorKind::OutOfMemory,
-                format!("cannot allocate {len} bytes"),
-            ))
-        })?;
-        // Huge pages where the kernel allows them: fewer faults now, fewer TLB misses
-        // in every copy that reuses the buffer.
-        let mut buf = tensorwire::mmap::huge_page_vec(len);
-        buf.resize(len, 0);
-        Ok(buf)
+        AlignedBuf::zeroed(len)
     }
 
     /// Keeps `buf` for reuse when it is large enough and fits under the cap
     /// (dropping the oldest kept buffers to make room), else frees it.
-    pub fn give_back(buf: Vec<u8>) {
+    pub fn give_back(buf: AlignedBuf) {
         if buf.len() < MIN_POOLED || buf.len() > MAX_RETAINED {
             return;
         }
         let mut list = free();
-        let mut kept: usize = list.iter().map(Vec::len).sum();
+        let mut kept: usize = list.iter().map(AlignedBuf::len).sum();
         while kept + buf.len() > MAX_RETAINED && !list.is_empty() {
             kept -= list.remove(0).len();
         }
