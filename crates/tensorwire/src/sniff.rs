@@ -151,7 +151,12 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dy
         // entries to tear down at unmap. Tensor bytes still come from the map.
         Ok(FileFormat::PyTorch | FileFormat::Npz) => {
             let file = Arc::new(RangeFile::open(path)?);
-            open_zip_or_pickle(Input::mapped_with_file(bytes, file)?, &options.limits)
+            let head = bytes.clone();
+            open_zip_or_pickle(
+                &head,
+                Input::mapped_with_file(bytes, file)?,
+                &options.limits,
+            )
         }
         _ => open_bytes(bytes, &options.limits),
     };
@@ -159,11 +164,15 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dy
 }
 
 /// Opens a PyTorch checkpoint or an NPZ archive (a ZIP of either kind, told apart by
-/// its records, or a legacy pickle checkpoint).
-fn open_zip_or_pickle(input: Input, limits: &Limits) -> Result<Box<dyn TensorSource>> {
-    let head = input.read_meta_up_to(0, 64)?;
-    if head.starts_with(b"PK\x03\x04") {
-        let format = match first_zip_name(&head) {
+/// its records, or a legacy pickle checkpoint) read through `input`; `image` is the
+/// file in memory (the map), whose first bytes were sniffed already.
+fn open_zip_or_pickle(
+    image: &[u8],
+    input: Input,
+    limits: &Limits,
+) -> Result<Box<dyn TensorSource>> {
+    if image.starts_with(b"PK\x03\x04") {
+        let format = match first_zip_name(image) {
             Some(name) if name.ends_with(b".npy") => FileFormat::Npz,
             Some(name) if name.ends_with(b"data.pkl") => FileFormat::PyTorch,
             _ => zip_format(&input, limits)?,
@@ -191,7 +200,9 @@ pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>
                 &packet_limits,
             )?))
         }
-        FileFormat::PyTorch | FileFormat::Npz => open_zip_or_pickle(Input::mapped(bytes), limits),
+        FileFormat::PyTorch | FileFormat::Npz => {
+            open_zip_or_pickle(&bytes.clone(), Input::mapped(bytes), limits)
+        }
         FileFormat::Npy => Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?)),
         FileFormat::Safetensors => Ok(Box::new(SafetensorsReader::from_bytes(bytes, limits)?)),
         FileFormat::Gguf => Ok(Box::new(GgufReader::from_bytes(bytes, limits)?)),
