@@ -308,9 +308,6 @@ pub struct Arena<'py> {
     writable: bool,
 }
 
-/// Bytes copied per parallel task.
-const COPY_CHUNK: usize = 1 << 20;
-
 impl<'py> Arena<'py> {
     /// Bytes a piece of `len` bytes takes in an arena.
     pub fn footprint(len: usize) -> usize {
@@ -573,20 +570,12 @@ impl FreshBuf {
     }
 }
 
-/// Copies each `(destination, source)` pair (of equal lengths) in 1 MiB chunks on
-/// rayon's pool, with the GIL released when there is enough to copy.
+/// Copies each `(destination, source)` pair (of equal lengths), on this thread and
+/// tensorwire's copy helpers when large (`tensorwire::core::copy`), with the GIL
+/// released when there is enough to copy.
 pub fn copy_parallel(py: Python<'_>, jobs: Vec<(&mut [u8], &[u8])>) {
     let total = jobs.iter().map(|(_, src)| src.len()).sum();
-    let mut chunks = Vec::with_capacity(jobs.len());
-    for (dst, src) in jobs {
-        chunks.extend(dst.chunks_mut(COPY_CHUNK).zip(src.chunks(COPY_CHUNK)));
-    }
-    maybe_detach(py, total, move || {
-        use rayon::prelude::*;
-        chunks
-            .into_par_iter()
-            .for_each(|(dst, src)| dst.copy_from_slice(src));
-    });
+    maybe_detach(py, total, move || tensorwire::core::copy::copy_pairs(jobs));
 }
 
 /// Bytes above which copies and decodes release the GIL.

@@ -590,29 +590,15 @@ impl Encoded<'_> {
                 available: out.len() as u64,
             });
         };
+        let mut pairs = Vec::with_capacity(3);
         for piece in self.pieces() {
             let (dst, tail) = rest.split_at_mut(piece.len());
-            copy_parallel(dst, piece);
+            pairs.push((dst, piece));
             rest = tail;
         }
+        tensorwire::core::copy::copy_pairs(pairs);
         Ok(len)
     }
-}
-
-/// Bytes per parallel task in [`copy_parallel`].
-const COPY_CHUNK: usize = 1 << 20;
-
-/// `dst.copy_from_slice(src)`, in parallel 1 MiB chunks when large (so the page
-/// faults of fresh shared memory are taken on every core).
-fn copy_parallel(dst: &mut [u8], src: &[u8]) {
-    if src.len() < 4 * COPY_CHUNK {
-        dst.copy_from_slice(src);
-        return;
-    }
-    use rayon::prelude::*;
-    dst.par_chunks_mut(COPY_CHUNK)
-        .zip(src.par_chunks(COPY_CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 /// Encodes a parsed spec: dense tensors as parts around their own bytes, the rest in

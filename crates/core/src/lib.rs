@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod bytes;
+pub mod copy;
 mod dtype;
 mod error;
 mod index;

@@ -249,7 +249,7 @@ impl ZtReader {
         let what = self.label(oi, comp);
         match comp.encoding {
             Encoding::Raw => {
-                parallel_copy(dst, stored);
+                tensorwire_core::copy::copy(dst, stored);
                 Ok(())
             }
             Encoding::Zstd => decode_zstd(stored, dst, &what),
@@ -340,19 +340,6 @@ impl ZtReader {
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
-}
-
-/// Copies `src` into `dst` (same length), splitting large copies across threads.
-pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    const CHUNK: usize = 1 << 20;
-    if src.len() < 2 * CHUNK {
-        dst.copy_from_slice(src);
-        return;
-    }
-    use rayon::prelude::*;
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 fn decode_zstd(stored: &[u8], dst: &mut [u8], what: &str) -> Result<()> {

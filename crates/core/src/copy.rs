@@ -1,0 +1,150 @@
+//! Large memory copies shared between the calling thread and a few helper threads.
+//!
+//! The calling thread copies too: it and the helpers take chunks from one queue, so a
+//! copy never waits for a helper to wake up (a helper that starts late finds less or
+//! nothing left), and the end of a copy waits at most for the chunks helpers are
+//! still on. Helpers come from a small pool of this module's own (one thread fewer
+//! than the machine has cores, so caller and helpers fill the cores without
+//! oversubscribing them), not from rayon's global pool, which the embedding program
+//! may be using for its own work.
+
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Total bytes below which a copy runs on the calling thread alone (waking a helper
+/// costs more than it saves).
+pub const PARALLEL_MIN_BYTES: usize = 1 << 20;
+
+/// Bytes per chunk of work: small enough that the last chunk a helper finishes is
+/// short, large enough that taking chunks costs nothing next to copying them.
+const CHUNK: usize = 128 << 10;
+
+/// Most helper threads (memory bandwidth, not cores, bounds a copy).
+const MAX_HELPERS: usize = 7;
+
+/// Copies `src` into `dst`, in parallel when large.
+///
+/// # Panics
+///
+/// When the lengths differ (as [`slice::copy_from_slice`]).
+pub fn copy(dst: &mut [u8], src: &[u8]) {
+    copy_pairs(vec![(dst, src)]);
+}
+
+/// Copies each `(destination, source)` pair, in parallel when the total is large.
+///
+/// # Panics
+///
+/// When a pair's lengths differ (as [`slice::copy_from_slice`]), before anything is
+/// copied.
+pub fn copy_pairs(pairs: Vec<(&mut [u8], &[u8])>) {
+    let mut total = 0usize;
+    for (dst, src) in &pairs {
+        assert_eq!(dst.len(), src.len(), "copy_pairs: lengths differ");
+        total = total.saturating_add(src.len());
+    }
+    let pool = match helpers() {
+        Some(pool) if total >= PARALLEL_MIN_BYTES => pool,
+        _ => {
+            for (dst, src) in pairs {
+                dst.copy_from_slice(src);
+            }
+            return;
+        }
+    };
+    let mut chunks = Vec::with_capacity(pairs.len() + total / CHUNK);
+    for (dst, src) in pairs {
+        chunks.extend(dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK)));
+    }
+    let wanted = (total / PARALLEL_MIN_BYTES).clamp(1, pool.current_num_threads());
+    let queue = Mutex::new(chunks.into_iter());
+    let work = || loop {
+        // Taking a chunk cannot panic while the lock is held, so a poisoned lock (a
+        // panic elsewhere) still holds a consistent queue.
+        let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+        let Some((dst, src)) = next else { break };
+        dst.copy_from_slice(src);
+    };
+    pool.in_place_scope(|scope| {
+        for _ in 0..wanted {
+            scope.spawn(|_| work());
+        }
+        work();
+    });
+}
+
+/// The helper pool, made on first use; `None` on a one-core machine or when its
+/// threads cannot be started (copies then run on the calling thread).
+fn helpers() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.saturating_sub(1).min(MAX_HELPERS);
+        if threads == 0 {
+            return None;
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("tensorwire-copy-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn small_and_large_copies_are_exact() {
+        for len in [0, 1, 4095, CHUNK + 3, PARALLEL_MIN_BYTES * 3 + 17] {
+            let src = pattern(len, 7);
+            let mut dst = vec![0u8; len];
+            copy(&mut dst, &src);
+            assert_eq!(dst, src, "len {len}");
+        }
+    }
+
+    #[test]
+    fn pairs_land_in_their_own_destinations() {
+        // Unaligned sources of many sizes, some below and some above a chunk, with a
+        // total over the parallel threshold.
+        let src = pattern(6 << 20, 3);
+        let sizes = [
+            1usize,
+            513,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            700_000,
+            1 << 20,
+            3,
+        ];
+        let mut dsts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let mut at = 1;
+        let mut expected = Vec::new();
+        let mut pairs = Vec::new();
+        for (dst, &n) in dsts.iter_mut().zip(&sizes) {
+            expected.push(&src[at..at + n]);
+            pairs.push((dst.as_mut_slice(), &src[at..at + n]));
+            at += n + 5;
+        }
+        copy_pairs(pairs);
+        for (dst, want) in dsts.iter().zip(expected) {
+            assert_eq!(dst.as_slice(), want);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "lengths differ")]
+    fn mismatched_lengths_panic_before_copying() {
+        let mut dst = [0u8; 3];
+        copy_pairs(vec![(&mut dst[..], &[1u8, 2][..])]);
+    }
+}
