@@ -4,11 +4,13 @@
 //! copy/decode into a fresh numpy array, with the GIL released for large copies.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use numpy::npyffi::NPY_ARRAY_WRITEABLE;
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use tensorwire::zt::{Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
@@ -18,22 +20,14 @@ use crate::dtypes;
 use crate::errors::{to_pyerr, ResultExt};
 use crate::values;
 
-/// A name (borrowed from the Python string when it can be) or a list of names.
-enum Names<'a> {
-    One(std::borrow::Cow<'a, str>),
-    Many(Vec<String>),
-}
-
-impl<'a> Names<'a> {
-    fn extract(obj: &'a Bound<'_, PyAny>) -> PyResult<Names<'a>> {
-        if let Ok(s) = obj.cast::<PyString>() {
-            return Ok(Names::One(s.to_cow()?));
-        }
-        if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-            return Ok(Names::Many(obj.extract()?));
-        }
-        Err(PyTypeError::new_err("name must be a str or a list of str"))
-    }
+/// The tensor names as the Python strs `keys()` hands out (made by its first call),
+/// and where the next lookup is expected. Code reads tensors in the order `keys()`
+/// gave them, so a lookup first checks whether it was given the very str object at
+/// that position: then it costs a pointer comparison instead of a UTF-8 conversion
+/// (which under the stable ABI of Python 3.9 allocates twice) and a hash lookup.
+struct NameCache {
+    names: Vec<Py<PyString>>,
+    next: AtomicUsize,
 }
 
 /// Reads tensors from a file, recognised by its magic bytes and mapped privately
@@ -44,6 +38,7 @@ pub struct Reader {
     path: PathBuf,
     /// The base of the zero-copy arrays over the file map.
     owner: arrays::SharedOwner,
+    names: PyOnceLock<NameCache>,
 }
 
 impl Reader {
@@ -52,14 +47,67 @@ impl Reader {
             .as_deref()
             .ok_or_else(|| to_pyerr(Error::invalid("the reader is closed")))
     }
+
+    fn names(&self, py: Python<'_>) -> PyResult<&NameCache> {
+        let src = self.src()?;
+        self.names.get_or_try_init(py, || {
+            let names = src
+                .tensors()
+                .iter()
+                .map(|t| PyString::new(py, &t.name).unbind())
+                .collect();
+            Ok::<_, PyErr>(NameCache {
+                names,
+                next: AtomicUsize::new(0),
+            })
+        })
+    }
+
+    /// The position of the tensor `name` (a str) in `src`.
+    fn position_of(&self, src: &dyn TensorSource, name: &Bound<'_, PyString>) -> PyResult<usize> {
+        let cache = self.names.get(name.py());
+        if let Some(cache) = cache {
+            // The expected position, or the last hit again (a name looked up twice).
+            let next = cache.next.load(Ordering::Relaxed);
+            for at in [next, next.wrapping_sub(1)] {
+                if cache
+                    .names
+                    .get(at)
+                    .is_some_and(|n| n.as_ptr() == name.as_ptr())
+                {
+                    cache.next.store(at + 1, Ordering::Relaxed);
+                    return Ok(at);
+                }
+            }
+        }
+        let at = src.position(&name.to_cow()?).or_raise()?;
+        if let Some(cache) = cache {
+            cache.next.store(at + 1, Ordering::Relaxed);
+        }
+        Ok(at)
+    }
+
+    /// [`Reader::position_of`] for an argument that must be a str.
+    fn position_of_any(&self, src: &dyn TensorSource, name: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let name = name
+            .cast::<PyString>()
+            .map_err(|_| PyTypeError::new_err("name must be a str"))?;
+        self.position_of(src, name)
+    }
 }
 
 fn zt(src: &dyn TensorSource) -> Option<&ZtReader> {
     src.as_any().downcast_ref::<ZtReader>()
 }
 
-fn dense_info<'a>(src: &'a dyn TensorSource, name: &str) -> PyResult<&'a TensorInfo> {
-    let info = src.info(name).or_raise()?;
+/// The info of the dense tensor at `at`.
+fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
+    let info = src
+        .tensors()
+        .get(at)
+        .ok_or_else(|| Error::no_tensor_at(at))
+        .or_raise()?;
+    let name = &*info.name;
     // Blocks a format names but tensorwire does not decode (GGUF quantized types,
     // safetensors' packed floats) read as their raw bytes, as gguf.GGUFReader gives
     // them; `.zt` objects of other layouts are read by component.
@@ -78,8 +126,10 @@ fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
     lend == Lend::Any || bytes.is_aligned(dtype.alignment())
 }
 
-/// Copies (or decodes) a dense tensor's bytes into `dst` (exactly its size).
-fn fill_dense(py: Python<'_>, src: &dyn TensorSource, name: &str, dst: &mut [u8]) -> PyResult<()> {
+/// Copies (or decodes) the bytes of the dense tensor at `at` into `dst` (exactly its
+/// size).
+fn fill_dense(py: Python<'_>, src: &dyn TensorSource, at: usize, dst: &mut [u8]) -> PyResult<()> {
+    let name = &*dense_info(src, at)?.name;
     if let Some(zt) = zt(src) {
         if overlaps(dst, zt.bytes()) {
             // `dst` views this reader's own map: copy through a temporary buffer.
@@ -88,7 +138,7 @@ fn fill_dense(py: Python<'_>, src: &dyn TensorSource, name: &str, dst: &mut [u8]
         }
         return maybe_detach(py, dst.len(), || zt.read_into(name, dst)).or_raise();
     }
-    let view = src.view(name).or_raise()?;
+    let view = src.view_at(at).or_raise()?;
     copy_exact(name, dst, &view.bytes)
 }
 
@@ -121,20 +171,21 @@ enum Lend {
     Aligned,
 }
 
-/// A dense tensor as a numpy array: zero-copy for raw tensors unless `copy` (strided
-/// tensors keep their strides; unaligned ones are copied under [`Lend::Aligned`]), a
-/// fresh (writable) array otherwise. With `raw`, the array is the tensor's bytes as
-/// `uint8`.
+/// The dense tensor at `at` as a numpy array: zero-copy for raw tensors unless `copy`
+/// (strided tensors keep their strides; unaligned ones are copied under
+/// [`Lend::Aligned`]), a fresh (writable) array otherwise. With `raw`, the array is
+/// the tensor's bytes as `uint8`.
 fn dense_array<'py>(
     py: Python<'py>,
     src: &dyn TensorSource,
-    name: &str,
+    at: usize,
     copy: bool,
     raw: bool,
     lend: Lend,
     owner: &arrays::SharedOwner,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let info = dense_info(src, name)?;
+    let info = dense_info(src, at)?;
+    let name = &*info.name;
     let (dtype, dims): (DType, std::borrow::Cow<'_, [u64]>) = if raw {
         (DType::U8, vec![info.nbytes].into())
     } else {
@@ -142,13 +193,13 @@ fn dense_array<'py>(
     };
     if !copy && info.encoding.is_none() {
         let (bytes, zero_copy) = if raw {
-            let view = src.view(name).or_raise()?;
+            let view = src.view_at(at).or_raise()?;
             (view.bytes, view.zero_copy)
         } else {
             // A strided tensor (a transposed torch tensor, a Fortran-order NumPy
             // array) stays a strided view of the file, as torch.load and np.load give
             // it.
-            let strided = src.strided(name).or_raise()?;
+            let strided = src.strided_at(at).or_raise()?;
             if strided.is_contiguous() {
                 (strided.bytes, strided.zero_copy)
             } else if let (true, Some(strides)) = (
@@ -179,7 +230,7 @@ fn dense_array<'py>(
         return maybe_detach(py, dst.len(), || copy_exact(name, dst, &bytes)).map(|()| array);
     }
     let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
-    fill_dense(py, src, name, buf.as_mut_slice())?;
+    fill_dense(py, src, at, buf.as_mut_slice())?;
     Ok(array)
 }
 
@@ -218,13 +269,10 @@ fn component_array<'py>(
     Ok(array)
 }
 
-fn sorted_by_offset<'a>(src: &dyn TensorSource, names: &'a [String]) -> PyResult<Vec<&'a str>> {
-    let mut keyed = names
-        .iter()
-        .map(|n| Ok((src.info(n).or_raise()?.offset, n.as_str())))
-        .collect::<PyResult<Vec<_>>>()?;
-    keyed.sort_by_key(|&(offset, _)| offset);
-    Ok(keyed.into_iter().map(|(_, n)| n).collect())
+/// `items` (position, anything) sorted by the file offset of their tensors' data.
+fn sorted_by_offset<T>(src: &dyn TensorSource, items: &mut [(usize, T)]) {
+    let infos = src.tensors();
+    items.sort_by_key(|(at, _)| infos[*at].offset);
 }
 
 fn component_meta<'py>(py: Python<'py>, c: &Component) -> PyResult<Bound<'py, PyDict>> {
@@ -283,11 +331,12 @@ fn check_dst<'a, 'py>(
 fn read_into_one(
     py: Python<'_>,
     src: &dyn TensorSource,
-    name: &str,
+    at: usize,
     dst: &Bound<'_, PyAny>,
     raw: bool,
 ) -> PyResult<()> {
-    let info = dense_info(src, name)?;
+    let info = dense_info(src, at)?;
+    let name = &*info.name;
     let array = check_dst(py, name, dst, (!raw).then_some(info))?;
     // SAFETY: `array` is C-contiguous and writable (checked), and `dst` keeps it alive
     // for this call. Other Python threads could touch it while the GIL is released;
@@ -301,7 +350,7 @@ fn read_into_one(
         })
         .or_raise();
     }
-    fill_dense(py, src, name, out)
+    fill_dense(py, src, at, out)
 }
 
 #[pymethods]
@@ -314,12 +363,14 @@ impl Reader {
             source: Some(source),
             path,
             owner: arrays::SharedOwner::default(),
+            names: PyOnceLock::new(),
         })
     }
 
     /// The tensor names, in file order (sorted by name for `.zt`).
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.src()?.tensors().iter().map(|t| &*t.name))
+        // A new list of the cached strs: the caller may change it, the cache stays.
+        PyList::new(py, self.names(py)?.names.iter().map(|n| n.bind(py)))
     }
 
     fn __len__(&self) -> PyResult<usize> {
@@ -327,10 +378,11 @@ impl Reader {
     }
 
     fn __contains__(&self, name: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let src = self.src()?;
         let Ok(name) = name.cast::<PyString>() else {
             return Ok(false);
         };
-        Ok(self.src()?.info(&name.to_cow()?).is_ok())
+        Ok(self.position_of(src, name).is_ok())
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -338,8 +390,14 @@ impl Reader {
     }
 
     /// `reader[name]`: the tensor as a numpy array (zero-copy when stored raw).
-    fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        dense_array(py, self.src()?, name, false, false, Lend::Any, &self.owner)
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        name: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let src = self.src()?;
+        let at = self.position_of_any(src, name)?;
+        dense_array(py, src, at, false, false, Lend::Any, &self.owner)
     }
 
     /// The file format (`"zt"`, `"zt-0.1"`).
@@ -383,19 +441,27 @@ impl Reader {
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
-        match Names::extract(name)? {
-            Names::One(n) => dense_array(py, src, &n, copy, false, Lend::Any, &self.owner),
-            Names::Many(names) => {
-                let out = PyDict::new(py);
-                for n in sorted_by_offset(src, &names)? {
-                    out.set_item(
-                        n,
-                        dense_array(py, src, n, copy, false, Lend::Any, &self.owner)?,
-                    )?;
-                }
-                Ok(out.into_any())
-            }
+        if let Ok(one) = name.cast::<PyString>() {
+            let at = self.position_of(src, one)?;
+            return dense_array(py, src, at, copy, false, Lend::Any, &self.owner);
         }
+        if !(name.is_instance_of::<PyList>() || name.is_instance_of::<PyTuple>()) {
+            return Err(PyTypeError::new_err("name must be a str or a list of str"));
+        }
+        let mut items = Vec::new();
+        for n in name.try_iter()? {
+            let n = n?;
+            items.push((self.position_of_any(src, &n)?, n));
+        }
+        sorted_by_offset(src, &mut items);
+        let out = PyDict::new(py);
+        for (at, n) in items {
+            out.set_item(
+                n,
+                dense_array(py, src, at, copy, false, Lend::Any, &self.owner)?,
+            )?;
+        }
+        Ok(out.into_any())
     }
 
     /// `(uint8 array of the tensor's bytes, dtype name, shape)`; used by read_torch.
@@ -403,18 +469,20 @@ impl Reader {
     fn _read_raw<'py>(
         &self,
         py: Python<'py>,
-        name: &str,
+        name: &Bound<'py, PyAny>,
         copy: bool,
     ) -> PyResult<(Bound<'py, PyAny>, &'static str, Vec<u64>)> {
         let src = self.src()?;
-        let info = dense_info(src, name)?;
-        let array = dense_array(py, src, name, copy, true, Lend::Aligned, &self.owner)?;
+        let at = self.position_of_any(src, name)?;
+        let info = dense_info(src, at)?;
+        let array = dense_array(py, src, at, copy, true, Lend::Aligned, &self.owner)?;
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
     /// `(dtype name, shape)` of a dense tensor.
-    fn _dtype_and_shape(&self, name: &str) -> PyResult<(&'static str, Vec<u64>)> {
-        let info = dense_info(self.src()?, name)?;
+    fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(&'static str, Vec<u64>)> {
+        let src = self.src()?;
+        let info = dense_info(src, self.position_of_any(src, name)?)?;
         Ok((info.dtype.name(), info.shape.dims().to_vec()))
     }
 
@@ -424,15 +492,16 @@ impl Reader {
     fn _read_for_torch<'py>(
         &self,
         py: Python<'py>,
-        name: &str,
+        name: &Bound<'py, PyAny>,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
-        let info = dense_info(src, name)?;
+        let at = self.position_of_any(src, name)?;
+        let info = dense_info(src, at)?;
         if dtypes::numpy_builtin(info.dtype) {
-            return dense_array(py, src, name, copy, false, Lend::Aligned, &self.owner);
+            return dense_array(py, src, at, copy, false, Lend::Aligned, &self.owner);
         }
-        let array = dense_array(py, src, name, copy, true, Lend::Aligned, &self.owner)?;
+        let array = dense_array(py, src, at, copy, true, Lend::Aligned, &self.owner)?;
         let parts = (array, info.dtype.name(), info.shape.dims().to_vec());
         Ok(parts.into_pyobject(py)?.into_any())
     }
@@ -465,9 +534,18 @@ impl Reader {
     }
 
     /// Names sorted by the file offset of their data.
-    fn _sorted_by_offset(&self, names: Vec<String>) -> PyResult<Vec<String>> {
-        let sorted = sorted_by_offset(self.src()?, &names)?;
-        Ok(sorted.into_iter().map(str::to_owned).collect())
+    fn _sorted_by_offset<'py>(
+        &self,
+        names: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let src = self.src()?;
+        let mut items = Vec::new();
+        for n in names.try_iter()? {
+            let n = n?;
+            items.push((self.position_of_any(src, &n)?, n));
+        }
+        sorted_by_offset(src, &mut items);
+        Ok(items.into_iter().map(|(_, n)| n).collect())
     }
 
     /// Metadata of one tensor as a dict (name, shape, format, dtype, type,
@@ -531,9 +609,10 @@ impl Reader {
                 }
             }
             None => {
+                let at = src.position(name).or_raise()?;
                 out.set_item(
                     "data",
-                    dense_array(py, src, name, copy, false, Lend::Any, &self.owner)?,
+                    dense_array(py, src, at, copy, false, Lend::Any, &self.owner)?,
                 )?;
             }
         }
@@ -549,6 +628,7 @@ impl Reader {
     /// Releases the reader. Arrays already handed out stay valid.
     fn close(&mut self) {
         self.source = None;
+        self.names = PyOnceLock::new();
         // Arrays handed out keep the map; the reader itself no longer does.
         self.owner = arrays::SharedOwner::default();
     }
@@ -586,21 +666,20 @@ impl Reader {
     ) -> PyResult<()> {
         let src = self.src()?;
         if let Ok(targets) = name.cast::<PyDict>() {
-            let mut pairs = Vec::with_capacity(targets.len());
+            let mut items = Vec::with_capacity(targets.len());
             for (k, v) in targets.iter() {
-                let n: String = k.extract()?;
-                pairs.push((src.info(&n).or_raise()?.offset, n, v));
+                items.push((self.position_of_any(src, &k)?, v));
             }
-            pairs.sort_by_key(|p| p.0);
-            for (_, n, v) in &pairs {
-                read_into_one(py, src, n, v, raw)?;
+            sorted_by_offset(src, &mut items);
+            for (at, v) in &items {
+                read_into_one(py, src, *at, v, raw)?;
             }
             return Ok(());
         }
-        let name: String = name
-            .extract()
+        let name = name
+            .cast::<PyString>()
             .map_err(|_| PyTypeError::new_err("name must be a str or a dict {name: dst}"))?;
         let dst = dst.ok_or_else(|| PyTypeError::new_err("dst is required when name is a str"))?;
-        read_into_one(py, src, &name, dst, raw)
+        read_into_one(py, src, self.position_of(src, name)?, dst, raw)
     }
 }

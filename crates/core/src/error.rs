@@ -279,6 +279,13 @@ impl Error {
         Error::Unsupported { what: what.into() }
     }
 
+    /// [`Error::NotFound`] for a tensor position past the end of a reader's list.
+    pub fn no_tensor_at(position: usize) -> Error {
+        Error::NotFound {
+            name: format!("tensor #{position}"),
+        }
+    }
+
     /// Shorthand for an [`Error::InvalidArgument`].
     pub fn invalid(reason: impl Into<String>) -> Error {
         Error::InvalidArgument {

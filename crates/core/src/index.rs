@@ -76,6 +76,13 @@ impl TensorIndex {
         &self.infos[position]
     }
 
+    /// The info at `position`, or [`Error::NotFound`] past the end.
+    pub fn checked_at(&self, position: usize) -> Result<&TensorInfo> {
+        self.infos
+            .get(position)
+            .ok_or_else(|| Error::no_tensor_at(position))
+    }
+
     /// Number of tensors.
     pub fn len(&self) -> usize {
         self.infos.len()

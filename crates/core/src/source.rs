@@ -196,29 +196,43 @@ pub trait TensorSource: Send + Sync {
     /// File-level metadata.
     fn attributes(&self) -> &BTreeMap<String, Value>;
 
-    /// The info of one tensor.
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
+    /// The position of `name` in [`Self::tensors`], or [`Error::NotFound`]. Readers
+    /// with a name index override this scan.
+    fn position(&self, name: &str) -> Result<usize> {
         self.tensors()
             .iter()
-            .find(|t| &*t.name == name)
+            .position(|t| &*t.name == name)
             .ok_or_else(|| Error::NotFound {
                 name: name.to_owned(),
             })
     }
 
-    /// The tensor's dense bytes: borrowed from the source when stored raw, decoded
-    /// otherwise. Blocks a format names but tensorwire does not decode (GGUF quantized
-    /// types, safetensors' packed floats: [`Layout::Other`] with a `u8` dtype) come
-    /// back as their raw bytes; other non-dense layouts fail with
-    /// [`Error::Unsupported`].
-    fn view(&self, name: &str) -> Result<TensorView>;
+    /// The info of one tensor.
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        let position = self.position(name)?;
+        Ok(&self.tensors()[position])
+    }
 
-    /// The tensor as the file lays it out: its bytes with sizes and strides (in
-    /// elements). Sources that store every tensor row-major return [`Self::view`]
-    /// (strides `None`); torch checkpoints (transposes, slices) and Fortran-order
-    /// NumPy arrays return their own strides, zero-copy where `view` would gather.
-    fn strided(&self, name: &str) -> Result<StridedView> {
-        let view = self.view(name)?;
+    /// The dense bytes of the tensor at `position` in [`Self::tensors`]: borrowed from
+    /// the source when stored raw, decoded otherwise. Blocks a format names but
+    /// tensorwire does not decode (GGUF quantized types, safetensors' packed floats:
+    /// [`Layout::Other`] with a `u8` dtype) come back as their raw bytes; other
+    /// non-dense layouts fail with [`Error::Unsupported`]. A position past the end is
+    /// [`Error::NotFound`].
+    fn view_at(&self, position: usize) -> Result<TensorView>;
+
+    /// [`Self::view_at`] by name.
+    fn view(&self, name: &str) -> Result<TensorView> {
+        self.view_at(self.position(name)?)
+    }
+
+    /// The tensor at `position` as the file lays it out: its bytes with sizes and
+    /// strides (in elements). Sources that store every tensor row-major return
+    /// [`Self::view_at`] (strides `None`); torch checkpoints (transposes, slices) and
+    /// Fortran-order NumPy arrays return their own strides, zero-copy where `view`
+    /// would gather.
+    fn strided_at(&self, position: usize) -> Result<StridedView> {
+        let view = self.view_at(position)?;
         Ok(StridedView {
             strides: None,
             dtype: view.dtype,
@@ -226,6 +240,11 @@ pub trait TensorSource: Send + Sync {
             bytes: view.bytes,
             zero_copy: view.zero_copy,
         })
+    }
+
+    /// [`Self::strided_at`] by name.
+    fn strided(&self, name: &str) -> Result<StridedView> {
+        self.strided_at(self.position(name)?)
     }
 
     /// Checks every stored digest, returning how many were checked. Sources without

@@ -374,10 +374,6 @@ impl GgufReader {
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
     }
-
-    fn position(&self, name: &str) -> Result<usize> {
-        self.index.position(name)
-    }
 }
 
 impl TensorSource for GgufReader {
@@ -394,18 +390,17 @@ impl TensorSource for GgufReader {
             .get_or_init(|| self.metadata.iter().cloned().collect())
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.index.get(name)
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index.position(name)
     }
 
     /// Plain tensors as their dtype and logical shape; block types as their raw
     /// blocks (`U8`, bytes per row last). Always zero-copy.
-    fn view(&self, name: &str) -> Result<TensorView> {
-        let i = self.position(name)?;
-        let info = self.index.at(i);
-        let t = &self.tensors[i];
+    fn view_at(&self, position: usize) -> Result<TensorView> {
+        let info = self.index.checked_at(position)?;
+        let t = &self.tensors[position];
         let bytes = self.bytes.slice_at(t.file_offset, t.nbytes)?;
-        TensorView::new(name, info.dtype, info.shape.clone(), bytes, true)
+        TensorView::new(&info.name, info.dtype, info.shape.clone(), bytes, true)
     }
 
     fn as_any(&self) -> &dyn Any {

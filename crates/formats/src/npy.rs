@@ -535,10 +535,6 @@ impl NumpyReader {
         Ok(&self.records[self.position(name)?].header)
     }
 
-    fn position(&self, name: &str) -> Result<usize> {
-        self.index.position(name)
-    }
-
     /// The array's element bytes as stored (file order, file byte order), and whether
     /// they borrow the input.
     fn stored(&self, record: &ArrayRecord) -> Result<(Bytes, bool)> {
@@ -674,14 +670,15 @@ impl TensorSource for NumpyReader {
         &self.attributes
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.index.get(name)
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index.position(name)
     }
 
     /// Zero-copy for a little-endian C-order array of a map or stored member; a
     /// row-major (and byte-swapped) copy otherwise.
-    fn view(&self, name: &str) -> Result<TensorView> {
-        let strided = self.strided(name)?;
+    fn view_at(&self, position: usize) -> Result<TensorView> {
+        let strided = self.strided_at(position)?;
+        let name = &self.index.at(position).name;
         if strided.is_contiguous() {
             return TensorView::new(
                 name,
@@ -703,8 +700,9 @@ impl TensorSource for NumpyReader {
 
     /// The array as stored: Fortran-order arrays keep their column-major strides
     /// (zero-copy from a map).
-    fn strided(&self, name: &str) -> Result<StridedView> {
-        let record = &self.records[self.position(name)?];
+    fn strided_at(&self, position: usize) -> Result<StridedView> {
+        self.index.checked_at(position)?;
+        let record = &self.records[position];
         let h = &record.header;
         let (mut bytes, mut zero_copy) = self.stored(record)?;
         if h.big_endian {

@@ -303,10 +303,6 @@ impl SafetensorsReader {
         let (begin, end) = self.ranges[self.position(name)?];
         self.data.slice(begin as usize..end as usize)
     }
-
-    fn position(&self, name: &str) -> Result<usize> {
-        self.index.position(name)
-    }
 }
 
 impl TensorSource for SafetensorsReader {
@@ -322,17 +318,16 @@ impl TensorSource for SafetensorsReader {
         &self.attributes
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.index.get(name)
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index.position(name)
     }
 
     /// Always zero-copy: a slice of the map.
-    fn view(&self, name: &str) -> Result<TensorView> {
-        let i = self.position(name)?;
-        let info = self.index.at(i);
-        let (begin, end) = self.ranges[i];
+    fn view_at(&self, position: usize) -> Result<TensorView> {
+        let info = self.index.checked_at(position)?;
+        let (begin, end) = self.ranges[position];
         let bytes = self.data.slice(begin as usize..end as usize)?;
-        TensorView::new(name, info.dtype, info.shape.clone(), bytes, true)
+        TensorView::new(&info.name, info.dtype, info.shape.clone(), bytes, true)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -248,14 +248,20 @@ impl TensorSource for PacketSource {
         &self.attributes
     }
 
-    fn view(&self, name: &str) -> Result<TensorView> {
+    fn position(&self, name: &str) -> Result<usize> {
         self.index
             .get(name)
-            .and_then(|&i| self.views.get(i))
-            .cloned()
+            .copied()
             .ok_or_else(|| Error::NotFound {
                 name: name.to_owned(),
             })
+    }
+
+    fn view_at(&self, position: usize) -> Result<TensorView> {
+        self.views
+            .get(position)
+            .cloned()
+            .ok_or_else(|| Error::no_tensor_at(position))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -363,10 +363,6 @@ impl PtReader {
         self.position(name).map(|i| &self.records[i])
     }
 
-    fn position(&self, name: &str) -> Result<usize> {
-        self.index.position(name)
-    }
-
     /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
     /// storage's first byte), with a flag saying whether they borrow the input.
     fn storage_range(&self, key: &str, start: u64, end: u64) -> Result<(Bytes, bool)> {
@@ -459,14 +455,15 @@ impl TensorSource for PtReader {
         &self.attributes
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.index.get(name)
+    fn position(&self, name: &str) -> Result<usize> {
+        self.index.position(name)
     }
 
     /// Contiguous tensors of a mapped little-endian file come back zero-copy; strided
     /// ones (transposes, slices, `expand`) as a row-major copy.
-    fn view(&self, name: &str) -> Result<TensorView> {
-        let record = &self.records[self.position(name)?];
+    fn view_at(&self, position: usize) -> Result<TensorView> {
+        let name = &self.index.checked_at(position)?.name;
+        let record = &self.records[position];
         let (bytes, borrowed) = self.extent(record)?;
         let shape = record.shape.clone();
         if record.is_contiguous() && self.little_endian {
@@ -488,8 +485,9 @@ impl TensorSource for PtReader {
     /// The tensor as torch lays it out: the bytes its strides reach, with its sizes
     /// and strides (a transpose or slice stays strided). Zero-copy for a mapped little-endian file with the storage stored
     /// raw; for big-endian files the bytes are a byte-swapped copy.
-    fn strided(&self, name: &str) -> Result<StridedView> {
-        let record = &self.records[self.position(name)?];
+    fn strided_at(&self, position: usize) -> Result<StridedView> {
+        self.index.checked_at(position)?;
+        let record = &self.records[position];
         let (bytes, borrowed) = self.extent(record)?;
         let (bytes, zero_copy) = if self.little_endian {
             (bytes, borrowed)

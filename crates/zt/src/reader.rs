@@ -139,33 +139,6 @@ impl ZtReader {
         self.position(name).map(|i| &self.manifest.objects[i])
     }
 
-    /// Index of an object (objects are sorted by name).
-    fn position(&self, name: &str) -> Result<usize> {
-        // Callers often look the same name up twice in a row (info, then view), and
-        // walk the names in order: try the last hit and the one after it first.
-        let last = self.last_position.load(Ordering::Relaxed);
-        for guess in [last, last + 1] {
-            if self
-                .manifest
-                .objects
-                .get(guess)
-                .is_some_and(|o| &*o.name == name)
-            {
-                self.last_position.store(guess, Ordering::Relaxed);
-                return Ok(guess);
-            }
-        }
-        let found = self
-            .manifest
-            .objects
-            .binary_search_by(|o| (*o.name).cmp(name))
-            .map_err(|_| Error::NotFound {
-                name: name.to_owned(),
-            })?;
-        self.last_position.store(found, Ordering::Relaxed);
-        Ok(found)
-    }
-
     /// The object index, component index and component for `name`/`role`.
     fn locate(&self, name: &str, role: &str) -> Result<(usize, usize, &Component)> {
         let oi = self.position(name)?;
@@ -724,13 +697,41 @@ impl TensorSource for ZtReader {
         &self.manifest.attributes
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.position(name).map(|i| &self.infos[i])
+    /// Index of an object (objects are sorted by name).
+    fn position(&self, name: &str) -> Result<usize> {
+        // Callers often look the same name up twice in a row (info, then view), and
+        // walk the names in order: try the last hit and the one after it first.
+        let last = self.last_position.load(Ordering::Relaxed);
+        for guess in [last, last + 1] {
+            if self
+                .manifest
+                .objects
+                .get(guess)
+                .is_some_and(|o| &*o.name == name)
+            {
+                self.last_position.store(guess, Ordering::Relaxed);
+                return Ok(guess);
+            }
+        }
+        let found = self
+            .manifest
+            .objects
+            .binary_search_by(|o| (*o.name).cmp(name))
+            .map_err(|_| Error::NotFound {
+                name: name.to_owned(),
+            })?;
+        self.last_position.store(found, Ordering::Relaxed);
+        Ok(found)
     }
 
-    fn view(&self, name: &str) -> Result<TensorView> {
-        let oi = self.position(name)?;
-        let obj = &self.manifest.objects[oi];
+    fn view_at(&self, position: usize) -> Result<TensorView> {
+        let oi = position;
+        let obj = self
+            .manifest
+            .objects
+            .get(oi)
+            .ok_or_else(|| Error::no_tensor_at(oi))?;
+        let name = &*obj.name;
         require_dense(obj)?;
         self.interpretable(obj)?;
         // Validated on open: a dense object has a `data` component of exactly
