@@ -124,7 +124,7 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
     let text = std::str::from_utf8(text)
         .map_err(|_| Error::malformed(fixed, ".npy header is not ASCII/UTF-8"))?;
     let dict = HeaderDict::parse(text, fixed)?;
-    let (dtype, big_endian) = parse_descr(&dict.descr)?;
+    let (dtype, big_endian) = parse_descr(dict.descr)?;
     Error::check_limit(
         "tensor rank",
         dict.shape.len() as u64,
@@ -134,7 +134,7 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
     let nbytes = shape.byte_len(dtype)?;
     Ok(NpyHeader {
         version: (major, minor),
-        descr: dict.descr,
+        descr: dict.descr.to_owned(),
         dtype,
         big_endian: big_endian && dtype.swap_unit() > 1,
         fortran_order: dict.fortran_order,
@@ -144,28 +144,30 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
     })
 }
 
-/// The three keys of a header dict.
-struct HeaderDict {
-    descr: String,
+/// The three keys of a header dict (strings borrowed from the header).
+struct HeaderDict<'a> {
+    descr: &'a str,
     fortran_order: bool,
     shape: Vec<u64>,
 }
 
 /// A value of the header's Python literal.
-enum Literal {
-    Str(String),
+enum Literal<'a> {
+    Str(&'a str),
     Bool(bool),
     Tuple(Vec<u64>),
 }
 
 /// A cursor over the header's Python dict literal.
 struct Parser<'a> {
+    /// The header text, and its bytes.
+    src: &'a str,
     text: &'a [u8],
     at: usize,
     base: u64,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn error(&self, reason: impl Into<String>) -> Error {
         Error::malformed(
             self.base + self.at as u64,
@@ -193,7 +195,7 @@ impl Parser<'_> {
         }
     }
 
-    fn string(&mut self) -> Result<String> {
+    fn string(&mut self) -> Result<&'a str> {
         let quote = match self.peek() {
             Some(q @ (b'\'' | b'"')) => q,
             _ => return Err(self.error("expected a string")),
@@ -207,8 +209,10 @@ impl Parser<'_> {
             return Err(self.error("escapes in header strings are not supported"));
         }
         self.at = start + len + 1;
-        // The text is a &str and quotes are ASCII, so this slice is UTF-8.
-        Ok(String::from_utf8_lossy(&self.text[start..start + len]).into_owned())
+        // Quotes are ASCII, so both ends are character boundaries of `src`.
+        self.src
+            .get(start..start + len)
+            .ok_or_else(|| self.error("string is not UTF-8"))
     }
 
     fn integer(&mut self) -> Result<u64> {
@@ -228,7 +232,7 @@ impl Parser<'_> {
         Ok(n)
     }
 
-    fn literal(&mut self) -> Result<Literal> {
+    fn literal(&mut self) -> Result<Literal<'a>> {
         match self.peek() {
             Some(b'\'' | b'"') => self.string().map(Literal::Str),
             Some(b'T') if self.text[self.at..].starts_with(b"True") => {
@@ -266,9 +270,10 @@ impl Parser<'_> {
     }
 }
 
-impl HeaderDict {
-    fn parse(text: &str, base: u64) -> Result<HeaderDict> {
+impl<'a> HeaderDict<'a> {
+    fn parse(text: &'a str, base: u64) -> Result<HeaderDict<'a>> {
         let mut p = Parser {
+            src: text,
             text: text.as_bytes(),
             at: 0,
             base,
@@ -283,7 +288,7 @@ impl HeaderDict {
             let key = p.string()?;
             p.expect(b':')?;
             let value = p.literal()?;
-            let slot_taken = match (key.as_str(), value) {
+            let slot_taken = match (key, value) {
                 ("descr", Literal::Str(s)) => descr.replace(s).is_some(),
                 ("fortran_order", Literal::Bool(b)) => fortran.replace(b).is_some(),
                 ("shape", Literal::Tuple(t)) => shape.replace(t).is_some(),

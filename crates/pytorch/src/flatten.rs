@@ -116,7 +116,7 @@ impl<'a> Walker<'a> {
                 return Ok(true);
             }
             Obj::List(items) | Obj::Set(items) => items.clone(),
-            Obj::Tuple(items) => items.to_vec(),
+            Obj::Tuple(span) => self.arena.tuple_items(*span).to_vec(),
             Obj::Dict { items, .. } => items.iter().map(|&(_, v)| v).collect(),
             _ => Vec::new(),
         };
@@ -191,8 +191,8 @@ impl<'a> Walker<'a> {
                 }
                 Ok(())
             }
-            Obj::Tuple(items) if self.holds_tensor(id, depth)? => {
-                for (i, &v) in items.iter().enumerate() {
+            Obj::Tuple(span) if self.holds_tensor(id, depth)? => {
+                for (i, &v) in self.arena.tuple_items(*span).iter().enumerate() {
                     self.visit(v, join(&name, &i.to_string()), depth + 1)?;
                 }
                 Ok(())
@@ -234,8 +234,9 @@ impl<'a> Walker<'a> {
                     .map(|&i| self.value(i, depth + 1))
                     .collect::<Result<_>>()?,
             ),
-            Obj::Tuple(items) => Value::List(
-                items
+            Obj::Tuple(span) => Value::List(
+                self.arena
+                    .tuple_items(*span)
                     .iter()
                     .map(|&i| self.value(i, depth + 1))
                     .collect::<Result<_>>()?,

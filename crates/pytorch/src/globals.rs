@@ -9,7 +9,7 @@
 
 use tensorwire_core::{DType, Error, Result};
 
-use crate::pickle::{Arena, Id, Obj};
+use crate::pickle::{Arena, Id, Obj, Span};
 use crate::tensor::{storage_dtype, TensorRecord};
 
 /// An allowlisted global.
@@ -174,7 +174,7 @@ fn bad_args(what: &str, offset: u64, reason: impl std::fmt::Display) -> Error {
 /// The arguments tuple of a call.
 fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'a [Id]> {
     match arena.get(args) {
-        Obj::Tuple(items) => Ok(items),
+        Obj::Tuple(span) => Ok(arena.tuple_items(*span)),
         other => Err(bad_args(
             what,
             offset,
@@ -276,11 +276,14 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
         },
         Global::Size => match argv {
             [dims] => match arena.get(*dims) {
-                Obj::Tuple(items) => Ok(Obj::Tuple(items.clone())),
-                Obj::List(items) => Ok(Obj::Tuple(items.clone().into())),
+                // The same items (tuples are immutable).
+                Obj::Tuple(span) => Ok(Obj::Tuple(*span)),
+                // A list's items may change later: a copy, as a list (a shape reads
+                // the same from either).
+                Obj::List(items) => Ok(Obj::List(items.clone())),
                 other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
             },
-            [] => Ok(Obj::Tuple(Box::new([]))),
+            [] => Ok(Obj::Tuple(Span::EMPTY)),
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::Device => {

@@ -110,6 +110,20 @@ impl Input {
         }
     }
 
+    /// Fills `buf` with the metadata bytes at `offset` (see [`Input::read_meta`]),
+    /// without allocating: for many small reads through one reused buffer.
+    pub fn read_meta_into(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        match (&self.file, &self.map) {
+            (Some(file), _) => file.read_exact_at(offset, buf),
+            (None, Some(map)) => {
+                buf.copy_from_slice(&map.slice_at(offset, buf.len() as u64)?);
+                Ok(())
+            }
+            (None, None) => unreachable!("an Input has a map or a file"),
+        }
+    }
+
     /// Up to `len` metadata bytes from `offset` (fewer at the end of the file).
     pub fn read_meta_up_to(&self, offset: u64, len: u64) -> Result<Bytes> {
         let len = len.min(self.len.saturating_sub(offset));

@@ -8,6 +8,8 @@
 //! storage's byte range computable from the pickles alone, so the reader reads only
 //! the pickles at open and each storage when a tensor on it is asked for.
 
+use std::sync::Arc;
+
 use tensorwire_core::{Error, NameMap, Result};
 
 use crate::input::Input;
@@ -44,7 +46,7 @@ pub struct Legacy {
     /// The object pickle.
     pub object: Unpickled,
     /// Storage key → location.
-    pub storages: NameMap<Box<str>, LegacyStorage>,
+    pub storages: NameMap<Arc<str>, LegacyStorage>,
     /// False for files written on a big-endian machine.
     pub little_endian: bool,
 }
@@ -53,7 +55,7 @@ pub struct Legacy {
 /// with the same type and size.
 #[derive(Default)]
 struct Storages {
-    seen: NameMap<Box<str>, StorageRef>,
+    seen: NameMap<Arc<str>, StorageRef>,
 }
 
 impl PersistentLoad for Storages {
@@ -87,7 +89,7 @@ impl PersistentLoad for NoPersistentIds {
 /// What the five pickles say.
 struct Pickles {
     object: Unpickled,
-    keys: Vec<Box<str>>,
+    keys: Vec<Arc<str>>,
     storages: Storages,
     little_endian: bool,
     /// Offset just past the last pickle: the first storage's element count.

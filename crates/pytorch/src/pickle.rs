@@ -8,6 +8,8 @@
 //! are interpreted by that module too, never executed. Every count, length and depth
 //! is checked against [`PickleLimits`] before anything is allocated.
 
+use std::sync::Arc;
+
 use tensorwire_core::{Error, NameMap, Result};
 
 use crate::globals::{self, Global};
@@ -56,14 +58,15 @@ pub enum Obj {
     WideInt(Box<[u8]>),
     /// A float.
     Float(f64),
-    /// A str.
-    Str(Box<str>),
+    /// A str (shared: a memoized str referenced again costs no copy).
+    Str(Arc<str>),
     /// bytes or bytearray.
     Bytes(Box<[u8]>),
     /// A list.
     List(Vec<Id>),
-    /// A tuple.
-    Tuple(Box<[Id]>),
+    /// A tuple: its items are [`Arena::items`] (tuples are immutable, so they live
+    /// in one buffer shared by all tuples, and a copy of a tuple shares its items).
+    Tuple(Span),
     /// A dict (`ordered` for `collections.OrderedDict`), items in insertion order.
     Dict {
         /// Key and value ids, in insertion order.
@@ -102,10 +105,49 @@ impl Obj {
     }
 }
 
+impl Obj {
+    /// Items held by a container (0 for anything else): what the arena's item
+    /// budget counts, so calls that copy containers cannot amplify a small pickle.
+    fn slots(&self) -> usize {
+        match self {
+            Obj::List(items) | Obj::Set(items) => items.len(),
+            Obj::Tuple(span) => span.len,
+            Obj::Dict { items, .. } => items.len() * 2,
+            _ => 0,
+        }
+    }
+}
+
+/// Where a tuple's items lie in its arena's shared item buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    start: usize,
+    len: usize,
+}
+
+impl Span {
+    /// The empty tuple's items.
+    pub const EMPTY: Span = Span { start: 0, len: 0 };
+
+    /// Number of items.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for the empty tuple.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// The objects one pickle built.
 #[derive(Debug)]
 pub struct Arena {
     objects: Vec<Obj>,
+    /// The items of every tuple, back to back.
+    tuple_items: Vec<Id>,
+    /// Items held by the containers made so far (see [`Obj::slots`]).
+    slots: usize,
     max_objects: usize,
 }
 
@@ -113,6 +155,8 @@ impl Arena {
     fn new(max_objects: usize) -> Arena {
         Arena {
             objects: vec![Obj::None, Obj::Bool(true), Obj::Bool(false)],
+            tuple_items: Vec::new(),
+            slots: 0,
             max_objects,
         }
     }
@@ -132,15 +176,37 @@ impl Arena {
         self.objects.len() <= 3
     }
 
-    /// Adds an object, failing past the object limit.
+    /// Adds an object, failing past the object limit or when the items of all
+    /// containers made so far pass it too.
     pub fn alloc(&mut self, obj: Obj) -> Result<Id> {
         Error::check_limit(
             "pickle object count",
             self.objects.len() as u64 + 1,
             self.max_objects as u64,
         )?;
+        self.charge(obj.slots())?;
         self.objects.push(obj);
         Ok(self.objects.len() - 1)
+    }
+
+    /// Counts `n` more container items against the limit.
+    fn charge(&mut self, n: usize) -> Result<()> {
+        self.slots = self.slots.saturating_add(n);
+        Error::check_limit(
+            "pickle container items",
+            self.slots as u64,
+            self.max_objects as u64,
+        )
+    }
+
+    /// A new tuple of `items` (not yet an object: [`Arena::alloc`] it).
+    pub fn tuple(&mut self, items: &[Id]) -> Obj {
+        let span = Span {
+            start: self.tuple_items.len(),
+            len: items.len(),
+        };
+        self.tuple_items.extend_from_slice(items);
+        Obj::Tuple(span)
     }
 
     fn get_mut(&mut self, id: Id) -> &mut Obj {
@@ -150,10 +216,15 @@ impl Arena {
     /// The items of a tuple or list.
     pub fn items(&self, id: Id) -> Option<&[Id]> {
         match self.get(id) {
-            Obj::Tuple(items) => Some(items),
+            Obj::Tuple(span) => Some(self.tuple_items(*span)),
             Obj::List(items) => Some(items),
             _ => None,
         }
+    }
+
+    /// The items of a tuple.
+    pub fn tuple_items(&self, span: Span) -> &[Id] {
+        &self.tuple_items[span.start..span.start + span.len]
     }
 }
 
@@ -345,9 +416,9 @@ fn malformed(offset: u64, reason: impl Into<String>) -> Error {
     Error::malformed(offset, format!("pickle: {}", reason.into()))
 }
 
-fn utf8(bytes: &[u8], offset: u64) -> Result<Box<str>> {
+fn utf8(bytes: &[u8], offset: u64) -> Result<Arc<str>> {
     std::str::from_utf8(bytes)
-        .map(Box::from)
+        .map(Arc::from)
         .map_err(|_| malformed(offset, "string is not valid UTF-8"))
 }
 
@@ -385,11 +456,16 @@ impl Machine<'_> {
 
     /// Pops everything above the last mark, and the mark.
     fn pop_mark(&mut self, at: u64) -> Result<Vec<Id>> {
-        let mark = self
-            .marks
-            .pop()
-            .ok_or_else(|| malformed(at, "no mark on the stack"))?;
+        let mark = self.take_mark(at)?;
         Ok(self.stack.split_off(mark))
+    }
+
+    /// Pops the last mark, returning the stack height it marked (the caller takes
+    /// the items above it).
+    fn take_mark(&mut self, at: u64) -> Result<usize> {
+        self.marks
+            .pop()
+            .ok_or_else(|| malformed(at, "no mark on the stack"))
     }
 
     fn memo_put(&mut self, key: u64, at: u64) -> Result<()> {
@@ -592,7 +668,7 @@ impl Machine<'_> {
                 }
                 // Containers.
                 b']' => self.push_new(Obj::List(Vec::new()))?,
-                b')' => self.push_new(Obj::Tuple(Box::new([])))?,
+                b')' => self.push_new(Obj::Tuple(Span::EMPTY))?,
                 b'}' => self.push_new(Obj::Dict {
                     items: Vec::new(),
                     ordered: false,
@@ -603,16 +679,21 @@ impl Machine<'_> {
                     self.push_new(Obj::List(items))?;
                 }
                 b't' => {
-                    let items = self.pop_mark(at)?;
-                    self.push_new(Obj::Tuple(items.into()))?;
+                    let mark = self.take_mark(at)?;
+                    let tuple = self.arena.tuple(&self.stack[mark..]);
+                    self.stack.truncate(mark);
+                    self.push_new(tuple)?;
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
-                    let mut items = vec![NONE; n];
-                    for slot in items.iter_mut().rev() {
-                        *slot = self.pop(at)?;
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + n {
+                        return Err(malformed(at, "stack underflow"));
                     }
-                    self.push_new(Obj::Tuple(items.into()))?;
+                    let start = self.stack.len() - n;
+                    let tuple = self.arena.tuple(&self.stack[start..]);
+                    self.stack.truncate(start);
+                    self.push_new(tuple)?;
                 }
                 b'd' => {
                     let flat = self.pop_mark(at)?;
@@ -762,19 +843,22 @@ impl Machine<'_> {
                         &String::from_utf8_lossy(name),
                         at,
                     )?;
-                    let args = self.pop_mark(at)?;
+                    let mark = self.take_mark(at)?;
+                    let args = self.arena.tuple(&self.stack[mark..]);
+                    self.stack.truncate(mark);
                     let class = self.arena.alloc(Obj::Global(global))?;
-                    let args = self.arena.alloc(Obj::Tuple(args.into()))?;
+                    let args = self.arena.alloc(args)?;
                     let obj = globals::call(&self.arena, class, args, at)?;
                     self.push_new(obj)?;
                 }
                 b'o' => {
-                    let mut items = self.pop_mark(at)?;
-                    if items.is_empty() {
+                    let mark = self.take_mark(at)?;
+                    let Some(&class) = self.stack.get(mark) else {
                         return Err(malformed(at, "OBJ without a class"));
-                    }
-                    let class = items.remove(0);
-                    let args = self.arena.alloc(Obj::Tuple(items.into()))?;
+                    };
+                    let args = self.arena.tuple(&self.stack[mark + 1..]);
+                    self.stack.truncate(mark);
+                    let args = self.arena.alloc(args)?;
                     let obj = globals::call(&self.arena, class, args, at)?;
                     self.push_new(obj)?;
                 }
@@ -813,6 +897,7 @@ impl Machine<'_> {
     }
 
     fn extend_list(&mut self, list: Id, values: &[Id], at: u64) -> Result<()> {
+        self.arena.charge(values.len())?;
         match self.arena.get_mut(list) {
             Obj::List(items) => {
                 items.extend_from_slice(values);
@@ -824,6 +909,7 @@ impl Machine<'_> {
 
     fn set_items(&mut self, dict: Id, flat: &[Id], at: u64) -> Result<()> {
         let new = pairs(flat, at)?;
+        self.arena.charge(flat.len())?;
         match self.arena.get_mut(dict) {
             Obj::Dict { items, .. } => {
                 items.extend(new);
@@ -1045,5 +1131,68 @@ mod tests {
                 Obj::Str("café".into())
             ]
         );
+    }
+
+    /// A pickle that copies one large list again and again through a call (here
+    /// `torch.Size(list)`) makes few objects but many container items: the item
+    /// budget refuses it long before memory runs out.
+    #[test]
+    fn copying_containers_through_calls_is_bounded() {
+        let limits = PickleLimits {
+            max_objects: 10_000,
+            max_memo: 10,
+            max_stack: 5_000,
+        };
+        // [1] * 1000, memo 0; torch.Size, memo 1; then 50 × Size(list).
+        let mut data = b"\x80\x02]q\x00(".to_vec();
+        data.extend(std::iter::repeat_n(&b"K\x01"[..], 1000).flatten());
+        data.extend(b"ectorch\nSize\nq\x01");
+        for _ in 0..50 {
+            data.extend(b"h\x01h\x00\x85R0");
+        }
+        data.extend(b"N.");
+        let err = unpickle(&data, 0, &limits, &mut NoPersistent).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::LimitExceeded {
+                    what: "pickle container items",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Five copies fit (the same pickle without the last 45 calls).
+        let few = [&data[..data.len() - 2 - 45 * 7], &b"N."[..]].concat();
+        let u = unpickle(&few, 0, &limits, &mut NoPersistent).unwrap();
+        assert_eq!(u.arena.get(u.root), &Obj::None);
+    }
+
+    #[test]
+    fn tuples_of_every_opcode_hold_their_items() {
+        // (1,) (1, 2) (1, 2, 3) MARK 1 2 3 4 TUPLE, EMPTY_TUPLE, in a list.
+        let u =
+            run(b"\x80\x02](K\x01\x85K\x01K\x02\x86K\x01K\x02K\x03\x87(K\x01K\x02K\x03K\x04t)e.")
+                .unwrap();
+        let tuples = u.arena.items(u.root).unwrap();
+        let ints = |id: Id| -> Vec<i64> {
+            u.arena
+                .items(id)
+                .unwrap()
+                .iter()
+                .map(|&i| match u.arena.get(i) {
+                    Obj::Int(n) => *n,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let got: Vec<Vec<i64>> = tuples.iter().map(|&t| ints(t)).collect();
+        assert_eq!(
+            got,
+            vec![vec![1], vec![1, 2], vec![1, 2, 3], vec![1, 2, 3, 4], vec![]]
+        );
+        // TUPLE2 with one item above the mark is an underflow, not a tuple.
+        let err = run(b"\x80\x02K\x01(K\x02\x86.").unwrap_err();
+        assert!(err.to_string().contains("underflow"), "{err}");
     }
 }

@@ -55,7 +55,7 @@ pub struct PtReader {
     input: Input,
     index: TensorIndex,
     records: Vec<TensorRecord>,
-    storages: NameMap<Box<str>, StorageData>,
+    storages: NameMap<Arc<str>, StorageData>,
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
     limits: Limits,
@@ -77,7 +77,7 @@ impl std::fmt::Debug for PtReader {
 struct ZipStorages<'a> {
     archive: &'a ZipArchive,
     prefix: &'a str,
-    seen: NameMap<Box<str>, (StorageRef, &'a ZipEntry)>,
+    seen: NameMap<Arc<str>, (StorageRef, &'a ZipEntry)>,
     /// Scratch for record names (`<prefix>data/<key>`), reused across storages.
     record: String,
 }
@@ -292,7 +292,7 @@ impl PtReader {
         input: Input,
         arena: &Arena,
         root: Id,
-        storages: NameMap<Box<str>, StorageData>,
+        storages: NameMap<Arc<str>, StorageData>,
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {

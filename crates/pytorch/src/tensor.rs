@@ -1,6 +1,8 @@
 //! Tensors as a checkpoint describes them: a storage, an element offset, sizes and
 //! strides, and the arithmetic that turns them into byte ranges, checked.
 
+use std::sync::Arc;
+
 use tensorwire_core::{AlignedBuf, DType, Error, Result, Shape};
 
 use crate::pickle::{Arena, Id, Obj};
@@ -10,13 +12,13 @@ use crate::pickle::{Arena, Id, Obj};
 #[derive(Debug, Clone, PartialEq)]
 pub struct StorageRef {
     /// The record (ZIP) or pointer string (legacy) that holds the bytes.
-    pub key: Box<str>,
+    pub key: Arc<str>,
     /// The storage class's element type (`u8` for untyped storages).
     pub dtype: DType,
     /// Elements in the stored storage.
     pub numel: u64,
     /// Where the tensor lived when saved (`cpu`, `cuda:0`).
-    pub location: Box<str>,
+    pub location: Arc<str>,
     /// Legacy files of old torch versions only: the tensor uses the window
     /// `(element offset, element count)` of the stored storage.
     pub view: Option<(u64, u64)>,

@@ -8,6 +8,8 @@
 //! not checked on reads, since torch can write archives with CRCs turned off; they
 //! are checked by [`ZipArchive::verify`].
 
+use std::sync::Arc;
+
 use tensorwire_core::{AlignedBuf, Bytes, Error, NameMap, Result};
 
 use crate::input::Input;
@@ -36,7 +38,7 @@ pub enum Method {
 #[derive(Debug, Clone)]
 pub struct ZipEntry {
     /// Full name in the archive.
-    pub name: Box<str>,
+    pub name: Arc<str>,
     /// Storage method.
     pub method: Method,
     /// CRC-32 from the central directory (0 when the writer did not compute one).
@@ -58,7 +60,7 @@ pub struct ZipEntry {
 #[derive(Debug)]
 pub struct ZipArchive {
     entries: Vec<ZipEntry>,
-    by_name: NameMap<Box<str>, usize>,
+    by_name: NameMap<Arc<str>, usize>,
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -249,10 +251,10 @@ impl ZipArchive {
             if method == Method::Stored && compressed != size {
                 return Err(bad(at, format!("stored record `{name}` has two sizes")));
             }
-            let name: Box<str> = name.into();
+            let name: Arc<str> = name.into();
             if by_name.insert(name.clone(), entries.len()).is_some() {
                 return Err(Error::Duplicate {
-                    name: name.into_string(),
+                    name: name.to_string(),
                 });
             }
             entries.push(ZipEntry {
@@ -339,13 +341,18 @@ fn locate_data(input: &Input, entries: &mut [ZipEntry], head_len: u64) -> Result
     };
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by_key(|&i| entries[i].data_offset);
-    let mut window: Option<(u64, Bytes)> = None;
+    // Every group is read into this one buffer: no allocation (and no zeroing) per
+    // read, which for hundreds of records costs more than the reads' copying.
+    let mut scratch: Vec<u8> = Vec::new();
+    // The file range the buffer holds: `(start, length)`.
+    let mut window: Option<(u64, usize)> = None;
+    // Every head, back to back, and where each entry's lies: one buffer for all.
+    let mut heads: Vec<u8> = Vec::new();
+    let mut head_ranges: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     for (k, &i) in order.iter().enumerate() {
         let start = entries[i].data_offset;
         let end = start.saturating_add(want(&entries[i]));
-        let covered = window
-            .as_ref()
-            .is_some_and(|(at, b)| start >= *at && end <= at + b.len() as u64);
+        let covered = window.is_some_and(|(at, len)| start >= at && end <= at + len as u64);
         if !covered {
             let mut group_end = end;
             for &j in &order[k + 1..] {
@@ -355,16 +362,31 @@ fn locate_data(input: &Input, entries: &mut [ZipEntry], head_len: u64) -> Result
                 }
                 group_end = group_end.max(next_end);
             }
-            let bytes = input
-                .read_meta_up_to(start, group_end - start)
+            // Fewer bytes at the end of the file (a header that does not fit fails
+            // in `parse_local_header`).
+            let len = (group_end - start).min(input.len().saturating_sub(start)) as usize;
+            if scratch.len() < len {
+                scratch.resize(len, 0);
+            }
+            input
+                .read_meta_into(start, &mut scratch[..len])
                 .map_err(|_| local_out_of_bounds(input, &entries[i]))?;
-            window = Some((start, bytes));
+            window = Some((start, len));
         }
-        let (at, bytes) = window.as_ref().expect("set above");
-        let local = bytes.slice((start - at) as usize..)?;
-        let (data_offset, head) = parse_local_header(input, &entries[i], &local, head_len)?;
+        let (at, len) = window.expect("set above");
+        let local = &scratch[(start - at) as usize..len];
+        let (data_offset, head) = parse_local_header(input, &entries[i], local, head_len)?;
         entries[i].data_offset = data_offset;
-        entries[i].head = head;
+        if !head.is_empty() {
+            head_ranges.push((i, heads.len()..heads.len() + head.len()));
+            heads.extend_from_slice(head);
+        }
+    }
+    if !head_ranges.is_empty() {
+        let heads = Bytes::from_vec(heads);
+        for (i, range) in head_ranges {
+            entries[i].head = Some(heads.slice(range)?);
+        }
     }
     Ok(())
 }
@@ -378,14 +400,14 @@ fn local_out_of_bounds(input: &Input, entry: &ZipEntry) -> Error {
     }
 }
 
-/// Where `entry`'s data starts, from its local header at the start of `local` (and
-/// the head of its data when `local` holds it).
-fn parse_local_header(
+/// Where `entry`'s data starts, from its local header at the start of `local`, and
+/// the head of its data (up to `head_len` bytes of it that `local` holds).
+fn parse_local_header<'a>(
     input: &Input,
     entry: &ZipEntry,
-    local: &Bytes,
+    local: &'a [u8],
     head_len: u64,
-) -> Result<(u64, Option<Bytes>)> {
+) -> Result<(u64, &'a [u8])> {
     let header_offset = entry.data_offset;
     if (local.len() as u64) < LOCAL_LEN {
         return Err(local_out_of_bounds(input, entry));
@@ -398,14 +420,10 @@ fn parse_local_header(
     }
     let var = u64::from(u16_at(local, 26)) + u64::from(u16_at(local, 28));
     let data_offset = header_offset + LOCAL_LEN + var;
-    let head = if head_len == 0 {
-        None
-    } else {
-        let start = (LOCAL_LEN + var) as usize;
-        let len = entry.compressed_size.min(head_len) as usize;
-        let end = start.saturating_add(len).min(local.len());
-        (start < end).then(|| local.slice(start..end)).transpose()?
-    };
+    let start = ((LOCAL_LEN + var) as usize).min(local.len());
+    let len = entry.compressed_size.min(head_len) as usize;
+    let end = start.saturating_add(len).min(local.len());
+    let head = &local[start..end];
     Ok((data_offset, head))
 }
 
