@@ -1,8 +1,8 @@
 //! Decoding packets of every kind.
 
-use std::collections::HashSet;
-
-use tensorwire_core::{align_up, AlignedBuf, Bytes, DType, Error, Result, Shape, TensorView};
+use tensorwire_core::{
+    align_up, AlignedBuf, Bytes, DType, Error, NameSet, Result, Shape, TensorView,
+};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::codec::PacketLimits;
@@ -354,7 +354,7 @@ impl Reader<'_> {
             self.limits.max_bundle_entries as u64,
         )?;
         let mut entries = Vec::with_capacity(count);
-        let mut seen = HashSet::with_capacity(count);
+        let mut seen = NameSet::with_capacity_and_hasher(count, Default::default());
         let mut at = head.pos;
         for _ in 0..count {
             let klen = to_usize(u64::from(self.u32_at(at, end)?), "bundle key length")?;

@@ -1,8 +1,6 @@
 //! Encoding packets of every kind from borrowed parts.
 
-use std::collections::HashSet;
-
-use tensorwire_core::{DType, Error, Result, Shape};
+use tensorwire_core::{DType, Error, NameSet, Result, Shape};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::codec::{encode_parts, EncodeOptions, PacketLimits};
@@ -432,7 +430,7 @@ impl Writer<'_> {
             entries.len() as u64,
             self.limits.max_bundle_entries.min(255) as u64,
         )?;
-        let mut seen = HashSet::with_capacity(entries.len());
+        let mut seen = NameSet::with_capacity_and_hasher(entries.len(), Default::default());
         for (key, _) in entries {
             if !seen.insert(*key) {
                 return Err(Error::Duplicate {
