@@ -4,11 +4,12 @@ ztensor 1.2.3, against the numpy floor, on the ~500 MiB checkpoint of
 make_checkpoint.py (185 float32 tensors) written by each format's own writer.
 
     python benches/python/make_checkpoint.py          # writes bench-data/model.*
-    python benches/python/bench_formats.py [--data bench-data] [--reps 15]
+    python benches/python/bench_formats.py [--data bench-data] [--reps 15] [--rounds 5]
 
 Every timed run opens the file inside the timed region and returns {name: array}; the
-median of --reps runs after one warm-up (page cache warm) is reported. Before timing,
-every method's arrays are checked equal to the floor's.
+median of --reps runs (page cache warm) is reported, the runs taken in --rounds rounds
+that visit every row in turn (timing.py), so noise on a shared machine hits every row
+alike. Before timing, every method's arrays are checked equal to the floor's.
 
 Floor, per file: mmap the file and np.frombuffer each tensor at its data offset, with
 the offsets, dtypes and shapes found outside the timed region (the floor parses
@@ -21,25 +22,13 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_packet import fmt  # µs below 1 ms, else ms  # noqa: E402
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-        del out
-    return statistics.median(times) * 1e3
+from timing import medians_ms  # noqa: E402
 
 
 def floor(path: str, plan):
@@ -112,6 +101,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="bench-data")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds the reps are split into (see timing.py)")
     args = ap.parse_args(argv)
 
     import tensorwire as tw
@@ -201,8 +191,7 @@ def main(argv=None) -> int:
     print("| file | method | time | vs floor |")
     print("| --- | --- | ---: | ---: |")
     base = {}
-    for kind, label, fn in rows:
-        ms = median_ms(fn, args.reps)
+    for (kind, label, _), ms in zip(rows, medians_ms([r[2] for r in rows], args.reps, args.rounds)):
         if label.startswith("numpy floor"):
             base[kind] = ms
         print(f"| {kind} | {label} | {fmt(ms / 1e3)} | {ms / base[kind]:.2f} |", flush=True)

@@ -3,13 +3,14 @@
 the numpy floor, on the ~500 MiB transformer-shaped state dict of make_checkpoint.py
 saved by torch in the ZIP and the legacy format.
 
-    python benches/python/bench_pytorch.py [--data bench-data] [--reps 9] [--layers 13]
+    python benches/python/bench_pytorch.py [--data bench-data] [--reps 9] [--rounds 3] [--layers 13]
 
 Needs torch, numpy, tensorwire (maturin develop) and optionally ztensor==1.2.3. Writes
 bench-data/model.pt and model.legacy.pt when missing. Every timed run opens the file
 inside the timed region and returns {name: array or tensor}; the median of --reps runs
-after one warm-up (page cache warm) is reported. Before timing, every method's result is
-checked equal to the floor's arrays.
+(page cache warm) is reported, the runs taken in --rounds rounds that visit every row
+in turn (timing.py). Before timing, every method's result is checked equal to the
+floor's arrays.
 
 Floors: "zero-copy" = mmap the file and np.frombuffer each storage at its offset (the
 offsets are taken from the ZIP directory outside the timed region: the floor parses
@@ -21,16 +22,15 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import statistics
 import struct
 import sys
-import time
 import zipfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_packet import fmt  # µs below 1 ms, else ms  # noqa: E402
+from timing import medians_ms  # noqa: E402
 from make_checkpoint import make_tensors  # noqa: E402
 
 
@@ -86,17 +86,6 @@ def floor_methods(path: str, entries):
     return zc, cp
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-        del out
-    return statistics.median(times) * 1e3
-
-
 def to_np(x):
     if hasattr(x, "numpy"):
         return x.numpy()
@@ -107,6 +96,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="bench-data")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds the reps are split into (see timing.py)")
     ap.add_argument("--layers", type=int, default=13)
     ap.add_argument("--vocab", type=int, default=32000)
     args = ap.parse_args(argv)
@@ -189,8 +179,8 @@ def main(argv=None) -> int:
     print("| file | method | time | vs floor (same kind) |")
     print("| --- | --- | ---: | ---: |")
     base = {}
-    for file, label, fn, kind in rows:
-        ms = median_ms(fn, args.reps)
+    times = medians_ms([r[2] for r in rows], args.reps, args.rounds)
+    for (file, label, fn, kind), ms in zip(rows, times):
         if label.startswith("numpy floor"):
             base[kind] = ms
         ratio = f"{ms / base[kind]:.2f}" if kind in base else "–"
