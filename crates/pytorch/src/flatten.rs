@@ -6,7 +6,9 @@
 //! becomes one metadata value (`param_groups.0.betas = [0.9, 0.999]`); other
 //! non-tensor leaves become metadata values under their own names.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tensorwire_core::{Error, NameSet, Result, Value};
 
@@ -19,8 +21,9 @@ pub const ROOT_TENSOR_NAME: &str = "tensor";
 
 /// What the object holds.
 pub struct Flat<'a> {
-    /// Tensors, in the order the pickle lists them.
-    pub tensors: Vec<(String, &'a TensorRecord)>,
+    /// Tensors, in the order the pickle lists them (a top-level key's name is the
+    /// pickle's own str, shared).
+    pub tensors: Vec<(Arc<str>, &'a TensorRecord)>,
     /// Non-tensor values.
     pub attributes: BTreeMap<String, Value>,
 }
@@ -50,9 +53,9 @@ pub fn flatten(
         holds_tensor: vec![None; arena.len()],
     };
     if matches!(arena.get(root), Obj::Tensor(_)) {
-        walker.visit(root, ROOT_TENSOR_NAME.to_owned(), 0)?;
+        walker.visit(root, ROOT_TENSOR_NAME.into(), 0)?;
     } else {
-        walker.visit(root, String::new(), 0)?;
+        walker.visit(root, "".into(), 0)?;
     }
     Ok(walker.flat)
 }
@@ -64,16 +67,16 @@ struct Walker<'a> {
     max_tensors: u64,
     nodes: u64,
     flat: Flat<'a>,
-    names: NameSet<String>,
+    names: NameSet<Arc<str>>,
     /// Memo of [`Walker::holds_tensor`] per object.
     holds_tensor: Vec<Option<bool>>,
 }
 
-fn join(prefix: &str, key: &str) -> String {
+fn join(prefix: &str, key: &str) -> Arc<str> {
     if prefix.is_empty() {
-        key.to_owned()
+        key.into()
     } else {
-        format!("{prefix}.{key}")
+        format!("{prefix}.{key}").into()
     }
 }
 
@@ -131,13 +134,23 @@ impl<'a> Walker<'a> {
         Ok(found)
     }
 
-    fn key_text(&self, key: Id) -> Result<String> {
+    /// The name of the value under dict key `key` of the container named `prefix`.
+    fn child_name(&self, prefix: &str, key: Id) -> Result<Arc<str>> {
+        match self.arena.get(key) {
+            // A top-level str key names its value as it is: share the str.
+            Obj::Str(s) if prefix.is_empty() => Ok(Arc::clone(s)),
+            _ => Ok(join(prefix, &self.key_text(key)?)),
+        }
+    }
+
+    /// A dict key as text.
+    fn key_text(&self, key: Id) -> Result<Cow<'a, str>> {
         Ok(match self.arena.get(key) {
-            Obj::Str(s) => s.to_string(),
-            Obj::Int(n) => n.to_string(),
-            Obj::Bool(b) => if *b { "True" } else { "False" }.to_owned(),
-            Obj::None => "None".to_owned(),
-            Obj::Float(f) => format!("{f:?}"),
+            Obj::Str(s) => Cow::Borrowed(&**s),
+            Obj::Int(n) => Cow::Owned(n.to_string()),
+            Obj::Bool(b) => Cow::Borrowed(if *b { "True" } else { "False" }),
+            Obj::None => Cow::Borrowed("None"),
+            Obj::Float(f) => Cow::Owned(format!("{f:?}")),
             other => {
                 return Err(Error::unsupported(format!(
                     "a dict key of type {} next to tensors",
@@ -147,15 +160,17 @@ impl<'a> Walker<'a> {
         })
     }
 
-    fn add_attribute(&mut self, name: String, value: Value) -> Result<()> {
-        if !self.names.insert(name.clone()) {
-            return Err(Error::Duplicate { name });
+    fn add_attribute(&mut self, name: Arc<str>, value: Value) -> Result<()> {
+        if !self.names.insert(Arc::clone(&name)) {
+            return Err(Error::Duplicate {
+                name: name.to_string(),
+            });
         }
-        self.flat.attributes.insert(name, value);
+        self.flat.attributes.insert(name.to_string(), value);
         Ok(())
     }
 
-    fn visit(&mut self, id: Id, name: String, depth: usize) -> Result<()> {
+    fn visit(&mut self, id: Id, name: Arc<str>, depth: usize) -> Result<()> {
         if depth > self.max_depth {
             return Err(self.too_deep(&name));
         }
@@ -168,8 +183,10 @@ impl<'a> Walker<'a> {
                     self.flat.tensors.len() as u64 + 1,
                     self.max_tensors,
                 )?;
-                if !self.names.insert(name.clone()) {
-                    return Err(Error::Duplicate { name });
+                if !self.names.insert(Arc::clone(&name)) {
+                    return Err(Error::Duplicate {
+                        name: name.to_string(),
+                    });
                 }
                 self.flat.tensors.push((name, record));
                 Ok(())
@@ -180,8 +197,8 @@ impl<'a> Walker<'a> {
             ))),
             Obj::Dict { items, .. } if self.holds_tensor(id, depth)? => {
                 for &(k, v) in items {
-                    let key = self.key_text(k)?;
-                    self.visit(v, join(&name, &key), depth + 1)?;
+                    let child = self.child_name(&name, k)?;
+                    self.visit(v, child, depth + 1)?;
                 }
                 Ok(())
             }
@@ -200,7 +217,7 @@ impl<'a> Walker<'a> {
             _ => {
                 let value = self.value(id, depth)?;
                 let name = if name.is_empty() {
-                    "value".to_owned()
+                    "value".into()
                 } else {
                     name
                 };
@@ -244,7 +261,7 @@ impl<'a> Walker<'a> {
             Obj::Dict { items, .. } => Value::Map(
                 items
                     .iter()
-                    .map(|&(k, v)| Ok((self.key_text(k)?, self.value(v, depth + 1)?)))
+                    .map(|&(k, v)| Ok((self.key_text(k)?.into_owned(), self.value(v, depth + 1)?)))
                     .collect::<Result<_>>()?,
             ),
             Obj::Global(Global::Dtype(d)) => Value::Str(torch_dtype_name(*d).to_owned()),

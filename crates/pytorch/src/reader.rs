@@ -316,7 +316,6 @@ impl PtReader {
             })?;
             let (start, end) = record.byte_extent()?;
             let base = storage_offset(data) + record.storage.window()?.0;
-            let name: Arc<str> = name.into();
             index.push(TensorInfo {
                 name,
                 dtype: record.dtype,
