@@ -126,10 +126,15 @@ fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
     lend == Lend::Any || bytes.is_aligned(dtype.alignment())
 }
 
-/// Copies (or decodes) the bytes of the dense tensor at `at` into `dst` (exactly its
-/// size).
-fn fill_dense(py: Python<'_>, src: &dyn TensorSource, at: usize, dst: &mut [u8]) -> PyResult<()> {
-    let name = &*dense_info(src, at)?.name;
+/// Copies (or decodes) the bytes of the dense tensor at `at`, called `name` (checked by
+/// [`dense_info`]), into `dst` (exactly its size).
+fn fill_dense(
+    py: Python<'_>,
+    src: &dyn TensorSource,
+    at: usize,
+    name: &str,
+    dst: &mut [u8],
+) -> PyResult<()> {
     if let Some(zt) = zt(src) {
         if overlaps(dst, zt.bytes()) {
             // `dst` views this reader's own map: copy through a temporary buffer.
@@ -230,7 +235,7 @@ fn dense_array<'py>(
         return maybe_detach(py, dst.len(), || copy_exact(name, dst, &bytes)).map(|()| array);
     }
     let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
-    fill_dense(py, src, at, buf.as_mut_slice())?;
+    fill_dense(py, src, at, name, buf.as_mut_slice())?;
     Ok(array)
 }
 
@@ -350,7 +355,7 @@ fn read_into_one(
         })
         .or_raise();
     }
-    fill_dense(py, src, at, out)
+    fill_dense(py, src, at, name, out)
 }
 
 #[pymethods]

@@ -1,10 +1,12 @@
 //! A packet file as a [`TensorSource`].
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tensorwire_core::{Bytes, Error, Layout, Result, TensorInfo, TensorSource, TensorView, Value};
+use tensorwire_core::{
+    Bytes, Error, Layout, Result, TensorIndex, TensorInfo, TensorSource, TensorView, Value,
+};
 
 use crate::codec::PacketLimits;
 use crate::read::decode_packet_with;
@@ -28,17 +30,15 @@ pub const PACKET_TENSOR_NAME: &str = "tensor";
 #[derive(Debug)]
 pub struct PacketSource {
     packet: Packet,
-    infos: Vec<TensorInfo>,
+    index: TensorIndex,
     views: Vec<TensorView>,
-    index: HashMap<Arc<str>, usize>,
     attributes: BTreeMap<String, Value>,
 }
 
 struct Builder<'a> {
     input: &'a Bytes,
-    infos: Vec<TensorInfo>,
+    index: TensorIndex,
     views: Vec<TensorView>,
-    index: HashMap<Arc<str>, usize>,
     attributes: BTreeMap<String, Value>,
 }
 
@@ -64,11 +64,6 @@ impl Builder<'_> {
         attributes: BTreeMap<String, Value>,
     ) -> Result<()> {
         let name: Arc<str> = Arc::from(name);
-        if self.index.contains_key(&name) {
-            return Err(Error::Duplicate {
-                name: name.to_string(),
-            });
-        }
         // A zero-copy view lies inside the input: its offset is the distance between
         // the two (plain address arithmetic, no pointer is dereferenced).
         let offset = if view.zero_copy {
@@ -77,8 +72,7 @@ impl Builder<'_> {
             0
         };
         let nbytes = view.bytes.len() as u64;
-        self.index.insert(name.clone(), self.infos.len());
-        self.infos.push(TensorInfo {
+        self.index.push(TensorInfo {
             name,
             dtype: view.dtype,
             shape: view.shape.clone(),
@@ -88,7 +82,7 @@ impl Builder<'_> {
             offset,
             encoding: (!view.zero_copy).then(|| "lz4".to_owned()),
             attributes: attributes.into(),
-        });
+        })?;
         self.views.push(view.clone());
         Ok(())
     }
@@ -202,9 +196,8 @@ impl PacketSource {
         let packet = decode_packet_with(&bytes, limits)?;
         let mut b = Builder {
             input: &bytes,
-            infos: Vec::new(),
+            index: TensorIndex::default(),
             views: Vec::new(),
-            index: HashMap::new(),
             attributes: Default::default(),
         };
         if let Packet::Bundle(bundle) = &packet {
@@ -214,17 +207,15 @@ impl PacketSource {
         }
         b.walk(&packet, None)?;
         let Builder {
-            infos,
-            views,
             index,
+            views,
             attributes,
             ..
         } = b;
         Ok(PacketSource {
             packet,
-            infos,
-            views,
             index,
+            views,
             attributes,
         })
     }
@@ -241,7 +232,7 @@ impl TensorSource for PacketSource {
     }
 
     fn tensors(&self) -> &[TensorInfo] {
-        &self.infos
+        self.index.infos()
     }
 
     fn attributes(&self) -> &BTreeMap<String, Value> {
@@ -249,12 +240,7 @@ impl TensorSource for PacketSource {
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.index
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::NotFound {
-                name: name.to_owned(),
-            })
+        self.index.position(name)
     }
 
     fn view_at(&self, position: usize) -> Result<TensorView> {
