@@ -3,12 +3,9 @@
 //! The calling thread copies too: it and the helpers take chunks from one queue, so a
 //! copy never waits for a helper to wake up (a helper that starts late finds less or
 //! nothing left), and the end of a copy waits at most for the chunks helpers are
-//! still on. Helpers come from a small pool of this module's own (one thread fewer
-//! than the machine has cores, so caller and helpers fill the cores without
-//! oversubscribing them), not from rayon's global pool, which the embedding program
-//! may be using for its own work.
+//! still on. Helpers come from [`crate::helpers`]' pool.
 
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 /// Total bytes below which a copy runs on the calling thread alone (waking a helper
 /// costs more than it saves).
@@ -17,9 +14,6 @@ pub const PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// Bytes per chunk of work: small enough that the last chunk a helper finishes is
 /// short, large enough that taking chunks costs nothing next to copying them.
 const CHUNK: usize = 128 << 10;
-
-/// Most helper threads (memory bandwidth, not cores, bounds a copy).
-const MAX_HELPERS: usize = 7;
 
 /// Copies `src` into `dst`, in parallel when large.
 ///
@@ -42,7 +36,7 @@ pub fn copy_pairs(pairs: Vec<(&mut [u8], &[u8])>) {
         assert_eq!(dst.len(), src.len(), "copy_pairs: lengths differ");
         total = total.saturating_add(src.len());
     }
-    let pool = match helpers() {
+    let pool = match crate::helpers::pool() {
         Some(pool) if total >= PARALLEL_MIN_BYTES => pool,
         _ => {
             for (dst, src) in pairs {
@@ -70,25 +64,6 @@ pub fn copy_pairs(pairs: Vec<(&mut [u8], &[u8])>) {
         }
         work();
     });
-}
-
-/// The helper pool, made on first use; `None` on a one-core machine or when its
-/// threads cannot be started (copies then run on the calling thread).
-fn helpers() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = cores.saturating_sub(1).min(MAX_HELPERS);
-        if threads == 0 {
-            return None;
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("tensorwire-copy-{i}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
 }
 
 #[cfg(test)]

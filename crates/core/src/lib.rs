@@ -12,6 +12,7 @@ mod bytes;
 pub mod copy;
 mod dtype;
 mod error;
+pub mod helpers;
 mod index;
 mod limits;
 mod shape;

@@ -18,7 +18,7 @@ use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, Obj, PersistentLoad, PickleLimits};
 use crate::tensor::{StorageRef, TensorRecord};
-use crate::zip::{self, Method, ZipArchive, ZipEntry};
+use crate::zip::{self, Method, ZipArchive, ZipDirectory, ZipEntry};
 
 /// Which container a checkpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,9 +75,10 @@ impl std::fmt::Debug for PtReader {
 
 /// Collects the storages a ZIP checkpoint's pickle names, each with its record.
 struct ZipStorages<'a> {
-    archive: &'a ZipArchive,
+    directory: &'a ZipDirectory,
     prefix: &'a str,
-    seen: NameMap<Arc<str>, (StorageRef, &'a ZipEntry)>,
+    /// Each storage met so far, with the index of its record.
+    seen: NameMap<Arc<str>, (StorageRef, usize)>,
     /// Scratch for record names (`<prefix>data/<key>`), reused across storages.
     record: String,
 }
@@ -98,9 +99,10 @@ impl PersistentLoad for ZipStorages<'_> {
             record.push_str(self.prefix);
             record.push_str("data/");
             record.push_str(&storage.key);
-            let entry = self.archive.get(record).ok_or_else(|| {
+            let index = self.directory.index_of(record).ok_or_else(|| {
                 Error::malformed(offset, format!("no record `{record}` for a storage"))
             })?;
+            let entry = self.directory.entry(index);
             if entry.size < storage.nbytes()? {
                 return Err(Error::SizeMismatch {
                     tensor: record.clone(),
@@ -109,7 +111,7 @@ impl PersistentLoad for ZipStorages<'_> {
                 });
             }
             self.seen
-                .insert(storage.key.clone(), (storage.clone(), entry));
+                .insert(storage.key.clone(), (storage.clone(), index));
         }
         Ok(Obj::Storage(storage))
     }
@@ -117,9 +119,8 @@ impl PersistentLoad for ZipStorages<'_> {
 
 /// The folder (with its trailing `/`) that holds `data.pkl`: torch names it after the
 /// file's stem or `archive`, so it is found rather than assumed.
-fn archive_prefix(archive: &ZipArchive) -> Result<String> {
-    let mut candidates = archive
-        .entries()
+fn archive_prefix(entries: &[ZipEntry]) -> Result<String> {
+    let mut candidates = entries
         .iter()
         .filter_map(|e| e.name.strip_suffix("data.pkl"))
         .filter(|p| p.ends_with('/') && p.matches('/').count() == 1);
@@ -202,21 +203,28 @@ impl PtReader {
     }
 
     fn open_zip(input: Input, limits: &Limits) -> Result<PtReader> {
-        let archive = ZipArchive::parse(
+        let directory = ZipDirectory::read(
             &input,
             limits.max_tensors.saturating_add(1024),
             limits.max_name_bytes,
         )?;
-        let prefix = archive_prefix(&archive)?;
-        let pkl_entry = archive
-            .get(&format!("{prefix}data.pkl"))
+        let prefix = archive_prefix(directory.entries())?;
+        let pkl_index = directory
+            .index_of(&format!("{prefix}data.pkl"))
             .expect("found by archive_prefix");
+        let order_index = directory.index_of(&format!("{prefix}byteorder"));
+        // The pickle and the byte order are needed now; every other record's local
+        // header is read below, on a helper thread while the pickle runs.
+        let first: Vec<usize> = std::iter::once(pkl_index).chain(order_index).collect();
+        let first = directory.locate(&input, &first, 0)?;
+        let pkl_entry = directory.located(&first[0])?;
         Error::check_limit("data.pkl size", pkl_entry.size, limits.max_metadata_bytes)?;
-        let pkl = zip::read_entry(&input, pkl_entry, limits.max_metadata_bytes, true)?;
-        let little_endian = match archive.get(&format!("{prefix}byteorder")) {
+        let pkl = zip::read_entry(&input, &pkl_entry, limits.max_metadata_bytes, true)?;
+        let little_endian = match first.get(1) {
             None => true,
-            Some(entry) => {
-                let order = zip::read_entry(&input, entry, 16, true)?;
+            Some(location) => {
+                let entry = directory.located(location)?;
+                let order = zip::read_entry(&input, &entry, 16, true)?;
                 match order.as_slice() {
                     b"little" => true,
                     b"big" => false,
@@ -229,22 +237,36 @@ impl PtReader {
                 }
             }
         };
+        let rest: Vec<usize> = directory
+            .file_order()
+            .into_iter()
+            .filter(|i| *i != pkl_index && Some(*i) != order_index)
+            .collect();
         let mut storages = ZipStorages {
-            archive: &archive,
+            directory: &directory,
             prefix: &prefix,
             seen: NameMap::default(),
             record: String::new(),
         };
-        let unpickled = pickle::unpickle(
-            &pkl,
-            pkl_entry.data_offset,
-            &Self::pickle_limits(limits),
-            &mut storages,
-        )?;
-        let data = storages
-            .seen
+        let (unpickled, located) = tensorwire_core::helpers::join(
+            || {
+                pickle::unpickle(
+                    &pkl,
+                    pkl_entry.data_offset,
+                    &Self::pickle_limits(limits),
+                    &mut storages,
+                )
+            },
+            || directory.locate(&input, &rest, 0),
+        );
+        // A broken container is the more basic fault: report it first.
+        let located = located?;
+        let unpickled = unpickled?;
+        let seen = storages.seen;
+        let archive = directory.into_archive(first.into_iter().chain(located))?;
+        let data = seen
             .into_iter()
-            .map(|(key, (_, entry))| (key, StorageData::Zip(entry.clone())))
+            .map(|(key, (_, index))| (key, StorageData::Zip(archive.entries()[index].clone())))
             .collect();
         let mut reader = PtReader::build(
             PtFormat::Zip,

@@ -200,6 +200,83 @@ impl ZipArchive {
         max_name: usize,
         head_len: u64,
     ) -> Result<ZipArchive> {
+        let directory = ZipDirectory::read(input, max_entries, max_name)?;
+        let locations = directory.locate(input, &directory.file_order(), head_len)?;
+        directory.into_archive(locations)
+    }
+
+    /// Every record, in central-directory order.
+    pub fn entries(&self) -> &[ZipEntry] {
+        &self.entries
+    }
+
+    /// The record called `name`.
+    pub fn get(&self, name: &str) -> Option<&ZipEntry> {
+        self.by_name.get(name).map(|&i| &self.entries[i])
+    }
+
+    /// Checks every record's CRC-32 (records with a zero CRC, which torch writes when
+    /// CRCs are off, are skipped). Returns how many were checked.
+    pub fn verify(&self, input: &Input, max_bytes: u64) -> Result<usize> {
+        let mut checked = 0;
+        for entry in &self.entries {
+            if entry.crc32 == 0 {
+                continue;
+            }
+            let data = read_entry(input, entry, max_bytes, false)?;
+            let found = crc32fast::hash(&data);
+            if found != entry.crc32 {
+                return Err(Error::DigestMismatch {
+                    tensor: entry.name.to_string(),
+                    algorithm: "crc32",
+                    expected: format!("0x{:08x}", entry.crc32),
+                    found: format!("0x{found:08x}"),
+                });
+            }
+            checked += 1;
+        }
+        Ok(checked)
+    }
+}
+
+/// The central directory of a ZIP archive: every record's name, method and sizes, but
+/// not yet where its data starts, which only its local header says.
+///
+/// [`ZipDirectory::locate`] reads local headers (of some records or all, on several
+/// threads at once if the caller likes) and [`ZipDirectory::into_archive`] turns the
+/// directory and every record's [`Location`] into a [`ZipArchive`]. Splitting the two
+/// lets a reader overlap those scattered reads with work that needs only the
+/// directory, such as running a checkpoint's pickle.
+#[derive(Debug)]
+pub struct ZipDirectory {
+    /// Records in central-directory order; each `data_offset` holds the offset of the
+    /// record's local header until the record is located.
+    entries: Vec<ZipEntry>,
+    by_name: NameMap<Arc<str>, usize>,
+    /// Where the central directory starts: every record's data must end before it.
+    end: u64,
+}
+
+/// Where one record's data starts, read from its local header by
+/// [`ZipDirectory::locate`].
+#[derive(Debug, Clone)]
+pub struct Location {
+    index: usize,
+    data_offset: u64,
+    head: Option<Bytes>,
+}
+
+impl Location {
+    /// The record's index in its directory.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl ZipDirectory {
+    /// Reads the end records and the central directory (no local headers). At most
+    /// `max_entries` records, names of at most `max_name` bytes.
+    pub fn read(input: &Input, max_entries: u64, max_name: usize) -> Result<ZipDirectory> {
         let dir = find_directory(input)?;
         Error::check_limit("zip record count", dir.entries, max_entries)?;
         let central = input.read_meta(dir.offset, dir.size)?;
@@ -263,133 +340,200 @@ impl ZipArchive {
                 crc32,
                 compressed_size: compressed,
                 size,
-                // Found from the local header below; until then, where that starts.
+                // Found from the local header by `locate`; until then, where that starts.
                 data_offset: header_offset,
                 head: None,
             });
             pos += CENTRAL_LEN + name_len + extra_len + comment_len;
         }
-        locate_data(input, &mut entries, head_len)?;
-        for e in &entries {
-            match e.data_offset.checked_add(e.compressed_size) {
-                Some(end) if end <= dir.offset => {}
-                _ => {
-                    return Err(Error::OutOfBounds {
-                        tensor: format!("zip record `{}`", e.name),
-                        offset: e.data_offset,
-                        length: e.compressed_size,
-                        limit: dir.offset,
-                    })
-                }
-            }
-        }
-        Ok(ZipArchive { entries, by_name })
+        Ok(ZipDirectory {
+            entries,
+            by_name,
+            end: dir.offset,
+        })
     }
 
-    /// Every record, in central-directory order.
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True for an archive without records.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The index of the record called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Record `index`'s name, method, CRC and sizes. Its `data_offset` is that of its
+    /// local header and its `head` is `None`: [`ZipDirectory::located`] gives the
+    /// record as it is once located.
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not below [`ZipDirectory::len`].
+    pub fn entry(&self, index: usize) -> &ZipEntry {
+        &self.entries[index]
+    }
+
+    /// Every record, in central-directory order (as [`ZipDirectory::entry`]).
     pub fn entries(&self) -> &[ZipEntry] {
         &self.entries
     }
 
-    /// The record called `name`.
-    pub fn get(&self, name: &str) -> Option<&ZipEntry> {
-        self.by_name.get(name).map(|&i| &self.entries[i])
+    /// Record indices sorted by where their local headers lie in the file.
+    pub fn file_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.entries.len()).collect();
+        order.sort_by_key(|&i| self.entries[i].data_offset);
+        order
     }
 
-    /// Checks every record's CRC-32 (records with a zero CRC, which torch writes when
-    /// CRCs are off, are skipped). Returns how many were checked.
-    pub fn verify(&self, input: &Input, max_bytes: u64) -> Result<usize> {
-        let mut checked = 0;
-        for entry in &self.entries {
-            if entry.crc32 == 0 {
+    /// Reads the local headers of the records `which` (indices, in any order), and,
+    /// when `head_len` is not 0, up to that many bytes of each record's data in the
+    /// same read. Headers are read in file order, one read covering every header that
+    /// lies within [`GROUP_SPAN`] of the first, so an archive of many small records
+    /// costs far fewer reads than records.
+    ///
+    /// # Panics
+    ///
+    /// When an index is not below [`ZipDirectory::len`].
+    pub fn locate(&self, input: &Input, which: &[usize], head_len: u64) -> Result<Vec<Location>> {
+        let entries = &self.entries;
+        // What a read must cover from a header: the fixed part, and with a head, the
+        // name, room for torch-style alignment padding in the extra field, and the head.
+        let want = |e: &ZipEntry| -> u64 {
+            if head_len == 0 {
+                LOCAL_LEN
+            } else {
+                LOCAL_LEN
+                    + e.name.len() as u64
+                    + LOCAL_EXTRA_SLACK
+                    + e.compressed_size.min(head_len)
+            }
+        };
+        let mut order = which.to_vec();
+        order.sort_by_key(|&i| entries[i].data_offset);
+        // Every group is read into this one buffer: no allocation (and no zeroing) per
+        // read, which for hundreds of records costs more than the reads' copying.
+        let mut scratch: Vec<u8> = Vec::new();
+        // The file range the buffer holds: `(start, length)`.
+        let mut window: Option<(u64, usize)> = None;
+        // Every head, back to back, and where each record's lies: one buffer for all.
+        let mut heads: Vec<u8> = Vec::new();
+        let mut head_ranges: Vec<Option<std::ops::Range<usize>>> = Vec::with_capacity(order.len());
+        let mut located = Vec::with_capacity(order.len());
+        for (k, &i) in order.iter().enumerate() {
+            let start = entries[i].data_offset;
+            let end = start.saturating_add(want(&entries[i]));
+            let covered = window.is_some_and(|(at, len)| start >= at && end <= at + len as u64);
+            if !covered {
+                let mut group_end = end;
+                for &j in &order[k + 1..] {
+                    let next_end = entries[j].data_offset.saturating_add(want(&entries[j]));
+                    if next_end - start > GROUP_SPAN {
+                        break;
+                    }
+                    group_end = group_end.max(next_end);
+                }
+                // Fewer bytes at the end of the file (a header that does not fit fails
+                // in `parse_local_header`).
+                let len = (group_end - start).min(input.len().saturating_sub(start)) as usize;
+                if scratch.len() < len {
+                    scratch.resize(len, 0);
+                }
+                input
+                    .read_meta_into(start, &mut scratch[..len])
+                    .map_err(|_| local_out_of_bounds(input, &entries[i]))?;
+                window = Some((start, len));
+            }
+            let (at, len) = window.expect("set above");
+            let local = &scratch[(start - at) as usize..len];
+            let (data_offset, head) = parse_local_header(input, &entries[i], local, head_len)?;
+            head_ranges.push((!head.is_empty()).then(|| heads.len()..heads.len() + head.len()));
+            heads.extend_from_slice(head);
+            located.push(Location {
+                index: i,
+                data_offset,
+                head: None,
+            });
+        }
+        if !heads.is_empty() {
+            let heads = Bytes::from_vec(heads);
+            for (location, range) in located.iter_mut().zip(head_ranges) {
+                if let Some(range) = range {
+                    location.head = Some(heads.slice(range)?);
+                }
+            }
+        }
+        Ok(located)
+    }
+
+    /// The record at `location` as it is once located: its data offset and head set,
+    /// and its data checked to end before the central directory.
+    pub fn located(&self, location: &Location) -> Result<ZipEntry> {
+        let mut entry = self.entries[location.index].clone();
+        entry.data_offset = location.data_offset;
+        entry.head = location.head.clone();
+        self.check_extent(&entry)?;
+        Ok(entry)
+    }
+
+    fn check_extent(&self, entry: &ZipEntry) -> Result<()> {
+        match entry.data_offset.checked_add(entry.compressed_size) {
+            Some(end) if end <= self.end => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                tensor: format!("zip record `{}`", entry.name),
+                offset: entry.data_offset,
+                length: entry.compressed_size,
+                limit: self.end,
+            }),
+        }
+    }
+
+    /// The archive, from this directory and the [`Location`] of every one of its
+    /// records (in any order; a record located twice must be located alike).
+    pub fn into_archive(
+        mut self,
+        locations: impl IntoIterator<Item = Location>,
+    ) -> Result<ZipArchive> {
+        let mut done = vec![false; self.entries.len()];
+        for location in locations {
+            let entry = &mut self.entries[location.index];
+            if done[location.index] {
+                if entry.data_offset != location.data_offset {
+                    return Err(Error::invalid(format!(
+                        "zip record `{}` was located at two offsets",
+                        entry.name
+                    )));
+                }
                 continue;
             }
-            let data = read_entry(input, entry, max_bytes, false)?;
-            let found = crc32fast::hash(&data);
-            if found != entry.crc32 {
-                return Err(Error::DigestMismatch {
-                    tensor: entry.name.to_string(),
-                    algorithm: "crc32",
-                    expected: format!("0x{:08x}", entry.crc32),
-                    found: format!("0x{found:08x}"),
-                });
-            }
-            checked += 1;
+            done[location.index] = true;
+            entry.data_offset = location.data_offset;
+            entry.head = location.head;
         }
-        Ok(checked)
+        if let Some(missing) = done.iter().position(|&d| !d) {
+            return Err(Error::invalid(format!(
+                "zip record `{}` was not located",
+                self.entries[missing].name
+            )));
+        }
+        for entry in &self.entries {
+            self.check_extent(entry)?;
+        }
+        Ok(ZipArchive {
+            entries: self.entries,
+            by_name: self.by_name,
+        })
     }
 }
 
 /// Bytes one read may span to cover the local headers of several records: records
 /// smaller than this (norms, biases) share reads with their neighbours.
 const GROUP_SPAN: u64 = 8 << 10;
-
-/// Sets each entry's `data_offset` (which holds its local header's offset on entry)
-/// from its local header, and, when `head_len` is not 0, its `head`: up to that many
-/// bytes of its data, read together with the header. Headers are read in file order,
-/// one read covering every header that lies within [`GROUP_SPAN`] of the first, so
-/// an archive of many small records costs far fewer reads than records.
-fn locate_data(input: &Input, entries: &mut [ZipEntry], head_len: u64) -> Result<()> {
-    // What a read must cover from a header: the fixed part, and with a head, the
-    // name, room for torch-style alignment padding in the extra field, and the head.
-    let want = |e: &ZipEntry| -> u64 {
-        if head_len == 0 {
-            LOCAL_LEN
-        } else {
-            LOCAL_LEN + e.name.len() as u64 + LOCAL_EXTRA_SLACK + e.compressed_size.min(head_len)
-        }
-    };
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by_key(|&i| entries[i].data_offset);
-    // Every group is read into this one buffer: no allocation (and no zeroing) per
-    // read, which for hundreds of records costs more than the reads' copying.
-    let mut scratch: Vec<u8> = Vec::new();
-    // The file range the buffer holds: `(start, length)`.
-    let mut window: Option<(u64, usize)> = None;
-    // Every head, back to back, and where each entry's lies: one buffer for all.
-    let mut heads: Vec<u8> = Vec::new();
-    let mut head_ranges: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-    for (k, &i) in order.iter().enumerate() {
-        let start = entries[i].data_offset;
-        let end = start.saturating_add(want(&entries[i]));
-        let covered = window.is_some_and(|(at, len)| start >= at && end <= at + len as u64);
-        if !covered {
-            let mut group_end = end;
-            for &j in &order[k + 1..] {
-                let next_end = entries[j].data_offset.saturating_add(want(&entries[j]));
-                if next_end - start > GROUP_SPAN {
-                    break;
-                }
-                group_end = group_end.max(next_end);
-            }
-            // Fewer bytes at the end of the file (a header that does not fit fails
-            // in `parse_local_header`).
-            let len = (group_end - start).min(input.len().saturating_sub(start)) as usize;
-            if scratch.len() < len {
-                scratch.resize(len, 0);
-            }
-            input
-                .read_meta_into(start, &mut scratch[..len])
-                .map_err(|_| local_out_of_bounds(input, &entries[i]))?;
-            window = Some((start, len));
-        }
-        let (at, len) = window.expect("set above");
-        let local = &scratch[(start - at) as usize..len];
-        let (data_offset, head) = parse_local_header(input, &entries[i], local, head_len)?;
-        entries[i].data_offset = data_offset;
-        if !head.is_empty() {
-            head_ranges.push((i, heads.len()..heads.len() + head.len()));
-            heads.extend_from_slice(head);
-        }
-    }
-    if !head_ranges.is_empty() {
-        let heads = Bytes::from_vec(heads);
-        for (i, range) in head_ranges {
-            entries[i].head = Some(heads.slice(range)?);
-        }
-    }
-    Ok(())
-}
 
 fn local_out_of_bounds(input: &Input, entry: &ZipEntry) -> Error {
     Error::OutOfBounds {

@@ -1,0 +1,73 @@
+//! The ZIP directory read in two steps: records located in any grouping, on any
+//! thread, make the same archive as a one-step parse, and a record left unlocated is
+//! an error rather than a record with a wrong data offset.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tensorwire_pytorch::zip::{ZipArchive, ZipDirectory};
+use tensorwire_pytorch::Input;
+use tensorwire_range::RangeFile;
+
+fn fixture_input(name: &str) -> Input {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/pytorch")
+        .join(name);
+    Input::ranged(Arc::new(RangeFile::open(path).unwrap()))
+}
+
+fn offsets(archive: &ZipArchive) -> Vec<(String, u64)> {
+    archive
+        .entries()
+        .iter()
+        .map(|e| (e.name.to_string(), e.data_offset))
+        .collect()
+}
+
+#[test]
+fn locating_in_parts_matches_one_parse() {
+    let input = fixture_input("module.pt");
+    let whole = ZipArchive::parse(&input, 1 << 10, 1 << 10).unwrap();
+    let directory = ZipDirectory::read(&input, 1 << 10, 1 << 10).unwrap();
+    assert!(directory.len() > 4, "the fixture has several records");
+    // Odd and even records located apart, the evens on a helper thread, one record
+    // located twice.
+    let odd: Vec<usize> = (0..directory.len()).rev().filter(|i| i % 2 == 1).collect();
+    let even: Vec<usize> = (0..directory.len()).filter(|i| i % 2 == 0).collect();
+    let (odd, even) = tensorwire_core::helpers::join(
+        || directory.locate(&input, &odd, 0).unwrap(),
+        || directory.locate(&input, &even, 0).unwrap(),
+    );
+    let again = directory.locate(&input, &[1], 0).unwrap();
+    let one = directory.located(&again[0]).unwrap();
+    assert_eq!(one.data_offset, whole.entries()[1].data_offset);
+    let parts = directory
+        .into_archive(odd.into_iter().chain(again).chain(even))
+        .unwrap();
+    assert_eq!(offsets(&parts), offsets(&whole));
+}
+
+#[test]
+fn a_record_left_unlocated_is_an_error() {
+    let input = fixture_input("module.pt");
+    let directory = ZipDirectory::read(&input, 1 << 10, 1 << 10).unwrap();
+    let missing = directory.entry(2).name.to_string();
+    let some: Vec<usize> = (0..directory.len()).filter(|&i| i != 2).collect();
+    let located = directory.locate(&input, &some, 0).unwrap();
+    let err = directory.into_archive(located).unwrap_err().to_string();
+    assert!(
+        err.contains(&missing) && err.contains("not located"),
+        "{err}"
+    );
+}
+
+#[test]
+fn directory_entries_hold_their_local_header_offsets_until_located() {
+    let input = fixture_input("module.pt");
+    let directory = ZipDirectory::read(&input, 1 << 10, 1 << 10).unwrap();
+    let located = directory.locate(&input, &[0], 0).unwrap();
+    let entry = directory.located(&located[0]).unwrap();
+    // The data follows the 30-byte local header, its name and its extra field.
+    assert!(entry.data_offset >= directory.entry(0).data_offset + 30 + entry.name.len() as u64);
+    assert!(entry.head.is_none());
+}
