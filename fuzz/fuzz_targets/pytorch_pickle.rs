@@ -5,18 +5,18 @@
 
 use libfuzzer_sys::fuzz_target;
 use tensorwire_core::Result;
-use tensorwire_pytorch::pickle::{unpickle, Arena, Id, Obj, PersistentLoad, PickleLimits};
+use tensorwire_pytorch::pickle::{unpickle, Arena, Id, PersistentLoad, PickleLimits};
 use tensorwire_pytorch::StorageRef;
 
 struct Storages;
 
 impl PersistentLoad for Storages {
-    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj> {
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef> {
         let storage = StorageRef::from_persistent_id(arena, pid, offset)?;
         // The accessors must not panic on whatever the pickle described.
         let _ = storage.nbytes();
         let _ = storage.window();
-        Ok(Obj::Storage(storage))
+        Ok(storage)
     }
 }
 

@@ -6,7 +6,8 @@
 //! always offered so that the calling thread can do it too: a helper that is slow to
 //! wake never makes the caller wait longer than doing the work alone would.
 
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 /// Most helper threads (memory bandwidth, not cores, bounds the copies they share).
 const MAX_HELPERS: usize = 7;
@@ -30,49 +31,74 @@ pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
-/// Runs `main` on the calling thread and `side` on a helper thread, and returns both
-/// results: for overlapping two independent pieces of work, such as parsing metadata
-/// already read while the positional reads of more metadata go on.
+/// Where a piece of work offered to a helper stands.
+enum Offer<S, R> {
+    /// Not started: whoever takes it runs it.
+    Offered(S),
+    /// A helper is running it.
+    Running,
+    /// A helper ran it (or it panicked there).
+    Done(std::thread::Result<R>),
+    /// The calling thread took it back.
+    TakenBack,
+}
+
+/// Runs `main` on the calling thread and offers `side` to a helper thread; returns
+/// both results. For overlapping two independent pieces of work, such as parsing
+/// metadata already read while positional reads fetch more.
 ///
-/// `side` is offered to a helper first; if none has started it by the time `main`
-/// returns, the calling thread runs it itself. On a one-core machine both run on the
-/// calling thread, `main` first. A panic in either is resumed on the calling thread.
+/// If no helper has started `side` by the time `main` returns, the calling thread
+/// takes it back and runs it itself, and does not wait for a helper at all: waking
+/// a sleeping thread can take longer than the work (tens of microseconds, more on
+/// a virtual machine), so an idle pool never makes the call slower than running
+/// both halves in turn (as it does on a one-core machine). `side` owns what it uses
+/// (`'static`) for that reason. A panic in either is resumed on the calling thread.
 pub fn join<M, S, RM, RS>(main: M, side: S) -> (RM, RS)
 where
     M: FnOnce() -> RM,
-    S: FnOnce() -> RS + Send,
-    RS: Send,
+    S: FnOnce() -> RS + Send + 'static,
+    RS: Send + 'static,
 {
     let Some(pool) = pool() else {
         let main_result = main();
         return (main_result, side());
     };
-    let offered = Mutex::new(Some(side));
-    let side_result = Mutex::new(None);
-    // Whoever takes `side` out of `offered` first runs it; the other finds `None`.
-    // Neither lock is held while user code runs, so a panic cannot poison them in
-    // an inconsistent state.
-    let run_side = || {
-        let taken = offered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(side) = taken {
-            let result = side();
-            *side_result.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
-        }
-    };
-    let main_result = pool.in_place_scope(|scope| {
-        scope.spawn(|_| run_side());
-        let main_result = main();
-        run_side();
-        main_result
+    let offer = Arc::new((Mutex::new(Offer::Offered(side)), Condvar::new()));
+    let for_helper = Arc::clone(&offer);
+    pool.spawn(move || {
+        let (state, done) = &*for_helper;
+        let taken = {
+            let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+            match std::mem::replace(&mut *state, Offer::Running) {
+                Offer::Offered(side) => side,
+                other => {
+                    *state = other;
+                    return;
+                }
+            }
+        };
+        let result = std::panic::catch_unwind(AssertUnwindSafe(taken));
+        *state.lock().unwrap_or_else(PoisonError::into_inner) = Offer::Done(result);
+        done.notify_one();
     });
-    let side_result = side_result
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner)
-        .expect("`side` ran on a helper or on the calling thread");
-    (main_result, side_result)
+    let main_result = main();
+    let (state, done) = &*offer;
+    let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        match std::mem::replace(&mut *guard, Offer::TakenBack) {
+            Offer::Offered(side) => {
+                drop(guard);
+                return (main_result, side());
+            }
+            Offer::Done(Ok(side_result)) => return (main_result, side_result),
+            Offer::Done(Err(panic)) => std::panic::resume_unwind(panic),
+            Offer::Running => {
+                *guard = Offer::Running;
+                guard = done.wait(guard).unwrap_or_else(PoisonError::into_inner);
+            }
+            Offer::TakenBack => unreachable!("only this thread takes the work back"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -83,14 +109,15 @@ mod tests {
     #[test]
     fn both_sides_run_exactly_once() {
         for _ in 0..200 {
-            let calls = AtomicUsize::new(0);
+            let calls = Arc::new(AtomicUsize::new(0));
+            let side_calls = Arc::clone(&calls);
             let (a, b) = join(
                 || {
                     calls.fetch_add(1, Ordering::SeqCst);
                     "main"
                 },
-                || {
-                    calls.fetch_add(10, Ordering::SeqCst);
+                move || {
+                    side_calls.fetch_add(10, Ordering::SeqCst);
                     vec![1, 2, 3]
                 },
             );
@@ -100,18 +127,48 @@ mod tests {
     }
 
     #[test]
-    fn side_borrows_from_the_caller() {
-        let data: Vec<u64> = (0..10_000).collect();
+    fn side_runs_on_shared_data() {
+        let data: Arc<Vec<u64>> = Arc::new((0..10_000).collect());
+        let theirs = Arc::clone(&data);
         let (front, back) = join(
             || data[..5_000].iter().sum::<u64>(),
-            || data[5_000..].iter().sum::<u64>(),
+            move || theirs[5_000..].iter().sum::<u64>(),
         );
         assert_eq!(front + back, data.iter().sum::<u64>());
     }
 
     #[test]
+    fn a_long_main_lets_a_helper_run_side_and_waits_for_it() {
+        // The main half lasts long enough for an idle helper to wake; the side half
+        // then runs on it, and the caller waits for its result.
+        let caller = std::thread::current().id();
+        let mut on_helper = 0;
+        for _ in 0..20 {
+            let (_, ran_on) = join(
+                || std::thread::sleep(std::time::Duration::from_millis(20)),
+                || {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    std::thread::current().id()
+                },
+            );
+            on_helper += usize::from(ran_on != caller);
+        }
+        if pool().is_some() {
+            assert!(on_helper > 0, "no helper ever ran the side half");
+        }
+    }
+
+    #[test]
     fn a_panic_in_side_reaches_the_caller() {
-        let caught = std::panic::catch_unwind(|| join(|| 1, || panic!("side failed")));
+        let caught = std::panic::catch_unwind(|| join(|| 1, || -> i32 { panic!("side failed") }));
+        assert!(caught.is_err());
+        // Also when it panics on the helper.
+        let caught = std::panic::catch_unwind(|| {
+            join(
+                || std::thread::sleep(std::time::Duration::from_millis(20)),
+                || -> i32 { panic!("side failed") },
+            )
+        });
         assert!(caught.is_err());
         // The pool still works afterwards.
         assert_eq!(join(|| 2, || 3), (2, 3));

@@ -11,59 +11,98 @@ pub const MAX_NDIM: usize = 64;
 /// Ranks up to this many are stored inline (no heap allocation).
 const INLINE: usize = 6;
 
+/// A short list of `u64`s — a shape's dimensions, a tensor's strides — stored inline
+/// (no heap allocation) when it has at most 6 items. Unlike [`Shape`] it checks
+/// nothing: strides, for one, may multiply past `u64`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Dims {
+    len: usize,
+    /// The items when `len <= INLINE`; unused slots stay zero.
+    inline: [u64; INLINE],
+    /// The items when `len > INLINE`; empty otherwise.
+    spill: Vec<u64>,
+}
+
+impl Dims {
+    /// Dims holding a copy of `items`.
+    pub fn new(items: &[u64]) -> Dims {
+        if items.len() <= INLINE {
+            let mut inline = [0u64; INLINE];
+            inline[..items.len()].copy_from_slice(items);
+            Dims {
+                len: items.len(),
+                inline,
+                spill: Vec::new(),
+            }
+        } else {
+            Dims::from_vec(items.to_vec())
+        }
+    }
+
+    /// Dims holding `items` (kept as they are when too many to store inline).
+    pub fn from_vec(items: Vec<u64>) -> Dims {
+        if items.len() <= INLINE {
+            return Dims::new(&items);
+        }
+        Dims {
+            len: items.len(),
+            inline: [0; INLINE],
+            spill: items,
+        }
+    }
+
+    /// The items.
+    pub fn as_slice(&self) -> &[u64] {
+        if self.len <= INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Dims {
+    type Item = &'a u64;
+    type IntoIter = std::slice::Iter<'a, u64>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        self.as_slice()
+    }
+}
+
 /// The dimensions of a tensor, outermost first. An empty shape is a 0-d scalar (one
 /// element); any zero dimension makes an empty tensor.
 ///
-/// Shapes of rank ≤ 6 are stored inline, so creating and cloning them never allocates
-/// (readers make one per tensor, and one per view).
+/// Shapes of rank ≤ 6 are stored inline (see [`Dims`]), so creating and cloning them
+/// never allocates (readers make one per tensor, and one per view).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Shape {
-    ndim: usize,
-    /// The dimensions when `ndim <= INLINE`; unused slots stay zero.
-    inline: [u64; INLINE],
-    /// The dimensions when `ndim > INLINE`; empty otherwise.
-    spill: Vec<u64>,
+    dims: Dims,
 }
 
 impl Shape {
     /// A shape from its dimensions, checking the rank and that the element count fits
     /// in `u64`.
     pub fn new(dims: impl Into<Vec<u64>>) -> Result<Shape> {
-        Shape::from_vec(dims.into())
+        Shape::try_from_dims(Dims::from_vec(dims.into()))
     }
 
     /// A shape from a slice of dimensions (no allocation for rank ≤ 6).
     pub fn from_dims(dims: &[u64]) -> Result<Shape> {
         Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
-        let shape = if dims.len() <= INLINE {
-            let mut inline = [0u64; INLINE];
-            inline[..dims.len()].copy_from_slice(dims);
-            Shape {
-                ndim: dims.len(),
-                inline,
-                spill: Vec::new(),
-            }
-        } else {
-            Shape {
-                ndim: dims.len(),
-                inline: [0; INLINE],
-                spill: dims.to_vec(),
-            }
-        };
-        shape.numel()?;
-        Ok(shape)
+        Shape::try_from_dims(Dims::new(dims))
     }
 
-    fn from_vec(dims: Vec<u64>) -> Result<Shape> {
-        if dims.len() <= INLINE {
-            return Shape::from_dims(&dims);
-        }
+    /// A shape of `dims`, checked as by [`Shape::new`].
+    pub fn try_from_dims(dims: Dims) -> Result<Shape> {
         Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
-        let shape = Shape {
-            ndim: dims.len(),
-            inline: [0; INLINE],
-            spill: dims,
-        };
+        let shape = Shape { dims };
         shape.numel()?;
         Ok(shape)
     }
@@ -75,16 +114,12 @@ impl Shape {
 
     /// The dimensions.
     pub fn dims(&self) -> &[u64] {
-        if self.ndim <= INLINE {
-            &self.inline[..self.ndim]
-        } else {
-            &self.spill
-        }
+        self.dims.as_slice()
     }
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
-        self.ndim
+        self.dims.len
     }
 
     /// Number of elements (1 for a scalar), checked for overflow.
@@ -104,7 +139,7 @@ impl Shape {
 
     /// Row-major (C order) strides in elements.
     pub fn c_strides(&self) -> Vec<u64> {
-        let mut strides = vec![1u64; self.ndim];
+        let mut strides = vec![1u64; self.ndim()];
         let mut acc = 1u64;
         for (s, &d) in strides.iter_mut().zip(self.dims()).rev() {
             *s = acc;

@@ -193,7 +193,7 @@ impl<'a> Walker<'a> {
             }
             Obj::Storage(s) => Err(Error::unsupported(format!(
                 "a bare storage (`{}`) in the checkpoint object",
-                s.key
+                self.arena.storage(*s).key
             ))),
             Obj::Dict { items, .. } if self.holds_tensor(id, depth)? => {
                 for &(k, v) in items {

@@ -59,7 +59,7 @@ struct Storages {
 }
 
 impl PersistentLoad for Storages {
-    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj> {
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef> {
         let storage = StorageRef::from_persistent_id(arena, pid, offset)?;
         if let Some(known) = self.seen.get(&storage.key) {
             if known.dtype.bits() * known.numel != storage.dtype.bits() * storage.numel {
@@ -71,14 +71,14 @@ impl PersistentLoad for Storages {
         } else {
             self.seen.insert(storage.key.clone(), storage.clone());
         }
-        Ok(Obj::Storage(storage))
+        Ok(storage)
     }
 }
 
 struct NoPersistentIds;
 
 impl PersistentLoad for NoPersistentIds {
-    fn load(&mut self, _: &Arena, _: Id, offset: u64) -> Result<Obj> {
+    fn load(&mut self, _: &Arena, _: Id, offset: u64) -> Result<StorageRef> {
         Err(Error::malformed(
             offset,
             "persistent id outside the object pickle",

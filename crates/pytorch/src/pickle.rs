@@ -78,8 +78,8 @@ pub enum Obj {
     Set(Vec<Id>),
     /// An allowlisted global (function, class or dtype).
     Global(Global),
-    /// A storage named by a persistent id.
-    Storage(StorageRef),
+    /// A storage named by a persistent id: its index in [`Arena::storage`].
+    Storage(usize),
     /// A tensor rebuilt by one of torch's rebuild functions.
     Tensor(Box<TensorRecord>),
 }
@@ -144,6 +144,8 @@ impl Span {
 #[derive(Debug)]
 pub struct Arena {
     objects: Vec<Obj>,
+    /// The storages of [`Obj::Storage`] objects (kept apart, so objects stay small).
+    storages: Vec<StorageRef>,
     /// The items of every tuple, back to back.
     tuple_items: Vec<Id>,
     /// Items held by the containers made so far (see [`Obj::slots`]).
@@ -155,6 +157,7 @@ impl Arena {
     fn new(max_objects: usize) -> Arena {
         Arena {
             objects: vec![Obj::None, Obj::Bool(true), Obj::Bool(false)],
+            storages: Vec::new(),
             tuple_items: Vec::new(),
             slots: 0,
             max_objects,
@@ -164,6 +167,15 @@ impl Arena {
     /// The object with id `id`.
     pub fn get(&self, id: Id) -> &Obj {
         &self.objects[id]
+    }
+
+    /// The storage of an [`Obj::Storage`].
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not that of a storage of this arena.
+    pub fn storage(&self, index: usize) -> &StorageRef {
+        &self.storages[index]
     }
 
     /// Number of objects.
@@ -228,10 +240,10 @@ impl Arena {
     }
 }
 
-/// Turns a persistent id (the object `BINPERSID` pops) into the object it stands for.
+/// Turns a persistent id (the object `BINPERSID` pops) into the storage it names.
 pub trait PersistentLoad {
     /// Resolves `pid`, an object of `arena`, at pickle offset `offset`.
-    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj>;
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef>;
 }
 
 /// The result of running one pickle.
@@ -254,10 +266,11 @@ pub fn unpickle(
     persistent: &mut dyn PersistentLoad,
 ) -> Result<Unpickled> {
     let mut arena = Arena::new(limits.max_objects);
-    // About one object per 8 bytes of pickle; reserving that avoids regrowing.
+    // Torch pickles make about one object per 7.5 bytes; reserving one per 6 avoids
+    // regrowing (objects are 32 bytes, so this is at most about 5× the pickle).
     arena
         .objects
-        .reserve((data.len() / 8).min(limits.max_objects));
+        .reserve((data.len() / 6).min(limits.max_objects));
     let mut vm = Machine {
         input: Input { data, pos: 0, base },
         arena,
@@ -435,6 +448,13 @@ impl Machine<'_> {
 
     fn push_new(&mut self, obj: Obj) -> Result<()> {
         let id = self.arena.alloc(obj)?;
+        self.push(id)
+    }
+
+    fn push_storage(&mut self, storage: StorageRef) -> Result<()> {
+        let index = self.arena.storages.len();
+        let id = self.arena.alloc(Obj::Storage(index))?;
+        self.arena.storages.push(storage);
         self.push(id)
     }
 
@@ -870,14 +890,14 @@ impl Machine<'_> {
                 // Persistent ids: torch's storages.
                 b'Q' => {
                     let pid = self.pop(at)?;
-                    let obj = persistent.load(&self.arena, pid, at)?;
-                    self.push_new(obj)?;
+                    let storage = persistent.load(&self.arena, pid, at)?;
+                    self.push_storage(storage)?;
                 }
                 b'P' => {
                     let line = self.input.line()?;
                     let pid = self.arena.alloc(Obj::Str(utf8(line, at)?))?;
-                    let obj = persistent.load(&self.arena, pid, at)?;
-                    self.push_new(obj)?;
+                    let storage = persistent.load(&self.arena, pid, at)?;
+                    self.push_storage(storage)?;
                 }
                 0x82..=0x84 => {
                     return Err(Error::unsupported(format!(
@@ -1007,7 +1027,7 @@ mod tests {
 
     struct NoPersistent;
     impl PersistentLoad for NoPersistent {
-        fn load(&mut self, _: &Arena, _: Id, at: u64) -> Result<Obj> {
+        fn load(&mut self, _: &Arena, _: Id, at: u64) -> Result<StorageRef> {
             Err(malformed(at, "no persistent ids here"))
         }
     }

@@ -16,7 +16,7 @@ use tensorwire_range::{RangeFile, RangeRead};
 use crate::flatten::flatten;
 use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
-use crate::pickle::{self, Arena, Id, Obj, PersistentLoad, PickleLimits};
+use crate::pickle::{self, Arena, Id, PersistentLoad, PickleLimits};
 use crate::tensor::{StorageRef, TensorRecord};
 use crate::zip::{self, Method, ZipArchive, ZipDirectory, ZipEntry};
 
@@ -74,6 +74,10 @@ impl std::fmt::Debug for PtReader {
 }
 
 /// Collects the storages a ZIP checkpoint's pickle names, each with its record.
+/// Records from which a checkpoint's local headers are offered to a helper thread
+/// while its pickle runs: with fewer, both take a few microseconds.
+const HELPER_MIN_RECORDS: usize = 32;
+
 struct ZipStorages<'a> {
     directory: &'a ZipDirectory,
     prefix: &'a str,
@@ -84,7 +88,7 @@ struct ZipStorages<'a> {
 }
 
 impl PersistentLoad for ZipStorages<'_> {
-    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<Obj> {
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef> {
         let storage = StorageRef::from_persistent_id(arena, pid, offset)?;
         if let Some((known, _)) = self.seen.get(&storage.key) {
             if known.nbytes()? != storage.nbytes()? {
@@ -113,7 +117,7 @@ impl PersistentLoad for ZipStorages<'_> {
             self.seen
                 .insert(storage.key.clone(), (storage.clone(), index));
         }
-        Ok(Obj::Storage(storage))
+        Ok(storage)
     }
 }
 
@@ -214,7 +218,7 @@ impl PtReader {
             .expect("found by archive_prefix");
         let order_index = directory.index_of(&format!("{prefix}byteorder"));
         // The pickle and the byte order are needed now; every other record's local
-        // header is read below, on a helper thread while the pickle runs.
+        // header is read below, offered to a helper thread while the pickle runs.
         let first: Vec<usize> = std::iter::once(pkl_index).chain(order_index).collect();
         let first = directory.locate(&input, &first, 0)?;
         let pkl_entry = directory.located(&first[0])?;
@@ -242,27 +246,36 @@ impl PtReader {
             .into_iter()
             .filter(|i| *i != pkl_index && Some(*i) != order_index)
             .collect();
+        let directory = Arc::new(directory);
         let mut storages = ZipStorages {
             directory: &directory,
             prefix: &prefix,
             seen: NameMap::default(),
             record: String::new(),
         };
-        let (unpickled, located) = tensorwire_core::helpers::join(
-            || {
-                pickle::unpickle(
-                    &pkl,
-                    pkl_entry.data_offset,
-                    &Self::pickle_limits(limits),
-                    &mut storages,
-                )
-            },
-            || directory.locate(&input, &rest, 0),
-        );
+        let run_pickle = |storages: &mut ZipStorages<'_>| {
+            pickle::unpickle(
+                &pkl,
+                pkl_entry.data_offset,
+                &Self::pickle_limits(limits),
+                storages,
+            )
+        };
+        let (unpickled, located) = if rest.len() < HELPER_MIN_RECORDS {
+            let unpickled = run_pickle(&mut storages);
+            (unpickled, directory.locate(&input, &rest, 0))
+        } else {
+            let (directory, input) = (Arc::clone(&directory), input.clone());
+            tensorwire_core::helpers::join(
+                || run_pickle(&mut storages),
+                move || directory.locate(&input, &rest, 0),
+            )
+        };
         // A broken container is the more basic fault: report it first.
         let located = located?;
         let unpickled = unpickled?;
         let seen = storages.seen;
+        let directory = Arc::try_unwrap(directory).unwrap_or_else(|shared| (*shared).clone());
         let archive = directory.into_archive(first.into_iter().chain(located))?;
         let data = seen
             .into_iter()
@@ -520,7 +533,7 @@ impl TensorSource for PtReader {
         Ok(StridedView {
             dtype: record.dtype,
             shape: record.shape.clone(),
-            strides: (!record.is_contiguous()).then(|| record.strides.clone()),
+            strides: (!record.is_contiguous()).then(|| record.strides.to_vec()),
             bytes,
             zero_copy,
         })

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tensorwire_core::{AlignedBuf, DType, Error, Result, Shape};
+use tensorwire_core::{AlignedBuf, DType, Dims, Error, Result, Shape, MAX_NDIM};
 
 use crate::pickle::{Arena, Id, Obj};
 
@@ -127,7 +127,7 @@ pub struct TensorRecord {
     /// Sizes.
     pub shape: Shape,
     /// Strides, in elements.
-    pub strides: Vec<u64>,
+    pub strides: Dims,
 }
 
 fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
@@ -140,14 +140,23 @@ fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
     }
 }
 
-fn ints_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Vec<u64>> {
+/// The ints of the tuple (or list) `id`, written into `buf`: sizes and strides, read
+/// without allocating.
+fn ints_into<'b>(
+    arena: &Arena,
+    id: Id,
+    what: &str,
+    offset: u64,
+    buf: &'b mut [u64; MAX_NDIM],
+) -> Result<&'b [u64]> {
     let items = arena.items(id).ok_or_else(|| {
         Error::malformed(offset, format!("tensor {what}: expected a tuple of ints"))
     })?;
-    items
-        .iter()
-        .map(|&i| int_of(arena, i, what, offset))
-        .collect()
+    Error::check_limit("number of dimensions", items.len() as u64, MAX_NDIM as u64)?;
+    for (slot, &item) in buf.iter_mut().zip(items) {
+        *slot = int_of(arena, item, what, offset)?;
+    }
+    Ok(&buf[..items.len()])
 }
 
 impl TensorRecord {
@@ -163,7 +172,7 @@ impl TensorRecord {
         dtype: Option<DType>,
         offset: u64,
     ) -> Result<TensorRecord> {
-        let Obj::Storage(storage) = arena.get(storage) else {
+        let &Obj::Storage(index) = arena.get(storage) else {
             return Err(Error::malformed(
                 offset,
                 format!(
@@ -172,12 +181,19 @@ impl TensorRecord {
                 ),
             ));
         };
+        let storage = arena.storage(index);
         let record = TensorRecord {
             storage: storage.clone(),
             dtype: dtype.unwrap_or(storage.dtype),
             storage_offset: int_of(arena, storage_offset, "storage offset", offset)?,
-            shape: Shape::new(ints_of(arena, size, "size", offset)?)?,
-            strides: ints_of(arena, stride, "stride", offset)?,
+            shape: Shape::from_dims(ints_into(arena, size, "size", offset, &mut [0; MAX_NDIM])?)?,
+            strides: Dims::new(ints_into(
+                arena,
+                stride,
+                "stride",
+                offset,
+                &mut [0; MAX_NDIM],
+            )?),
         };
         if record.strides.len() != record.shape.ndim() {
             return Err(Error::malformed(
@@ -289,7 +305,7 @@ mod tests {
             dtype: DType::I32,
             storage_offset: offset,
             shape: Shape::new(shape.to_vec()).unwrap(),
-            strides: strides.to_vec(),
+            strides: Dims::new(strides),
         }
     }
 

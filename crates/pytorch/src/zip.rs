@@ -247,7 +247,7 @@ impl ZipArchive {
 /// directory and every record's [`Location`] into a [`ZipArchive`]. Splitting the two
 /// lets a reader overlap those scattered reads with work that needs only the
 /// directory, such as running a checkpoint's pickle.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ZipDirectory {
     /// Records in central-directory order; each `data_offset` holds the offset of the
     /// record's local header until the record is located.

@@ -95,7 +95,11 @@ fn check_source(path: &Path, reader: &PtReader, want: &Json) {
         assert_eq!(info.dtype, dtype, "{label} {name}");
         assert_eq!(info.shape.dims(), dims(&t["shape"]), "{label} {name}");
         let record = reader.record(name).unwrap();
-        assert_eq!(record.strides, dims(&t["strides"]), "{label} {name}");
+        assert_eq!(
+            record.strides.to_vec(),
+            dims(&t["strides"]),
+            "{label} {name}"
+        );
         assert_eq!(
             record.storage_offset,
             t["storage_offset"].as_u64().unwrap(),

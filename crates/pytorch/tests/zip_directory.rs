@@ -34,10 +34,11 @@ fn locating_in_parts_matches_one_parse() {
     // located twice.
     let odd: Vec<usize> = (0..directory.len()).rev().filter(|i| i % 2 == 1).collect();
     let even: Vec<usize> = (0..directory.len()).filter(|i| i % 2 == 0).collect();
-    let (odd, even) = tensorwire_core::helpers::join(
-        || directory.locate(&input, &odd, 0).unwrap(),
-        || directory.locate(&input, &even, 0).unwrap(),
-    );
+    let (odd, even) = std::thread::scope(|scope| {
+        let even = scope.spawn(|| directory.locate(&input, &even, 0).unwrap());
+        let odd = directory.locate(&input, &odd, 0).unwrap();
+        (odd, even.join().unwrap())
+    });
     let again = directory.locate(&input, &[1], 0).unwrap();
     let one = directory.located(&again[0]).unwrap();
     assert_eq!(one.data_offset, whole.entries()[1].data_offset);
