@@ -278,6 +278,7 @@ pub fn unpickle(
         marks: Vec::new(),
         memo: Memo::default(),
         limits: *limits,
+        ints: IntCache::new(),
     };
     let root = vm.run(persistent)?;
     Ok(Unpickled {
@@ -423,6 +424,32 @@ struct Machine<'a> {
     marks: Vec<usize>,
     memo: Memo,
     limits: PickleLimits,
+    /// Recently made ints by value (see [`Machine::int`]).
+    ints: IntCache,
+}
+
+/// Ints already in the arena, by value: a pickle's ints are immutable values that
+/// repeat (every tensor's sizes, strides and offset), so an int equal to a recent
+/// one reuses its object instead of making another. A small direct-mapped table: a
+/// miss only costs a new object.
+struct IntCache {
+    slots: [(i64, Id); INT_CACHE_SLOTS],
+}
+
+const INT_CACHE_SLOTS: usize = 256;
+
+impl IntCache {
+    fn new() -> IntCache {
+        // Id 0 is `None`, never an int: an empty slot.
+        IntCache {
+            slots: [(0, NONE); INT_CACHE_SLOTS],
+        }
+    }
+
+    fn slot(v: i64) -> usize {
+        // Fibonacci hashing: the top 8 bits of the product.
+        ((v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize
+    }
 }
 
 fn malformed(offset: u64, reason: impl Into<String>) -> Error {
@@ -509,7 +536,14 @@ impl Machine<'_> {
     }
 
     fn int(&mut self, v: i64) -> Result<()> {
-        self.push_new(Obj::Int(v))
+        let slot = IntCache::slot(v);
+        let (cached, id) = self.ints.slots[slot];
+        if id != NONE && cached == v {
+            return self.push(id);
+        }
+        let id = self.arena.alloc(Obj::Int(v))?;
+        self.ints.slots[slot] = (v, id);
+        self.push(id)
     }
 
     /// A little-endian two's complement integer of `bytes.len()` bytes.
@@ -1073,6 +1107,31 @@ mod tests {
                 Obj::Int(-5)
             ]
         );
+    }
+
+    #[test]
+    fn repeated_ints_share_objects_and_keep_their_values() {
+        // 3 000 ints over 100 values (some of which share a cache slot); each value
+        // comes back as written.
+        let values: Vec<i64> = (0..3000).map(|i| (i * 37) % 100 - 50).collect();
+        let mut data = b"\x80\x02(".to_vec();
+        for v in &values {
+            data.push(b'J');
+            data.extend_from_slice(&(*v as i32).to_le_bytes());
+        }
+        data.extend_from_slice(b"l.");
+        let u = run(&data).unwrap();
+        let ids = u.arena.items(u.root).unwrap();
+        let got: Vec<i64> = ids
+            .iter()
+            .map(|&i| match u.arena.get(i) {
+                Obj::Int(v) => *v,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(got, values);
+        // Far fewer objects than ints.
+        assert!(u.arena.len() < 1_000, "{} objects", u.arena.len());
     }
 
     #[test]

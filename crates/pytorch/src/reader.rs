@@ -250,7 +250,7 @@ impl PtReader {
         let mut storages = ZipStorages {
             directory: &directory,
             prefix: &prefix,
-            seen: NameMap::default(),
+            seen: NameMap::with_capacity_and_hasher(rest.len(), Default::default()),
             record: String::new(),
         };
         let run_pickle = |storages: &mut ZipStorages<'_>| {
