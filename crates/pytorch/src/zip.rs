@@ -20,6 +20,9 @@ const ZIP64_EOCD_SIG: u32 = 0x0606_4b50;
 const CENTRAL_SIG: u32 = 0x0201_4b50;
 const LOCAL_SIG: u32 = 0x0403_4b50;
 const EOCD_LEN: u64 = 22;
+/// The end of the file read first when looking for the end record: the record, the
+/// ZIP64 locator before it and room for a short comment.
+const EOCD_SHORT_TAIL: u64 = 1024;
 const CENTRAL_LEN: usize = 46;
 const LOCAL_LEN: u64 = 30;
 /// Extra-field bytes a combined local-header-and-head read allows for.
@@ -95,21 +98,33 @@ fn find_directory(input: &Input) -> Result<Directory> {
             available: len,
         });
     }
-    // The end record is 22 bytes plus a comment of at most 65 535 bytes.
-    let tail_len = len.min(EOCD_LEN + 0xffff);
-    let tail_start = len - tail_len;
-    let tail = input.read_meta(tail_start, tail_len)?;
-    let pos = (0..=tail.len() - EOCD_LEN as usize)
-        .rev()
-        .find(|&i| {
+    // The end record is 22 bytes plus a comment of at most 65 535 bytes. Archives
+    // rarely have a comment (torch and numpy write none), so the last few KiB are
+    // read first, and all 64 KiB only when the record is not among them.
+    let find = |tail_len: u64| -> Result<Option<(Bytes, usize, u64)>> {
+        let tail_start = len - tail_len;
+        let tail = input.read_meta(tail_start, tail_len)?;
+        let pos = (0..=tail.len() - EOCD_LEN as usize).rev().find(|&i| {
             u32_at(&tail, i) == EOCD_SIG
                 && i + EOCD_LEN as usize + usize::from(u16_at(&tail, i + 20)) == tail.len()
-        })
-        .ok_or_else(|| Error::BadMagic {
+        });
+        Ok(pos.map(|pos| (tail, pos, tail_start)))
+    };
+    let short = len.min(EOCD_SHORT_TAIL);
+    let full = len.min(EOCD_LEN + 0xffff);
+    let found = match find(short)? {
+        Some(found) => Some(found),
+        None if full > short => find(full)?,
+        None => None,
+    };
+    let Some((tail, pos, tail_start)) = found else {
+        let last = input.read_meta(len - 4, 4)?;
+        return Err(Error::BadMagic {
             offset: len - EOCD_LEN,
             expected: "a ZIP end-of-central-directory record",
-            found: tail[tail.len() - 4..].to_vec(),
-        })?;
+            found: last.to_vec(),
+        });
+    };
     let eocd = &tail[pos..];
     let eocd_offset = tail_start + pos as u64;
     if u16_at(eocd, 4) != 0 || u16_at(eocd, 6) != 0 {
@@ -122,11 +137,16 @@ fn find_directory(input: &Input) -> Result<Directory> {
     };
     let needs_zip64 = dir.entries == 0xffff || dir.size == 0xffff_ffff || dir.offset == 0xffff_ffff;
     if eocd_offset >= 20 {
-        let locator = input.read_meta(eocd_offset - 20, 20)?;
+        // The ZIP64 locator, if any, sits right before the end record: usually in the
+        // tail already read.
+        let locator = match pos.checked_sub(20) {
+            Some(at) => tail.slice(at..pos)?,
+            None => input.read_meta(eocd_offset - 20, 20)?,
+        };
         if u32_at(&locator, 0) == ZIP64_LOCATOR_SIG {
             let record_offset = u64_at(&locator, 8);
             let record = input
-                .read(record_offset, 56)
+                .read_meta(record_offset, 56)
                 .map_err(|_| bad(eocd_offset - 20, "ZIP64 end record lies outside the file"))?;
             if u32_at(&record, 0) != ZIP64_EOCD_SIG {
                 return Err(bad(record_offset, "bad ZIP64 end-record signature"));

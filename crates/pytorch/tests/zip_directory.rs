@@ -72,3 +72,46 @@ fn directory_entries_hold_their_local_header_offsets_until_located() {
     assert!(entry.data_offset >= directory.entry(0).data_offset + 30 + entry.name.len() as u64);
     assert!(entry.head.is_none());
 }
+
+/// `image` with an archive comment of `len` bytes (the end record is its last 22).
+fn with_comment(image: &[u8], len: usize) -> Vec<u8> {
+    let mut out = image.to_vec();
+    let at = out.len() - 2;
+    out[at..].copy_from_slice(&(len as u16).to_le_bytes());
+    out.extend((0..len).map(|i| b'a' + (i % 26) as u8));
+    out
+}
+
+#[test]
+fn archive_comments_of_any_length_are_skipped() {
+    use tensorwire_core::{Bytes, Limits, TensorSource};
+    use tensorwire_pytorch::PtReader;
+    // A plain archive and a ZIP64 one (end record, locator and record); comments
+    // that fit the first tail read, that leave the locator outside it (1000 bytes:
+    // the end record starts 2 bytes into the first 1 KiB read) and that need the
+    // second, full read.
+    for name in ["module.pt", "zip64_full.pt"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/pytorch")
+            .join(name);
+        let image = std::fs::read(path).unwrap();
+        let plain =
+            PtReader::from_bytes(Bytes::from_vec(image.clone()), &Limits::default()).unwrap();
+        for len in [100, 1000, 3000, 65_535] {
+            let commented = with_comment(&image, len);
+            let reader = PtReader::from_bytes(Bytes::from_vec(commented), &Limits::default())
+                .unwrap_or_else(|e| panic!("{name} with a {len}-byte comment: {e}"));
+            assert_eq!(reader.tensors().len(), plain.tensors().len());
+            for info in plain.tensors() {
+                let want = plain.view(&info.name).unwrap();
+                let got = reader.view(&info.name).unwrap();
+                assert_eq!(
+                    &got.bytes[..],
+                    &want.bytes[..],
+                    "{name} {len} {}",
+                    info.name
+                );
+            }
+        }
+    }
+}
