@@ -7,7 +7,9 @@
 //! wake never makes the caller wait longer than doing the work alone would.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Most helper threads (memory bandwidth, not cores, bounds the copies they share).
 const MAX_HELPERS: usize = 7;
@@ -43,6 +45,26 @@ enum Offer<S, R> {
     TakenBack,
 }
 
+/// What the caller and the helper share about one offered piece of work.
+struct Shared<S, R> {
+    state: Mutex<Offer<S, R>>,
+    /// Set once `state` is `Done`: what a spinning caller watches.
+    finished: AtomicBool,
+    done: Condvar,
+}
+
+impl<S, R> Shared<S, R> {
+    fn lock(&self) -> MutexGuard<'_, Offer<S, R>> {
+        // No user code runs while the lock is held, so a poisoned lock still holds
+        // a consistent state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How long a caller whose work was taken by a helper spins for its result before
+/// sleeping until it is ready.
+const SPIN_FOR: Duration = Duration::from_micros(200);
+
 /// Runs `main` on the calling thread and offers `side` to a helper thread; returns
 /// both results. For overlapping two independent pieces of work, such as parsing
 /// metadata already read while positional reads fetch more.
@@ -63,12 +85,16 @@ where
         let main_result = main();
         return (main_result, side());
     };
-    let offer = Arc::new((Mutex::new(Offer::Offered(side)), Condvar::new()));
+    let offer = Arc::new(Shared {
+        state: Mutex::new(Offer::Offered(side)),
+        finished: AtomicBool::new(false),
+        done: Condvar::new(),
+    });
     let for_helper = Arc::clone(&offer);
     pool.spawn(move || {
-        let (state, done) = &*for_helper;
+        let shared = &*for_helper;
         let taken = {
-            let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut state = shared.lock();
             match std::mem::replace(&mut *state, Offer::Running) {
                 Offer::Offered(side) => side,
                 other => {
@@ -78,12 +104,13 @@ where
             }
         };
         let result = std::panic::catch_unwind(AssertUnwindSafe(taken));
-        *state.lock().unwrap_or_else(PoisonError::into_inner) = Offer::Done(result);
-        done.notify_one();
+        *shared.lock() = Offer::Done(result);
+        shared.finished.store(true, Ordering::Release);
+        shared.done.notify_one();
     });
     let main_result = main();
-    let (state, done) = &*offer;
-    let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);
+    let shared = &*offer;
+    let mut guard = shared.lock();
     loop {
         match std::mem::replace(&mut *guard, Offer::TakenBack) {
             Offer::Offered(side) => {
@@ -94,7 +121,21 @@ where
             Offer::Done(Err(panic)) => std::panic::resume_unwind(panic),
             Offer::Running => {
                 *guard = Offer::Running;
-                guard = done.wait(guard).unwrap_or_else(PoisonError::into_inner);
+                // The helper started before `main` returned, so what it has left is
+                // usually short: spin for it a while rather than sleep, since being
+                // woken can take longer than the wait itself.
+                drop(guard);
+                let spin_until = Instant::now() + SPIN_FOR;
+                while !shared.finished.load(Ordering::Acquire) && Instant::now() < spin_until {
+                    std::hint::spin_loop();
+                }
+                guard = shared.lock();
+                while matches!(*guard, Offer::Running) {
+                    guard = shared
+                        .done
+                        .wait(guard)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
             }
             Offer::TakenBack => unreachable!("only this thread takes the work back"),
         }
