@@ -140,23 +140,25 @@ fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
     }
 }
 
-/// The ints of the tuple (or list) `id`, written into `buf`: sizes and strides, read
-/// without allocating.
-fn ints_into<'b>(
-    arena: &Arena,
-    id: Id,
-    what: &str,
-    offset: u64,
-    buf: &'b mut [u64; MAX_NDIM],
-) -> Result<&'b [u64]> {
+/// The ints of the tuple (or list) `id`: sizes or strides, read without allocating
+/// for the usual ranks.
+fn dims_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Dims> {
     let items = arena.items(id).ok_or_else(|| {
         Error::malformed(offset, format!("tensor {what}: expected a tuple of ints"))
     })?;
     Error::check_limit("number of dimensions", items.len() as u64, MAX_NDIM as u64)?;
-    for (slot, &item) in buf.iter_mut().zip(items) {
-        *slot = int_of(arena, item, what, offset)?;
+    let mut buf = [0u64; 8];
+    if items.len() <= buf.len() {
+        for (slot, &item) in buf.iter_mut().zip(items) {
+            *slot = int_of(arena, item, what, offset)?;
+        }
+        return Ok(Dims::new(&buf[..items.len()]));
     }
-    Ok(&buf[..items.len()])
+    let ints = items
+        .iter()
+        .map(|&item| int_of(arena, item, what, offset))
+        .collect::<Result<Vec<u64>>>()?;
+    Ok(Dims::from_vec(ints))
 }
 
 impl TensorRecord {
@@ -186,14 +188,8 @@ impl TensorRecord {
             storage: storage.clone(),
             dtype: dtype.unwrap_or(storage.dtype),
             storage_offset: int_of(arena, storage_offset, "storage offset", offset)?,
-            shape: Shape::from_dims(ints_into(arena, size, "size", offset, &mut [0; MAX_NDIM])?)?,
-            strides: Dims::new(ints_into(
-                arena,
-                stride,
-                "stride",
-                offset,
-                &mut [0; MAX_NDIM],
-            )?),
+            shape: Shape::try_from_dims(dims_of(arena, size, "size", offset)?)?,
+            strides: dims_of(arena, stride, "stride", offset)?,
         };
         if record.strides.len() != record.shape.ndim() {
             return Err(Error::malformed(
