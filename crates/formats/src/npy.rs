@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use tensorwire_core::strided::{column_major_strides, swap_bytes};
 use tensorwire_core::{
-    AlignedBuf, Attributes, Bytes, DType, Error, Layout, Limits, Result, Shape, StridedView,
+    AlignedBuf, Attributes, Bytes, DType, Dims, Error, Layout, Limits, Result, Shape, StridedView,
     TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
 use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
@@ -130,7 +130,7 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
         dict.shape.len() as u64,
         limits.max_ndim as u64,
     )?;
-    let shape = Shape::new(dict.shape)?;
+    let shape = Shape::try_from_dims(dict.shape)?;
     let nbytes = shape.byte_len(dtype)?;
     Ok(NpyHeader {
         version: (major, minor),
@@ -148,14 +148,14 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
 struct HeaderDict<'a> {
     descr: &'a str,
     fortran_order: bool,
-    shape: Vec<u64>,
+    shape: Dims,
 }
 
 /// A value of the header's Python literal.
 enum Literal<'a> {
     Str(&'a str),
     Bool(bool),
-    Tuple(Vec<u64>),
+    Tuple(Dims),
 }
 
 /// A cursor over the header's Python dict literal.
@@ -245,16 +245,32 @@ impl<'a> Parser<'a> {
             }
             Some(b'(') => {
                 self.at += 1;
-                let mut items = Vec::new();
+                // Up to 8 dimensions on the stack; more (rare) spill into a Vec.
+                let mut inline = [0u64; 8];
+                let mut count = 0;
+                let mut spill: Vec<u64> = Vec::new();
                 loop {
                     if self.peek() == Some(b')') {
                         self.at += 1;
-                        return Ok(Literal::Tuple(items));
+                        return Ok(Literal::Tuple(if spill.is_empty() {
+                            Dims::new(&inline[..count])
+                        } else {
+                            Dims::from_vec(spill)
+                        }));
                     }
-                    if items.len() > tensorwire_core::MAX_NDIM {
+                    if count > tensorwire_core::MAX_NDIM {
                         return Err(self.error("shape has too many dimensions"));
                     }
-                    items.push(self.integer()?);
+                    let dim = self.integer()?;
+                    if count < inline.len() {
+                        inline[count] = dim;
+                    } else {
+                        if spill.is_empty() {
+                            spill.extend_from_slice(&inline);
+                        }
+                        spill.push(dim);
+                    }
+                    count += 1;
                     match self.peek() {
                         Some(b',') => self.at += 1,
                         Some(b')') => {}
@@ -421,7 +437,7 @@ impl NumpyReader {
             NumpyReader::new(
                 NumpyFormat::Npy,
                 Input::mapped(bytes),
-                vec![(NPY_TENSOR_NAME.to_owned(), record, 0)],
+                vec![(Arc::from(NPY_TENSOR_NAME), record, 0)],
                 limits,
             )
         } else {
@@ -464,7 +480,7 @@ impl NumpyReader {
             };
             check_data(&header, entry.size, &entry.name)?;
             arrays.push((
-                name.to_owned(),
+                Arc::from(name),
                 ArrayRecord { header, location },
                 entry.data_offset,
             ));
@@ -475,7 +491,7 @@ impl NumpyReader {
     fn new(
         format: NumpyFormat,
         input: Input,
-        arrays: Vec<(String, ArrayRecord, u64)>,
+        arrays: Vec<(Arc<str>, ArrayRecord, u64)>,
         limits: &Limits,
     ) -> Result<NumpyReader> {
         let mut records = Vec::with_capacity(arrays.len());
@@ -483,7 +499,6 @@ impl NumpyReader {
         // Members with the same descr and order share one attribute map.
         let mut shared: Vec<(String, bool, Attributes)> = Vec::new();
         for (name, record, member_offset) in arrays {
-            let name: Arc<str> = Arc::from(name);
             let h = &record.header;
             let (encoding, stored_bytes) = match &record.location {
                 Location::Mapped(_) => (None, h.nbytes),
@@ -752,6 +767,28 @@ mod tests {
 
     fn open(bytes: Vec<u8>) -> Result<NumpyReader> {
         NumpyReader::from_bytes(Bytes::from_vec(bytes), &Limits::default())
+    }
+
+    #[test]
+    fn shapes_of_every_rank_parse_alike() {
+        // Ranks 0 to 12 cross the parser's 8 inline dimensions; sizes of 1 and 2
+        // keep the data small.
+        for rank in 0..=12usize {
+            let dims: Vec<u64> = (0..rank).map(|i| 1 + (i % 2) as u64).collect();
+            let text = match rank {
+                0 => "()".to_owned(),
+                1 => format!("({},)", dims[0]),
+                _ => format!(
+                    "({})",
+                    dims.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                ),
+            };
+            let n: u64 = dims.iter().product();
+            let dict = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': {text}, }}");
+            let r = open(npy(&dict, &vec![7u8; n as usize])).unwrap();
+            let info = r.info(NPY_TENSOR_NAME).unwrap();
+            assert_eq!(info.shape.dims(), &dims[..], "rank {rank}");
+        }
     }
 
     #[test]
