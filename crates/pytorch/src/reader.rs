@@ -73,11 +73,11 @@ impl std::fmt::Debug for PtReader {
     }
 }
 
-/// Collects the storages a ZIP checkpoint's pickle names, each with its record.
 /// Records from which a checkpoint's local headers are offered to a helper thread
 /// while its pickle runs: with fewer, both take a few microseconds.
 const HELPER_MIN_RECORDS: usize = 32;
 
+/// Collects the storages a ZIP checkpoint's pickle names, each with its record.
 struct ZipStorages<'a> {
     directory: &'a ZipDirectory,
     prefix: &'a str,
