@@ -123,7 +123,10 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
     // arrays are ASCII in both, so anything else is refused below.
     let text = std::str::from_utf8(text)
         .map_err(|_| Error::malformed(fixed, ".npy header is not ASCII/UTF-8"))?;
-    let dict = HeaderDict::parse(text, fixed)?;
+    let dict = match HeaderDict::parse_canonical(text) {
+        Some(dict) => dict,
+        None => HeaderDict::parse(text, fixed)?,
+    };
     let (dtype, big_endian) = parse_descr(dict.descr)?;
     Error::check_limit(
         "tensor rank",
@@ -287,6 +290,59 @@ impl<'a> Parser<'a> {
 }
 
 impl<'a> HeaderDict<'a> {
+    /// The header exactly as numpy writes it, read without the general parser:
+    /// `{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }` and padding.
+    /// `None` for anything else (other spacing or key order, Python 2 longs, …),
+    /// which [`HeaderDict::parse`] then reads or refuses: for a header this accepts,
+    /// that parser gives the same dict (a test holds the two to it).
+    fn parse_canonical(text: &'a str) -> Option<HeaderDict<'a>> {
+        let rest = text.strip_prefix("{'descr': '")?;
+        let quote = rest.find(['\'', '\\'])?;
+        let (descr, rest) = rest.split_at(quote);
+        let rest = rest.strip_prefix("', 'fortran_order': ")?;
+        let (fortran_order, rest) = if let Some(rest) = rest.strip_prefix("False") {
+            (false, rest)
+        } else {
+            (true, rest.strip_prefix("True")?)
+        };
+        let mut rest = rest.strip_prefix(", 'shape': (")?.as_bytes();
+        let mut inline = [0u64; 8];
+        let mut count = 0;
+        // Dimensions: `()`, `(5,)` or `(2, 3)`; at most 8 here (more: the general
+        // parser).
+        loop {
+            if let Some(after) = rest.strip_prefix(b"), }") {
+                rest = after;
+                break;
+            }
+            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+            // No leading zeros, at most 19 digits: always fits u64.
+            if digits == 0 || digits > 19 || (digits > 1 && rest[0] == b'0') {
+                return None;
+            }
+            let dim = rest[..digits]
+                .iter()
+                .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+            *inline.get_mut(count)? = dim;
+            count += 1;
+            rest = &rest[digits..];
+            rest = match (count, rest) {
+                (1, [b',', b')', ..]) => &rest[1..],
+                (_, [b',', b' ', next, ..]) if next.is_ascii_digit() => &rest[2..],
+                (2.., [b')', ..]) => rest,
+                _ => return None,
+            };
+        }
+        let blank = rest
+            .iter()
+            .fold(true, |blank, &b| blank & b.is_ascii_whitespace());
+        blank.then(|| HeaderDict {
+            descr,
+            fortran_order,
+            shape: Dims::new(&inline[..count]),
+        })
+    }
+
     fn parse(text: &'a str, base: u64) -> Result<HeaderDict<'a>> {
         let mut p = Parser {
             src: text,
@@ -322,7 +378,14 @@ impl<'a> HeaderDict<'a> {
                 _ => return Err(p.error("expected `,` or `}`")),
             }
         }
-        if p.peek().is_some() {
+        // numpy pads the header with spaces to a multiple of 64 bytes: check the
+        // padding in one pass the compiler can vectorize, not byte by byte.
+        let rest = &p.text[p.at..];
+        let blank = rest.iter().fold(true, |blank, &b| {
+            blank & matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c')
+        });
+        if !blank {
+            p.skip_space();
             return Err(p.error("bytes after the header dict"));
         }
         match (descr, fortran, shape) {
@@ -769,6 +832,75 @@ mod tests {
         NumpyReader::from_bytes(Bytes::from_vec(bytes), &Limits::default())
     }
 
+    /// The dict `HeaderDict::parse` reads from `text`, as comparable values.
+    fn general(text: &str) -> Option<(String, bool, Vec<u64>)> {
+        HeaderDict::parse(text, 0)
+            .ok()
+            .map(|d| (d.descr.to_owned(), d.fortran_order, d.shape.to_vec()))
+    }
+
+    fn canonical(text: &str) -> Option<(String, bool, Vec<u64>)> {
+        HeaderDict::parse_canonical(text)
+            .map(|d| (d.descr.to_owned(), d.fortran_order, d.shape.to_vec()))
+    }
+
+    #[test]
+    fn numpy_written_headers_take_the_canonical_path() {
+        for text in [
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (), }   \n",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (32000, 768), }  \n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (5,), }\n",
+            "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }  \n",
+            "{'descr': '|b1', 'fortran_order': False, 'shape': (0, 9999999999999999999), } \n",
+        ] {
+            let fast = canonical(text);
+            assert!(fast.is_some(), "{text:?}");
+            assert_eq!(fast, general(text), "{text:?}");
+        }
+        // Left to the general parser (which reads or refuses them).
+        for text in [
+            "{'descr': '<f8', 'shape': (5,), 'fortran_order': False, }\n",
+            "{'descr':'<f8', 'fortran_order': False, 'shape': (5,), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (05,), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (5), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (5, 6,), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (5L,), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (5,), }x\n",
+            "{'descr': '<f\\8', 'fortran_order': False, 'shape': (5,), }\n",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (18446744073709551615,), }\n",
+        ] {
+            assert_eq!(canonical(text), None, "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the canonical path accepts, the general parser reads alike.
+        #[test]
+        fn the_canonical_path_agrees_with_the_general_parser(
+            descr in "[<>|=]?[a-zA-Z][0-9]{0,2}",
+            fortran in proptest::bool::ANY,
+            dims in proptest::collection::vec(
+                proptest::prop_oneof![0u64..4, proptest::num::u64::ANY], 0..10),
+            spacing in 0usize..6,
+            tail in "[ \t\n]{0,4}[x}]?[ \n]{0,3}",
+        ) {
+            let shape = match (dims.len(), spacing) {
+                (1, 0) => format!("({},)", dims[0]),
+                (1, 1) => format!("({})", dims[0]),
+                (_, 2) => format!("({},)", dims.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+                (_, 3) => format!("({})", dims.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+                (_, 4) => format!("( {} )", dims.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+                _ => format!("({})", dims.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+            };
+            let fortran = if fortran { "True" } else { "False" };
+            let text = format!("{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape}, }}{tail}");
+            if let Some(fast) = canonical(&text) {
+                proptest::prop_assert_eq!(Some(fast), general(&text), "{:?}", text);
+            }
+        }
+    }
+
     #[test]
     fn shapes_of_every_rank_parse_alike() {
         // Ranks 0 to 12 cross the parser's 8 inline dimensions; sizes of 1 and 2
@@ -780,7 +912,10 @@ mod tests {
                 1 => format!("({},)", dims[0]),
                 _ => format!(
                     "({})",
-                    dims.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                    dims.iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             };
             let n: u64 = dims.iter().product();
