@@ -58,7 +58,8 @@ def test_read_torch_is_zero_copy(zt_path):
     t1 = r.read_torch("w")
     arr = r["w"]
     t2 = r.read_torch("w")
-    assert t1.data_ptr() == t2.data_ptr() == arr.ctypes.data
+    t3 = r.read_torch("w", device=torch.device("cpu"))
+    assert t1.data_ptr() == t2.data_ptr() == t3.data_ptr() == arr.ctypes.data
     c = r.read_torch("w", copy=True)
     assert c.data_ptr() != t1.data_ptr()
     del r

@@ -50,22 +50,24 @@ class Reader(_native.Reader):
         (file-offset order). With copy=False on the CPU the tensors share the file map
         (zero-copy, like read_numpy); ``device`` moves them (e.g. "cuda:0").
         bfloat16 and float8 need no ml_dtypes here."""
-        import torch
-
-        from ._torch import bytes_to_torch, torch_dst_bytes, torch_dtype
-
-        on_cpu = str(device) == "cpu"
+        tt = _torch_interop()
+        on_cpu = device == "cpu" or str(device) == "cpu"
+        if not copy and on_cpu and isinstance(name, str):
+            # The common call, kept short: a state dict loader makes it once per
+            # tensor, so every Python step here counts.
+            x = self._read_for_torch(name)
+            return tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
 
         def one(n):
             if copy:
                 # Fill a torch-allocated tensor natively (parallel, without the GIL).
                 dtype_name, shape = self._dtype_and_shape(n)
-                t = torch.empty(shape, dtype=torch_dtype(dtype_name))
+                t = tt.torch.empty(shape, dtype=tt.torch_dtype(dtype_name))
                 if t.numel():
-                    self._read_into_raw(n, torch_dst_bytes(t))
+                    self._read_into_raw(n, tt.torch_dst_bytes(t))
             else:
                 x = self._read_for_torch(n)
-                t = bytes_to_torch(*x) if isinstance(x, tuple) else torch.from_numpy(x)
+                t = tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
             return t if on_cpu else t.to(device)
 
         if isinstance(name, str):
@@ -98,10 +100,10 @@ class Reader(_native.Reader):
         return self._read_into_torch(name, dst)
 
     def _read_into_torch(self, name, dst):
-        from ._torch import torch_dst_bytes, torch_dtype
+        tt = _torch_interop()
+        torch_dst_bytes, torch_dtype = tt.torch_dst_bytes, tt.torch_dtype
 
         meta = self._metadata(name)
-        import torch  # noqa: F401  (dst is a torch tensor here)
 
         dtype_name = _logical_name(meta)
         if list(dst.shape) != list(meta["shape"]) or dst.dtype != torch_dtype(dtype_name):
@@ -115,6 +117,20 @@ class Reader(_native.Reader):
 
     def __repr__(self):
         return _native.Reader.__repr__(self)
+
+
+_torch_module = None
+
+
+def _torch_interop():
+    """The torch interop module (importing it imports torch), loaded on first use and
+    then kept: an import statement inside a per-tensor call costs a microsecond."""
+    global _torch_module
+    if _torch_module is None:
+        from . import _torch
+
+        _torch_module = _torch
+    return _torch_module
 
 
 def _is_ndarray(x):

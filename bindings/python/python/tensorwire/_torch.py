@@ -15,6 +15,8 @@ _NAMES = {
     "complex64": "complex64", "complex128": "complex128",
 }
 TO_TORCH = {k: getattr(torch, v) for k, v in _NAMES.items() if hasattr(torch, v)}
+# Looked up once: `read_torch` calls it per tensor.
+from_numpy = torch.from_numpy
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 
 
