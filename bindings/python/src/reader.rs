@@ -355,6 +355,12 @@ fn read_into_one(
         })
         .or_raise();
     }
+    if raw {
+        // A raw destination is a torch tensor, whose allocator (unlike numpy's) does
+        // not ask for huge pages: without them, filling a fresh tensor costs a page
+        // fault per 4 KiB (185 tensors, 500 MiB: 80–270 ms against 50 ms).
+        tensorwire::mmap::advise_huge_pages(out);
+    }
     fill_dense(py, src, at, name, out)
 }
 

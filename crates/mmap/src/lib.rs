@@ -184,22 +184,40 @@ impl MappedFile {
 /// advice is best effort: where it is not available the vector is an ordinary one.
 pub fn huge_page_vec(capacity: usize) -> Vec<u8> {
     let v: Vec<u8> = Vec::with_capacity(capacity);
+    // The vector's allocation is `capacity` bytes from its pointer.
+    advise_huge_pages_in(v.as_ptr() as usize, capacity);
+    v
+}
+
+/// Asks the kernel to back the 2 MiB-aligned interior of `buf` with transparent huge
+/// pages, for a destination about to be filled whose memory another allocator made
+/// (a torch tensor from `torch.empty`): a multi-megabyte fill is then bounded by
+/// memory bandwidth rather than by a page fault per 4 KiB. Pages already touched keep
+/// their contents. Best effort: a no-op for small buffers and where the advice is not
+/// available.
+pub fn advise_huge_pages(buf: &mut [u8]) {
+    advise_huge_pages_in(buf.as_mut_ptr() as usize, buf.len());
+}
+
+/// `madvise(MADV_HUGEPAGE)` on the whole huge pages inside `[begin, begin + len)`, a
+/// range the caller owns.
+fn advise_huge_pages_in(begin: usize, len: usize) {
     #[cfg(target_os = "linux")]
-    if capacity >= HUGE_PAGE {
-        let begin = v.as_ptr() as usize;
+    if len >= HUGE_PAGE {
         let start = begin.next_multiple_of(HUGE_PAGE);
-        let end = (begin + capacity) / HUGE_PAGE * HUGE_PAGE;
+        let end = (begin + len) / HUGE_PAGE * HUGE_PAGE;
         if end > start {
-            // SAFETY: [start, end) lies inside the vector's allocation of `capacity`
-            // bytes, page-aligned at both ends; MADV_HUGEPAGE only changes how the
-            // kernel backs those pages, never their contents or validity. A failure
-            // (e.g. THP disabled) leaves the vector as it was, so it is ignored.
+            // SAFETY: [start, end) lies inside the caller's allocation of `len` bytes
+            // at `begin`, page-aligned at both ends; MADV_HUGEPAGE only changes how
+            // the kernel backs those pages, never their contents or validity. A
+            // failure (e.g. THP disabled) leaves the memory as it was, so it is ignored.
             unsafe {
                 libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
             }
         }
     }
-    v
+    #[cfg(not(target_os = "linux"))]
+    let _ = (begin, len);
 }
 
 /// The transparent huge page size on x86-64 and aarch64 (4 KiB base pages).
@@ -231,6 +249,23 @@ impl Owner for MappedFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_page_advice_keeps_contents() {
+        // Large enough to hold whole huge pages at any alignment; filled before and
+        // after the advice.
+        let mut buf: Vec<u8> = (0..(9usize << 20)).map(|i| (i % 251) as u8).collect();
+        advise_huge_pages(&mut buf);
+        assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        buf.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+        assert!(buf
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == ((i % 251) as u8).wrapping_add(1)));
+        // Small and empty buffers are left alone.
+        advise_huge_pages(&mut [1u8, 2, 3]);
+        advise_huge_pages(&mut []);
+    }
     use std::io::Write;
 
     fn temp_file(content: &[u8]) -> tempfile::NamedTempFile {
