@@ -103,15 +103,15 @@ impl PersistentLoad for ZipStorages<'_> {
             record.push_str(self.prefix);
             record.push_str("data/");
             record.push_str(&storage.key);
-            let index = self.directory.index_of(record).ok_or_else(|| {
-                Error::malformed(offset, format!("no record `{record}` for a storage"))
-            })?;
-            let entry = self.directory.entry(index);
-            if entry.size < storage.nbytes()? {
+            let missing =
+                || Error::malformed(offset, format!("no record `{record}` for a storage"));
+            let index = self.directory.index_of(record).ok_or_else(missing)?;
+            let size = self.directory.size(index).ok_or_else(missing)?;
+            if size < storage.nbytes()? {
                 return Err(Error::SizeMismatch {
                     tensor: record.clone(),
                     expected: storage.nbytes()?,
-                    found: entry.size,
+                    found: size,
                 });
             }
             self.seen
@@ -123,10 +123,9 @@ impl PersistentLoad for ZipStorages<'_> {
 
 /// The folder (with its trailing `/`) that holds `data.pkl`: torch names it after the
 /// file's stem or `archive`, so it is found rather than assumed.
-fn archive_prefix(entries: &[ZipEntry]) -> Result<String> {
-    let mut candidates = entries
-        .iter()
-        .filter_map(|e| e.name.strip_suffix("data.pkl"))
+fn archive_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Result<String> {
+    let mut candidates = names
+        .filter_map(|name| name.strip_suffix("data.pkl"))
         .filter(|p| p.ends_with('/') && p.matches('/').count() == 1);
     let first = candidates.next().ok_or_else(|| {
         Error::malformed(
@@ -212,7 +211,7 @@ impl PtReader {
             limits.max_tensors.saturating_add(1024),
             limits.max_name_bytes,
         )?;
-        let prefix = archive_prefix(directory.entries())?;
+        let prefix = archive_prefix(directory.names())?;
         let pkl_index = directory
             .index_of(&format!("{prefix}data.pkl"))
             .expect("found by archive_prefix");

@@ -388,20 +388,26 @@ impl ZipDirectory {
         self.by_name.get(name).copied()
     }
 
-    /// Record `index`'s name, method, CRC and sizes. Its `data_offset` is that of its
-    /// local header and its `head` is `None`: [`ZipDirectory::located`] gives the
-    /// record as it is once located.
-    ///
-    /// # Panics
-    ///
-    /// When `index` is not below [`ZipDirectory::len`].
-    pub fn entry(&self, index: usize) -> &ZipEntry {
-        &self.entries[index]
+    /// Record `index`'s name, or `None` past the last record.
+    pub fn name(&self, index: usize) -> Option<&str> {
+        self.entries.get(index).map(|e| &*e.name)
     }
 
-    /// Every record, in central-directory order (as [`ZipDirectory::entry`]).
-    pub fn entries(&self) -> &[ZipEntry] {
-        &self.entries
+    /// Record `index`'s size once decompressed, or `None` past the last record.
+    pub fn size(&self, index: usize) -> Option<u64> {
+        self.entries.get(index).map(|e| e.size)
+    }
+
+    /// Where record `index`'s local header starts, or `None` past the last record.
+    pub fn header_offset(&self, index: usize) -> Option<u64> {
+        // Until located, an entry's `data_offset` holds its local header's offset;
+        // entries are only handed out located (see `located`), never from here.
+        self.entries.get(index).map(|e| e.data_offset)
+    }
+
+    /// Every record's name, in central-directory order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| &*e.name)
     }
 
     /// Record indices sorted by where their local headers lie in the file.
@@ -413,15 +419,15 @@ impl ZipDirectory {
 
     /// Reads the local headers of the records `which` (indices, in any order), and,
     /// when `head_len` is not 0, up to that many bytes of each record's data in the
-    /// same read. Headers are read in file order, one read covering every header that
-    /// lies within [`GROUP_SPAN`] of the first, so an archive of many small records
-    /// costs far fewer reads than records.
-    ///
-    /// # Panics
-    ///
-    /// When an index is not below [`ZipDirectory::len`].
+    /// same read; returns their locations in the order of `which`. Headers are read in
+    /// file order, one read covering every header that lies within [`GROUP_SPAN`] of
+    /// the first, so an archive of many small records costs far fewer reads than
+    /// records. An index past the last record is an error.
     pub fn locate(&self, input: &Input, which: &[usize], head_len: u64) -> Result<Vec<Location>> {
         let entries = &self.entries;
+        if let Some(&bad_index) = which.iter().find(|&&i| i >= entries.len()) {
+            return Err(self.no_record(bad_index));
+        }
         // What a read must cover from a header: the fixed part, and with a head, the
         // name, room for torch-style alignment padding in the extra field, and the head.
         let want = |e: &ZipEntry| -> u64 {
@@ -434,8 +440,9 @@ impl ZipDirectory {
                     + e.compressed_size.min(head_len)
             }
         };
-        let mut order = which.to_vec();
-        order.sort_by_key(|&i| entries[i].data_offset);
+        // Positions in `which`, in the file order of their local headers.
+        let mut order: Vec<usize> = (0..which.len()).collect();
+        order.sort_by_key(|&k| entries[which[k]].data_offset);
         // Every group is read into this one buffer: no allocation (and no zeroing) per
         // read, which for hundreds of records costs more than the reads' copying.
         let mut scratch: Vec<u8> = Vec::new();
@@ -443,16 +450,18 @@ impl ZipDirectory {
         let mut window: Option<(u64, usize)> = None;
         // Every head, back to back, and where each record's lies: one buffer for all.
         let mut heads: Vec<u8> = Vec::new();
-        let mut head_ranges: Vec<Option<std::ops::Range<usize>>> = Vec::with_capacity(order.len());
-        let mut located = Vec::with_capacity(order.len());
-        for (k, &i) in order.iter().enumerate() {
+        let mut head_ranges: Vec<Option<std::ops::Range<usize>>> = vec![None; which.len()];
+        let mut located: Vec<Option<Location>> = vec![None; which.len()];
+        for (n, &k) in order.iter().enumerate() {
+            let i = which[k];
             let start = entries[i].data_offset;
             let end = start.saturating_add(want(&entries[i]));
             let covered = window.is_some_and(|(at, len)| start >= at && end <= at + len as u64);
             if !covered {
                 let mut group_end = end;
-                for &j in &order[k + 1..] {
-                    let next_end = entries[j].data_offset.saturating_add(want(&entries[j]));
+                for &next in &order[n + 1..] {
+                    let next = &entries[which[next]];
+                    let next_end = next.data_offset.saturating_add(want(next));
                     if next_end - start > GROUP_SPAN {
                         break;
                     }
@@ -472,29 +481,43 @@ impl ZipDirectory {
             let (at, len) = window.expect("set above");
             let local = &scratch[(start - at) as usize..len];
             let (data_offset, head) = parse_local_header(input, &entries[i], local, head_len)?;
-            head_ranges.push((!head.is_empty()).then(|| heads.len()..heads.len() + head.len()));
+            head_ranges[k] = (!head.is_empty()).then(|| heads.len()..heads.len() + head.len());
             heads.extend_from_slice(head);
-            located.push(Location {
+            located[k] = Some(Location {
                 index: i,
                 data_offset,
                 head: None,
             });
         }
-        if !heads.is_empty() {
-            let heads = Bytes::from_vec(heads);
-            for (location, range) in located.iter_mut().zip(head_ranges) {
-                if let Some(range) = range {
+        let heads = (!heads.is_empty()).then(|| Bytes::from_vec(heads));
+        located
+            .into_iter()
+            .zip(head_ranges)
+            .map(|(location, range)| {
+                let mut location = location.expect("every position was located");
+                if let (Some(heads), Some(range)) = (&heads, range) {
                     location.head = Some(heads.slice(range)?);
                 }
-            }
-        }
-        Ok(located)
+                Ok(location)
+            })
+            .collect()
+    }
+
+    fn no_record(&self, index: usize) -> Error {
+        Error::invalid(format!(
+            "zip record index {index} is past the directory's {} records",
+            self.entries.len()
+        ))
     }
 
     /// The record at `location` as it is once located: its data offset and head set,
     /// and its data checked to end before the central directory.
     pub fn located(&self, location: &Location) -> Result<ZipEntry> {
-        let mut entry = self.entries[location.index].clone();
+        let mut entry = self
+            .entries
+            .get(location.index)
+            .ok_or_else(|| self.no_record(location.index))?
+            .clone();
         entry.data_offset = location.data_offset;
         entry.head = location.head.clone();
         self.check_extent(&entry)?;
@@ -521,6 +544,9 @@ impl ZipDirectory {
     ) -> Result<ZipArchive> {
         let mut done = vec![false; self.entries.len()];
         for location in locations {
+            if location.index >= self.entries.len() {
+                return Err(self.no_record(location.index));
+            }
             let entry = &mut self.entries[location.index];
             if done[location.index] {
                 if entry.data_offset != location.data_offset {

@@ -52,7 +52,7 @@ fn locating_in_parts_matches_one_parse() {
 fn a_record_left_unlocated_is_an_error() {
     let input = fixture_input("module.pt");
     let directory = ZipDirectory::read(&input, 1 << 10, 1 << 10).unwrap();
-    let missing = directory.entry(2).name.to_string();
+    let missing = directory.name(2).unwrap().to_string();
     let some: Vec<usize> = (0..directory.len()).filter(|&i| i != 2).collect();
     let located = directory.locate(&input, &some, 0).unwrap();
     let err = directory.into_archive(located).unwrap_err().to_string();
@@ -69,7 +69,9 @@ fn directory_entries_hold_their_local_header_offsets_until_located() {
     let located = directory.locate(&input, &[0], 0).unwrap();
     let entry = directory.located(&located[0]).unwrap();
     // The data follows the 30-byte local header, its name and its extra field.
-    assert!(entry.data_offset >= directory.entry(0).data_offset + 30 + entry.name.len() as u64);
+    assert!(
+        entry.data_offset >= directory.header_offset(0).unwrap() + 30 + entry.name.len() as u64
+    );
     assert!(entry.head.is_none());
 }
 
@@ -114,4 +116,38 @@ fn archive_comments_of_any_length_are_skipped() {
             }
         }
     }
+}
+
+#[test]
+fn locations_come_back_in_the_order_asked_for() {
+    // `sorted_records.pt` stores `byteorder` before `data.pkl`; asking for them the
+    // other way round must still give `data.pkl` first.
+    let input = fixture_input("sorted_records.pt");
+    let directory = ZipDirectory::read(&input, 1 << 10, 1 << 10).unwrap();
+    let pkl = directory.index_of("archive/data.pkl").unwrap();
+    let order = directory.index_of("archive/byteorder").unwrap();
+    assert!(directory.header_offset(order) < directory.header_offset(pkl));
+    let mut which: Vec<usize> = (0..directory.len()).rev().collect();
+    which.retain(|&i| i != pkl && i != order);
+    which.insert(0, pkl);
+    which.insert(1, order);
+    let located = directory.locate(&input, &which, 0).unwrap();
+    let got: Vec<usize> = located.iter().map(|l| l.index()).collect();
+    assert_eq!(got, which);
+}
+
+#[test]
+fn indices_past_the_directory_are_errors() {
+    let input = fixture_input("module.pt");
+    let directory = ZipDirectory::read(&input, 1 << 10, 1 << 10).unwrap();
+    let past = directory.len();
+    assert!(directory.locate(&input, &[0, past], 0).is_err());
+    assert_eq!(directory.name(past), None);
+    // A location from a larger archive's directory is refused, not a panic.
+    let bigger = fixture_input("optimizer.pt");
+    let other = ZipDirectory::read(&bigger, 1 << 10, 1 << 10).unwrap();
+    assert!(other.len() > directory.len());
+    let foreign = other.locate(&bigger, &[other.len() - 1], 0).unwrap();
+    assert!(directory.located(&foreign[0]).is_err());
+    assert!(directory.into_archive(foreign).is_err());
 }
