@@ -333,16 +333,28 @@ fn check_dst<'a, 'py>(
     Ok(array)
 }
 
+/// What a `read_into` destination is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    /// A numpy array of the tensor's dtype and shape.
+    Typed,
+    /// Bytes of the right length (a torch tensor's memory, as `uint8`).
+    Raw,
+    /// Like `Raw`, and allocated by the caller for this very read
+    /// (`read_torch(copy=True)`), so nothing has touched it yet.
+    FreshRaw,
+}
+
 fn read_into_one(
     py: Python<'_>,
     src: &dyn TensorSource,
     at: usize,
     dst: &Bound<'_, PyAny>,
-    raw: bool,
+    dest: Dest,
 ) -> PyResult<()> {
     let info = dense_info(src, at)?;
     let name = &*info.name;
-    let array = check_dst(py, name, dst, (!raw).then_some(info))?;
+    let array = check_dst(py, name, dst, (dest == Dest::Typed).then_some(info))?;
     // SAFETY: `array` is C-contiguous and writable (checked), and `dst` keeps it alive
     // for this call. Other Python threads could touch it while the GIL is released;
     // like any in-place numpy operation, that races on values but never on memory.
@@ -355,10 +367,11 @@ fn read_into_one(
         })
         .or_raise();
     }
-    if raw {
-        // A raw destination is a torch tensor, whose allocator (unlike numpy's) does
-        // not ask for huge pages: without them, filling a fresh tensor costs a page
-        // fault per 4 KiB (185 tensors, 500 MiB: 80–270 ms against 50 ms).
+    if dest == Dest::FreshRaw {
+        // A fresh torch tensor: torch's allocator (unlike numpy's) does not ask for
+        // huge pages, so filling it would cost a page fault per 4 KiB (185 tensors,
+        // 500 MiB: 80–270 ms against 50 ms). Memory a caller passed in is left as it
+        // is: the advice would outlive this read.
         tensorwire::mmap::advise_huge_pages(out);
     }
     fill_dense(py, src, at, name, out)
@@ -530,18 +543,21 @@ impl Reader {
         name: &Bound<'_, PyAny>,
         dst: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        self.read_into_impl(py, name, dst, false)
+        self.read_into_impl(py, name, dst, Dest::Typed)
     }
 
-    /// read_into with `uint8` destinations that only need the right byte length.
-    #[pyo3(signature = (name, dst = None))]
+    /// read_into with `uint8` destinations that only need the right byte length;
+    /// `fresh` says the caller allocated them for this read.
+    #[pyo3(signature = (name, dst = None, fresh = false))]
     fn _read_into_raw(
         &self,
         py: Python<'_>,
         name: &Bound<'_, PyAny>,
         dst: Option<&Bound<'_, PyAny>>,
+        fresh: bool,
     ) -> PyResult<()> {
-        self.read_into_impl(py, name, dst, true)
+        let dest = if fresh { Dest::FreshRaw } else { Dest::Raw };
+        self.read_into_impl(py, name, dst, dest)
     }
 
     /// Names sorted by the file offset of their data.
@@ -673,7 +689,7 @@ impl Reader {
         py: Python<'_>,
         name: &Bound<'_, PyAny>,
         dst: Option<&Bound<'_, PyAny>>,
-        raw: bool,
+        dest: Dest,
     ) -> PyResult<()> {
         let src = self.src()?;
         if let Ok(targets) = name.cast::<PyDict>() {
@@ -683,7 +699,7 @@ impl Reader {
             }
             sorted_by_offset(src, &mut items);
             for (at, v) in &items {
-                read_into_one(py, src, *at, v, raw)?;
+                read_into_one(py, src, *at, v, dest)?;
             }
             return Ok(());
         }
@@ -691,6 +707,6 @@ impl Reader {
             .cast::<PyString>()
             .map_err(|_| PyTypeError::new_err("name must be a str or a dict {name: dst}"))?;
         let dst = dst.ok_or_else(|| PyTypeError::new_err("dst is required when name is a str"))?;
-        read_into_one(py, src, self.position_of(src, name)?, dst, raw)
+        read_into_one(py, src, self.position_of(src, name)?, dst, dest)
     }
 }

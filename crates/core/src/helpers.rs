@@ -61,6 +61,20 @@ impl<S, R> Shared<S, R> {
     }
 }
 
+/// Withdraws a piece of work no helper has started yet when dropped during a panic.
+struct WithdrawOnUnwind<'a, S, R>(&'a Shared<S, R>);
+
+impl<S, R> Drop for WithdrawOnUnwind<'_, S, R> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut state = self.0.lock();
+            if matches!(*state, Offer::Offered(_)) {
+                *state = Offer::TakenBack;
+            }
+        }
+    }
+}
+
 /// How long a caller whose work was taken by a helper spins for its result before
 /// sleeping until it is ready.
 const SPIN_FOR: Duration = Duration::from_micros(200);
@@ -108,7 +122,11 @@ where
         shared.finished.store(true, Ordering::Release);
         shared.done.notify_one();
     });
-    let main_result = main();
+    let main_result = {
+        // If `main` panics, withdraw the offer: nobody would wait for `side`'s result.
+        let _withdraw = WithdrawOnUnwind(&offer);
+        main()
+    };
     let shared = &*offer;
     let mut guard = shared.lock();
     loop {
@@ -197,6 +215,27 @@ mod tests {
         if pool().is_some() {
             assert!(on_helper > 0, "no helper ever ran the side half");
         }
+    }
+
+    #[test]
+    fn a_panic_in_main_withdraws_side_if_no_helper_took_it() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..50 {
+            let theirs = Arc::clone(&ran);
+            let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                join(
+                    || -> () { panic!("main failed") },
+                    move || {
+                        theirs.fetch_add(1, Ordering::SeqCst);
+                    },
+                )
+            }));
+            assert!(caught.is_err());
+        }
+        // Give any helper that took a side half in time a moment to finish it, then
+        // check that not every offer ran: withdrawn ones did not.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(ran.load(Ordering::SeqCst) < 50, "every side half ran");
     }
 
     #[test]

@@ -193,7 +193,7 @@ impl<'a> Walker<'a> {
             }
             Obj::Storage(s) => Err(Error::unsupported(format!(
                 "a bare storage (`{}`) in the checkpoint object",
-                self.arena.storage(*s).key
+                self.arena.storage(*s).map_or("?", |s| &*s.key)
             ))),
             Obj::Dict { items, .. } if self.holds_tensor(id, depth)? => {
                 for &(k, v) in items {

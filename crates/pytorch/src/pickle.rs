@@ -78,8 +78,8 @@ pub enum Obj {
     Set(Vec<Id>),
     /// An allowlisted global (function, class or dtype).
     Global(Global),
-    /// A storage named by a persistent id: its index in [`Arena::storage`].
-    Storage(usize),
+    /// A storage named by a persistent id (see [`Arena::storage`]).
+    Storage(StorageId),
     /// A tensor rebuilt by one of torch's rebuild functions.
     Tensor(Box<TensorRecord>),
 }
@@ -117,6 +117,11 @@ impl Obj {
         }
     }
 }
+
+/// Which of its arena's storages an [`Obj::Storage`] is. Only the machine makes
+/// these, as it runs a persistent id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageId(usize);
 
 /// Where a tuple's items lie in its arena's shared item buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,13 +174,10 @@ impl Arena {
         &self.objects[id]
     }
 
-    /// The storage of an [`Obj::Storage`].
-    ///
-    /// # Panics
-    ///
-    /// When `index` is not that of a storage of this arena.
-    pub fn storage(&self, index: usize) -> &StorageRef {
-        &self.storages[index]
+    /// The storage of an [`Obj::Storage`] of this arena (`None` for an id from
+    /// another arena that this one does not have).
+    pub fn storage(&self, id: StorageId) -> Option<&StorageRef> {
+        self.storages.get(id.0)
     }
 
     /// Number of objects.
@@ -479,7 +481,7 @@ impl Machine<'_> {
     }
 
     fn push_storage(&mut self, storage: StorageRef) -> Result<()> {
-        let index = self.arena.storages.len();
+        let index = StorageId(self.arena.storages.len());
         let id = self.arena.alloc(Obj::Storage(index))?;
         self.arena.storages.push(storage);
         self.push(id)

@@ -183,7 +183,9 @@ impl TensorRecord {
                 ),
             ));
         };
-        let storage = arena.storage(index);
+        let storage = arena.storage(index).ok_or_else(|| {
+            Error::malformed(offset, "tensor storage: not a storage of this pickle")
+        })?;
         let record = TensorRecord {
             storage: storage.clone(),
             dtype: dtype.unwrap_or(storage.dtype),

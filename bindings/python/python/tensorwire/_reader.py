@@ -64,7 +64,7 @@ class Reader(_native.Reader):
                 dtype_name, shape = self._dtype_and_shape(n)
                 t = tt.torch.empty(shape, dtype=tt.torch_dtype(dtype_name))
                 if t.numel():
-                    self._read_into_raw(n, tt.torch_dst_bytes(t))
+                    self._read_into_raw(n, tt.torch_dst_bytes(t), fresh=True)
             else:
                 x = self._read_for_torch(n)
                 t = tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
