@@ -143,10 +143,26 @@ fn copy_in(py: Python<'_>, segment: &Segment, at: usize, data: &[u8]) -> Result<
         return arrays::maybe_detach(py, data.len(), || segment.write_at(at, data));
     }
     py.detach(|| {
-        use rayon::prelude::*;
-        data.par_chunks(COPY_CHUNK)
-            .enumerate()
-            .try_for_each(|(i, chunk)| segment.write_at(at + i * COPY_CHUNK, chunk))
+        // tensorwire's own helpers, not rayon's global pool: they stand aside in a
+        // process forked after they started (multiprocessing, DataLoader workers),
+        // where work handed to a pool without threads would never run.
+        let failed = std::sync::Mutex::new(None);
+        let chunks: Vec<(usize, &[u8])> = data.chunks(COPY_CHUNK).enumerate().collect();
+        tensorwire::core::helpers::for_each(chunks, usize::MAX, |(i, chunk)| {
+            if let Err(e) = segment.write_at(at + i * COPY_CHUNK, chunk) {
+                failed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get_or_insert(e);
+            }
+        });
+        match failed
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     })
 }
 

@@ -5,8 +5,6 @@
 //! nothing left), and the end of a copy waits at most for the chunks helpers are
 //! still on. Helpers come from [`crate::helpers`]' pool.
 
-use std::sync::{Mutex, PoisonError};
-
 /// Total bytes below which a copy runs on the calling thread alone (waking a helper
 /// costs more than it saves).
 pub const PARALLEL_MIN_BYTES: usize = 1 << 20;
@@ -36,34 +34,18 @@ pub fn copy_pairs(pairs: Vec<(&mut [u8], &[u8])>) {
         assert_eq!(dst.len(), src.len(), "copy_pairs: lengths differ");
         total = total.saturating_add(src.len());
     }
-    let pool = match crate::helpers::pool() {
-        Some(pool) if total >= PARALLEL_MIN_BYTES => pool,
-        _ => {
-            for (dst, src) in pairs {
-                dst.copy_from_slice(src);
-            }
-            return;
+    if total < PARALLEL_MIN_BYTES {
+        for (dst, src) in pairs {
+            dst.copy_from_slice(src);
         }
-    };
+        return;
+    }
     let mut chunks = Vec::with_capacity(pairs.len() + total / CHUNK);
     for (dst, src) in pairs {
         chunks.extend(dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK)));
     }
-    let wanted = (total / PARALLEL_MIN_BYTES).clamp(1, pool.current_num_threads());
-    let queue = Mutex::new(chunks.into_iter());
-    let work = || loop {
-        // Taking a chunk cannot panic while the lock is held, so a poisoned lock (a
-        // panic elsewhere) still holds a consistent queue.
-        let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-        let Some((dst, src)) = next else { break };
-        dst.copy_from_slice(src);
-    };
-    pool.in_place_scope(|scope| {
-        for _ in 0..wanted {
-            scope.spawn(|_| work());
-        }
-        work();
-    });
+    let helpers = total / PARALLEL_MIN_BYTES;
+    crate::helpers::for_each(chunks, helpers, |(dst, src)| dst.copy_from_slice(src));
 }
 
 #[cfg(test)]

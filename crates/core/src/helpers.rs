@@ -14,23 +14,58 @@ use std::time::{Duration, Instant};
 /// Most helper threads (memory bandwidth, not cores, bounds the copies they share).
 const MAX_HELPERS: usize = 7;
 
-/// The helper pool, made on first use; `None` on a one-core machine or when its
-/// threads cannot be started (work then runs on the calling thread).
+/// The helper pool, made on first use; `None` on a one-core machine, when its
+/// threads cannot be started, or in a child forked after it was made (threads do not
+/// survive `fork`: work handed to the pool there would never run, as with rayon's own
+/// global pool). Work then runs on the calling thread.
 pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = cores.saturating_sub(1).min(MAX_HELPERS);
-        if threads == 0 {
-            return None;
+    static POOL: OnceLock<Option<(rayon::ThreadPool, u32)>> = OnceLock::new();
+    let (pool, made_in) = POOL
+        .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads = cores.saturating_sub(1).min(MAX_HELPERS);
+            if threads == 0 {
+                return None;
+            }
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("tensorwire-helper-{i}"))
+                .build()
+                .ok()
+                .map(|pool| (pool, std::process::id()))
+        })
+        .as_ref()?;
+    (*made_in == std::process::id()).then_some(pool)
+}
+
+/// Runs `task` on every item, on the calling thread and up to `helpers` helper
+/// threads at once: all of them take items from one queue, so the call never waits
+/// for a helper to wake up, only, at the end, for the items helpers are still on.
+/// Items run in no particular order; with no helper pool, on the calling thread in
+/// order.
+pub fn for_each<T: Send>(items: Vec<T>, helpers: usize, task: impl Fn(T) + Sync) {
+    let pool = match pool() {
+        Some(pool) if helpers > 0 && items.len() > 1 => pool,
+        _ => {
+            items.into_iter().for_each(task);
+            return;
         }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("tensorwire-helper-{i}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
+    };
+    let wanted = helpers.min(pool.current_num_threads());
+    let queue = Mutex::new(items.into_iter());
+    let work = || loop {
+        // Taking an item cannot panic while the lock is held, so a poisoned lock (a
+        // panic elsewhere) still holds a consistent queue.
+        let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+        let Some(item) = next else { break };
+        task(item);
+    };
+    pool.in_place_scope(|scope| {
+        for _ in 0..wanted {
+            scope.spawn(|_| work());
+        }
+        work();
+    });
 }
 
 /// Where a piece of work offered to a helper stands.
@@ -236,6 +271,20 @@ mod tests {
         // check that not every offer ran: withdrawn ones did not.
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(ran.load(Ordering::SeqCst) < 50, "every side half ran");
+    }
+
+    #[test]
+    fn for_each_runs_every_item_once() {
+        for helpers in [0, 1, 7] {
+            let seen: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
+            for_each((0..1000).collect(), helpers, |i: usize| {
+                seen[i].fetch_add(1, Ordering::SeqCst);
+            });
+            assert!(
+                seen.iter().all(|n| n.load(Ordering::SeqCst) == 1),
+                "helpers {helpers}"
+            );
+        }
     }
 
     #[test]
