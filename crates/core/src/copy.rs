@@ -1,9 +1,6 @@
-//! Large memory copies shared between the calling thread and a few helper threads.
-//!
-//! The calling thread copies too: it and the helpers take chunks from one queue, so a
-//! copy never waits for a helper to wake up (a helper that starts late finds less or
-//! nothing left), and the end of a copy waits at most for the chunks helpers are
-//! still on. Helpers come from [`crate::helpers`]' pool.
+//! Large memory copies shared between the calling thread and a few helper threads:
+//! a large copy is cut into chunks that the caller and the helpers take from one
+//! queue ([`crate::helpers::for_each`]).
 
 /// Total bytes below which a copy runs on the calling thread alone (waking a helper
 /// costs more than it saves).
