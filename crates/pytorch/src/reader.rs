@@ -81,8 +81,8 @@ const HELPER_MIN_RECORDS: usize = 32;
 struct ZipStorages<'a> {
     directory: &'a ZipDirectory,
     prefix: &'a str,
-    /// Each storage met so far, with the index of its record.
-    seen: NameMap<Arc<str>, (StorageRef, usize)>,
+    /// Each storage met so far: its size in bytes and the index of its record.
+    seen: NameMap<Arc<str>, (u64, usize)>,
     /// Scratch for record names (`<prefix>data/<key>`), reused across storages.
     record: String,
 }
@@ -90,8 +90,9 @@ struct ZipStorages<'a> {
 impl PersistentLoad for ZipStorages<'_> {
     fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef> {
         let storage = StorageRef::from_persistent_id(arena, pid, offset)?;
-        if let Some((known, _)) = self.seen.get(&storage.key) {
-            if known.nbytes()? != storage.nbytes()? {
+        let nbytes = storage.nbytes()?;
+        if let Some(&(known, _)) = self.seen.get(&storage.key) {
+            if known != nbytes {
                 return Err(Error::malformed(
                     offset,
                     format!("storage `{}` is declared with two sizes", storage.key),
@@ -107,15 +108,14 @@ impl PersistentLoad for ZipStorages<'_> {
                 || Error::malformed(offset, format!("no record `{record}` for a storage"));
             let index = self.directory.index_of(record).ok_or_else(missing)?;
             let size = self.directory.size(index).ok_or_else(missing)?;
-            if size < storage.nbytes()? {
+            if size < nbytes {
                 return Err(Error::SizeMismatch {
                     tensor: record.clone(),
-                    expected: storage.nbytes()?,
+                    expected: nbytes,
                     found: size,
                 });
             }
-            self.seen
-                .insert(storage.key.clone(), (storage.clone(), index));
+            self.seen.insert(storage.key.clone(), (nbytes, index));
         }
         Ok(storage)
     }
@@ -240,9 +240,7 @@ impl PtReader {
                 }
             }
         };
-        let rest: Vec<usize> = directory
-            .file_order()
-            .into_iter()
+        let rest: Vec<usize> = (0..directory.len())
             .filter(|i| *i != pkl_index && Some(*i) != order_index)
             .collect();
         let directory = Arc::new(directory);

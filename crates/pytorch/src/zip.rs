@@ -221,7 +221,8 @@ impl ZipArchive {
         head_len: u64,
     ) -> Result<ZipArchive> {
         let directory = ZipDirectory::read(input, max_entries, max_name)?;
-        let locations = directory.locate(input, &directory.file_order(), head_len)?;
+        let all: Vec<usize> = (0..directory.len()).collect();
+        let locations = directory.locate(input, &all, head_len)?;
         directory.into_archive(locations)
     }
 
@@ -408,13 +409,6 @@ impl ZipDirectory {
     /// Every record's name, in central-directory order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| &*e.name)
-    }
-
-    /// Record indices sorted by where their local headers lie in the file.
-    pub fn file_order(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.entries.len()).collect();
-        order.sort_by_key(|&i| self.entries[i].data_offset);
-        order
     }
 
     /// Reads the local headers of the records `which` (indices, in any order), and,
