@@ -7,6 +7,7 @@
 //! wake never makes the caller wait longer than doing the work alone would.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -82,6 +83,10 @@ enum Offer<S, R> {
 /// What the caller and the helper share about one offered piece of work.
 struct Shared<S, R> {
     state: Mutex<Offer<S, R>>,
+    /// Set once `state` is `Done`. It repeats what `state` says so that a spinning
+    /// caller can watch it without taking the lock: spinning on the lock would fight
+    /// the helper for it just as the helper stores its result.
+    finished: AtomicBool,
     done: Condvar,
 }
 
@@ -133,6 +138,7 @@ where
     };
     let offer = Arc::new(Shared {
         state: Mutex::new(Offer::Offered(side)),
+        finished: AtomicBool::new(false),
         done: Condvar::new(),
     });
     let for_helper = Arc::clone(&offer);
@@ -150,6 +156,7 @@ where
         };
         let result = std::panic::catch_unwind(AssertUnwindSafe(taken));
         *shared.lock() = Offer::Done(result);
+        shared.finished.store(true, Ordering::Release);
         shared.done.notify_one();
     });
     let main_result = {
@@ -172,12 +179,12 @@ where
                 // The helper started before `main` returned, so what it has left is
                 // usually short: spin for it a while rather than sleep, since being
                 // woken can take longer than the wait itself.
+                drop(guard);
                 let spin_until = Instant::now() + SPIN_FOR;
-                while matches!(*guard, Offer::Running) && Instant::now() < spin_until {
-                    drop(guard);
+                while !shared.finished.load(Ordering::Acquire) && Instant::now() < spin_until {
                     std::hint::spin_loop();
-                    guard = shared.lock();
                 }
+                guard = shared.lock();
                 while matches!(*guard, Offer::Running) {
                     guard = shared
                         .done
@@ -254,6 +261,7 @@ mod tests {
         // it deterministically.
         let shared = Shared {
             state: Mutex::new(Offer::<_, ()>::Offered(|| ())),
+            finished: AtomicBool::new(false),
             done: Condvar::new(),
         };
         let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -265,6 +273,7 @@ mod tests {
         // Without a panic the offer stays.
         let shared = Shared {
             state: Mutex::new(Offer::<_, ()>::Offered(|| ())),
+            finished: AtomicBool::new(false),
             done: Condvar::new(),
         };
         drop(WithdrawOnUnwind(&shared));

@@ -51,6 +51,22 @@ impl Dims {
         }
     }
 
+    /// Appends `item` (moving the items to the heap when they no longer fit inline).
+    pub fn push(&mut self, item: u64) {
+        if self.len < INLINE {
+            self.inline[self.len] = item;
+        } else {
+            if self.len == INLINE {
+                self.spill.reserve(2 * INLINE);
+                self.spill.extend_from_slice(&self.inline);
+                // Unused inline slots stay zero, so equal lists compare equal.
+                self.inline = [0; INLINE];
+            }
+            self.spill.push(item);
+        }
+        self.len += 1;
+    }
+
     /// The items.
     pub fn as_slice(&self) -> &[u64] {
         if self.len <= INLINE {
@@ -58,6 +74,14 @@ impl Dims {
         } else {
             &self.spill
         }
+    }
+}
+
+impl FromIterator<u64> for Dims {
+    fn from_iter<I: IntoIterator<Item = u64>>(items: I) -> Dims {
+        let mut dims = Dims::default();
+        items.into_iter().for_each(|item| dims.push(item));
+        dims
     }
 }
 
@@ -222,6 +246,18 @@ mod tests {
         assert_eq!(spilled.dims(), &big[..]);
         assert_eq!(spilled, Shape::from_dims(&big).unwrap());
         assert_ne!(spilled, small);
+    }
+
+    #[test]
+    fn pushed_and_collected_dims_equal_those_made_whole() {
+        for n in [0u64, 1, 6, 7, 13] {
+            let items: Vec<u64> = (1..=n).collect();
+            let mut pushed = Dims::default();
+            items.iter().for_each(|&i| pushed.push(i));
+            assert_eq!(pushed, Dims::new(&items), "{n}");
+            assert_eq!(items.iter().copied().collect::<Dims>(), Dims::new(&items));
+            assert_eq!(pushed.as_slice(), &items[..]);
+        }
     }
 
     #[test]

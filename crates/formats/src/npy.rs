@@ -248,32 +248,16 @@ impl<'a> Parser<'a> {
             }
             Some(b'(') => {
                 self.at += 1;
-                // Up to 8 dimensions on the stack; more (rare) spill into a Vec.
-                let mut inline = [0u64; 8];
-                let mut count = 0;
-                let mut spill: Vec<u64> = Vec::new();
+                let mut dims = Dims::default();
                 loop {
                     if self.peek() == Some(b')') {
                         self.at += 1;
-                        return Ok(Literal::Tuple(if spill.is_empty() {
-                            Dims::new(&inline[..count])
-                        } else {
-                            Dims::from_vec(spill)
-                        }));
+                        return Ok(Literal::Tuple(dims));
                     }
-                    if count > tensorwire_core::MAX_NDIM {
+                    if dims.len() > tensorwire_core::MAX_NDIM {
                         return Err(self.error("shape has too many dimensions"));
                     }
-                    let dim = self.integer()?;
-                    if count < inline.len() {
-                        inline[count] = dim;
-                    } else {
-                        if spill.is_empty() {
-                            spill.extend_from_slice(&inline);
-                        }
-                        spill.push(dim);
-                    }
-                    count += 1;
+                    dims.push(self.integer()?);
                     match self.peek() {
                         Some(b',') => self.at += 1,
                         Some(b')') => {}
@@ -306,8 +290,7 @@ impl<'a> HeaderDict<'a> {
             (true, rest.strip_prefix("True")?)
         };
         let mut rest = rest.strip_prefix(", 'shape': (")?.as_bytes();
-        let mut inline = [0u64; 8];
-        let mut count = 0;
+        let mut shape = Dims::default();
         // Dimensions: `()`, `(5,)` or `(2, 3)`; at most 8 here (more: the general
         // parser).
         loop {
@@ -323,23 +306,22 @@ impl<'a> HeaderDict<'a> {
             let dim = rest[..digits]
                 .iter()
                 .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
-            *inline.get_mut(count)? = dim;
-            count += 1;
+            if shape.len() == 8 {
+                return None;
+            }
+            shape.push(dim);
             rest = &rest[digits..];
-            rest = match (count, rest) {
+            rest = match (shape.len(), rest) {
                 (1, [b',', b')', ..]) => &rest[1..],
                 (_, [b',', b' ', next, ..]) if next.is_ascii_digit() => &rest[2..],
                 (2.., [b')', ..]) => rest,
                 _ => return None,
             };
         }
-        let blank = rest
-            .iter()
-            .fold(true, |blank, &b| blank & b.is_ascii_whitespace());
-        blank.then(|| HeaderDict {
+        is_blank(rest).then_some(HeaderDict {
             descr,
             fortran_order,
-            shape: Dims::new(&inline[..count]),
+            shape,
         })
     }
 
@@ -378,13 +360,7 @@ impl<'a> HeaderDict<'a> {
                 _ => return Err(p.error("expected `,` or `}`")),
             }
         }
-        // numpy pads the header with spaces to a multiple of 64 bytes: check the
-        // padding in one pass the compiler can vectorize, not byte by byte.
-        let rest = &p.text[p.at..];
-        let blank = rest.iter().fold(true, |blank, &b| {
-            blank & matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c')
-        });
-        if !blank {
+        if !is_blank(&p.text[p.at..]) {
             p.skip_space();
             return Err(p.error("bytes after the header dict"));
         }
@@ -397,6 +373,15 @@ impl<'a> HeaderDict<'a> {
             _ => Err(p.error("the header needs `descr`, `fortran_order` and `shape`")),
         }
     }
+}
+
+/// True when `bytes` is all ASCII whitespace (as [`u8::is_ascii_whitespace`]): numpy
+/// pads a header with spaces to a multiple of 64 bytes, checked in one pass the
+/// compiler can vectorize rather than byte by byte.
+fn is_blank(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .fold(true, |blank, &b| blank & b.is_ascii_whitespace())
 }
 
 /// The dtype and byte order of a `descr` string.

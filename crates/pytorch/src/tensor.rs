@@ -140,25 +140,17 @@ fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
     }
 }
 
-/// The ints of the tuple (or list) `id`: sizes or strides, read without allocating
-/// for the usual ranks.
+/// The ints of the tuple (or list) `id`: sizes or strides (inline `Dims`: no
+/// allocation for the usual ranks).
 fn dims_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Dims> {
     let items = arena.items(id).ok_or_else(|| {
         Error::malformed(offset, format!("tensor {what}: expected a tuple of ints"))
     })?;
     Error::check_limit("number of dimensions", items.len() as u64, MAX_NDIM as u64)?;
-    let mut buf = [0u64; 8];
-    if items.len() <= buf.len() {
-        for (slot, &item) in buf.iter_mut().zip(items) {
-            *slot = int_of(arena, item, what, offset)?;
-        }
-        return Ok(Dims::new(&buf[..items.len()]));
-    }
-    let ints = items
+    items
         .iter()
         .map(|&item| int_of(arena, item, what, offset))
-        .collect::<Result<Vec<u64>>>()?;
-    Ok(Dims::from_vec(ints))
+        .collect()
 }
 
 impl TensorRecord {
