@@ -55,8 +55,7 @@ class Reader(_native.Reader):
         if not copy and on_cpu and isinstance(name, str):
             # The common call, kept short: a state dict loader makes it once per
             # tensor, so every Python step here counts.
-            x = self._read_for_torch(name)
-            return tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
+            return _shared_torch(self, tt, name)
 
         def one(n):
             if copy:
@@ -66,8 +65,7 @@ class Reader(_native.Reader):
                 if t.numel():
                     self._read_into_raw(n, tt.torch_dst_bytes(t), fresh=True)
             else:
-                x = self._read_for_torch(n)
-                t = tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
+                t = _shared_torch(self, tt, n)
             return t if on_cpu else t.to(device)
 
         if isinstance(name, str):
@@ -117,6 +115,12 @@ class Reader(_native.Reader):
 
     def __repr__(self):
         return _native.Reader.__repr__(self)
+
+
+def _shared_torch(reader, tt, name):
+    """A torch tensor sharing the reader's bytes (bf16 and float8 come as raw bytes)."""
+    x = reader._read_for_torch(name)
+    return tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
 
 
 _torch_module = None
