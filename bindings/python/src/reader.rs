@@ -102,11 +102,7 @@ fn zt(src: &dyn TensorSource) -> Option<&ZtReader> {
 
 /// The info of the dense tensor at `at`.
 fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
-    let info = src
-        .tensors()
-        .get(at)
-        .ok_or_else(|| Error::no_tensor_at(at))
-        .or_raise()?;
+    let info = src.info_at(at).or_raise()?;
     let name = &*info.name;
     // Blocks a format names but tensorwire does not decode (GGUF quantized types,
     // safetensors' packed floats) read as their raw bytes, as gguf.GGUFReader gives

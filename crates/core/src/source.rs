@@ -213,6 +213,14 @@ pub trait TensorSource: Send + Sync {
         Ok(&self.tensors()[position])
     }
 
+    /// The info of the tensor at `position` in [`Self::tensors`]; a position past the
+    /// end is [`Error::NotFound`].
+    fn info_at(&self, position: usize) -> Result<&TensorInfo> {
+        self.tensors()
+            .get(position)
+            .ok_or_else(|| Error::no_tensor_at(position))
+    }
+
     /// The dense bytes of the tensor at `position` in [`Self::tensors`]: borrowed from
     /// the source when stored raw, decoded otherwise. Blocks a format names but
     /// tensorwire does not decode (GGUF quantized types, safetensors' packed floats:

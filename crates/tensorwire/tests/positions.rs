@@ -1,4 +1,4 @@
-//! The position-based `TensorSource` methods (`position`, `view_at`, `strided_at`)
+//! The position-based `TensorSource` methods (`position`, `info_at`, `view_at`, `strided_at`)
 //! over every fixture the facade opens: a name's position is its place in
 //! `tensors()`, the view there is that tensor, and a position past the end is an
 //! error.
@@ -46,6 +46,10 @@ fn positions_name_their_tensors() {
                 std::ptr::eq(src.info(name).unwrap(), info),
                 "{path:?} {name}"
             );
+            assert!(
+                std::ptr::eq(src.info_at(i).unwrap(), info),
+                "{path:?} {name}"
+            );
             // The view at a position is that position's tensor (values are checked
             // against the fixtures' expectations by each format's own tests).
             if let Ok(view) = src.view_at(i) {
@@ -63,6 +67,10 @@ fn positions_name_their_tensors() {
         );
         assert!(
             matches!(src.strided_at(n), Err(Error::NotFound { .. })),
+            "{path:?}"
+        );
+        assert!(
+            matches!(src.info_at(n), Err(Error::NotFound { .. })),
             "{path:?}"
         );
         assert!(matches!(
