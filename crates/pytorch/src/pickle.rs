@@ -276,9 +276,10 @@ pub fn unpickle(
     let mut vm = Machine {
         input: Input { data, pos: 0, base },
         arena,
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: Memo::default(),
+        stack: Vec::with_capacity(64),
+        marks: Vec::with_capacity(16),
+        // Torch pickles memoize about one object per 15 bytes.
+        memo: Memo::with_capacity((data.len() / 12).min(limits.max_memo)),
         limits: *limits,
         ints: IntCache::new(),
     };
@@ -382,6 +383,13 @@ struct Memo {
 const MEMO_DENSE_SLACK: u64 = 1 << 12;
 
 impl Memo {
+    fn with_capacity(entries: usize) -> Memo {
+        Memo {
+            dense: Vec::with_capacity(entries),
+            ..Memo::default()
+        }
+    }
+
     fn get(&self, key: u64) -> Option<Id> {
         match usize::try_from(key).ok().and_then(|k| self.dense.get(k)) {
             Some(slot) => *slot,
@@ -394,6 +402,11 @@ impl Memo {
         let dense_len = self.dense.len() as u64;
         let slot = if key < dense_len {
             &mut self.dense[key as usize]
+        } else if key == dense_len && self.sparse.is_empty() && self.len < max {
+            // The usual case: picklers number entries 0, 1, 2, …
+            self.dense.push(Some(id));
+            self.len += 1;
+            return true;
         } else if key < dense_len + MEMO_DENSE_SLACK && self.sparse.is_empty() {
             self.dense.resize(key as usize + 1, None);
             &mut self.dense[key as usize]
@@ -1198,6 +1211,34 @@ mod tests {
         marks.extend([b'('; 100]);
         let err = unpickle(&marks, 0, &limits, &mut NoPersistent).unwrap_err();
         assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
+    }
+
+    #[test]
+    fn memo_keys_in_order_out_of_order_and_far_apart() {
+        let mut memo = Memo::with_capacity(2);
+        // In order (the pushed fast path), past the reserved capacity.
+        for key in 0..5 {
+            assert!(memo.put(key, key as Id + 100, 8));
+        }
+        // Overwriting an entry does not count it again.
+        assert!(memo.put(2, 7, 8));
+        // A gap within the slack, then a key far past it (kept sparse).
+        assert!(memo.put(9, 9, 8));
+        assert!(memo.put(1 << 40, 40, 8));
+        assert_eq!(memo.len, 7);
+        assert_eq!(memo.get(0), Some(100));
+        assert_eq!(memo.get(2), Some(7));
+        assert_eq!(memo.get(6), None);
+        assert_eq!(memo.get(9), Some(9));
+        assert_eq!(memo.get(1 << 40), Some(40));
+        // The limit holds on every path: next in order, in the dense gap, sparse.
+        assert!(memo.put(10, 10, 8));
+        assert!(!memo.put(11, 11, 8));
+        assert!(!memo.put(6, 6, 8));
+        assert!(!memo.put(1 << 41, 41, 8));
+        assert!(memo.put(10, 1, 8), "an overwrite needs no room");
+        // Once a key went to the map, later keys go there too, and are found.
+        assert_eq!(memo.get(10), Some(1));
     }
 
     #[test]

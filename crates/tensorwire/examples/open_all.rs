@@ -1,4 +1,5 @@
-//! Times `tensorwire::open` plus a zero-copy view of every tensor, many times over:
+//! Times `tensorwire::open` plus a zero-copy view of every tensor, and the close
+//! (dropping the source unmaps the file), many times over:
 //! a harness for profilers (`perf record`) and a quick check of the open path.
 //!
 //! ```text
@@ -14,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let repeat: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(1001);
     let mut open_times = Vec::with_capacity(repeat);
     let mut total_times = Vec::with_capacity(repeat);
+    let mut close_times = Vec::with_capacity(repeat);
     for _ in 0..repeat {
         let start = Instant::now();
         let src = tensorwire::open(&path)?;
@@ -23,16 +25,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         total_times.push(start.elapsed());
         open_times.push(opened);
+        let closing = Instant::now();
         drop(src);
+        close_times.push(closing.elapsed());
     }
     let median = |v: &mut Vec<Duration>| {
         v.sort();
         v[v.len() / 2]
     };
     println!(
-        "{path}: open {:?}, open + view all {:?} (median of {repeat})",
+        "{path}: open {:?}, open + view all {:?}, close {:?} (median of {repeat})",
         median(&mut open_times),
-        median(&mut total_times)
+        median(&mut total_times),
+        median(&mut close_times)
     );
     Ok(())
 }
