@@ -270,10 +270,10 @@ fn component_array<'py>(
     Ok(array)
 }
 
-/// `items` (position, anything) sorted by the file offset of their tensors' data.
+/// `items` (position, anything) sorted by where their tensors' data lie (file, then
+/// offset: see `TensorSource::read_order`).
 fn sorted_by_offset<T>(src: &dyn TensorSource, items: &mut [(usize, T)]) {
-    let infos = src.tensors();
-    items.sort_by_key(|(at, _)| infos[*at].offset);
+    items.sort_by_key(|(at, _)| src.read_order(*at));
 }
 
 fn component_meta<'py>(py: Python<'py>, c: &Component) -> PyResult<Bound<'py, PyDict>> {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::{json, Map, Value as J};
 use tensorwire::zt::ZtReader;
-use tensorwire::{TensorInfo, TensorSource};
+use tensorwire::{ShardedSource, TensorInfo, TensorSource};
 
 use crate::output::{human_bytes, table_cell, value_to_json, width};
 
@@ -67,6 +67,16 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
                 "  {}: {}",
                 table_cell(key, MAX_NAME_WIDTH),
                 table_cell(&value.to_string(), MAX_ATTR_WIDTH)
+            )?;
+        }
+    }
+    if let Some(sharded) = src.as_any().downcast_ref::<ShardedSource>() {
+        writeln!(out, "shards:")?;
+        for (name, count) in shard_counts(sharded) {
+            writeln!(
+                out,
+                "  {name}: {count} tensor{}",
+                if count == 1 { "" } else { "s" }
             )?;
         }
     }
@@ -151,6 +161,21 @@ fn digest_names(zt: &ZtReader, t: &TensorInfo) -> String {
     names.join(",")
 }
 
+/// Each shard of a sharded checkpoint with the number of its tensors the index lists.
+fn shard_counts(sharded: &ShardedSource) -> Vec<(&str, usize)> {
+    sharded
+        .shard_names()
+        .map(|name| {
+            let count = sharded
+                .tensors()
+                .iter()
+                .filter(|t| sharded.shard_of(&t.name).ok() == Some(name))
+                .count();
+            (name, count)
+        })
+        .collect()
+}
+
 fn document(path: &Path, src: &dyn TensorSource) -> J {
     let tensors = src.tensors();
     let zt = src.as_any().downcast_ref::<ZtReader>();
@@ -170,9 +195,26 @@ fn document(path: &Path, src: &dyn TensorSource) -> J {
         J::from(tensors.iter().map(|t| t.stored_bytes).sum::<u64>()),
     );
     doc.insert("attributes".into(), attributes_json(src.attributes()));
+    let sharded = src.as_any().downcast_ref::<ShardedSource>();
+    if let Some(sharded) = sharded {
+        let shards = shard_counts(sharded)
+            .into_iter()
+            .map(|(name, count)| json!({"file": name, "tensors": count}))
+            .collect();
+        doc.insert("shards".into(), J::Array(shards));
+    }
+    let tensor_doc = |t: &TensorInfo| {
+        let mut obj = tensor_json(zt, t);
+        if let (Some(sharded), J::Object(map)) = (sharded, &mut obj) {
+            if let Ok(shard) = sharded.shard_of(&t.name) {
+                map.insert("shard".into(), J::from(shard));
+            }
+        }
+        obj
+    };
     doc.insert(
         "tensors".into(),
-        J::Array(tensors.iter().map(|t| tensor_json(zt, t)).collect()),
+        J::Array(tensors.iter().map(tensor_doc).collect()),
     );
     J::Object(doc)
 }

@@ -731,3 +731,35 @@ fn convert_writes_zt_version_2() {
     ]);
     assert_exit(&o, 2);
 }
+
+#[test]
+fn a_shard_index_inspects_and_converts_as_one_checkpoint() {
+    let index = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/sharded/pytorch/pytorch_model.bin.index.json");
+    let o = tw([OsStr::new("inspect"), index.as_os_str()]);
+    assert_exit(&o, 0);
+    let text = stdout(&o);
+    assert!(text.contains("sharded, 7 tensors"), "{text}");
+    assert!(
+        text.contains("shards:\n  pytorch_model-00001-of-00003.bin: 1 tensor\n"),
+        "{text}"
+    );
+    let doc = inspect_json(&index);
+    assert_eq!(doc["shards"].as_array().unwrap().len(), 3);
+    let shards: Vec<&str> = doc["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["shard"].as_str().unwrap())
+        .collect();
+    assert_eq!(shards.len(), 7);
+    assert!(shards.iter().all(|s| s.starts_with("pytorch_model-0000")));
+
+    let dir = tempfile::tempdir().unwrap();
+    let merged = dir.path().join("merged.zt");
+    let o = tw([OsStr::new("convert"), index.as_os_str(), merged.as_os_str()]);
+    assert_exit(&o, 0);
+    let merged_doc = inspect_json(&merged);
+    assert_eq!(merged_doc["tensor_count"], 7);
+    assert_eq!(merged_doc["total_bytes"], doc["total_bytes"]);
+}

@@ -255,6 +255,14 @@ pub trait TensorSource: Send + Sync {
         self.strided_at(self.position(name)?)
     }
 
+    /// Where the tensor at `position` lies, as a key that orders reads sequentially:
+    /// the number of the file it is in (sources of several files, such as a sharded
+    /// checkpoint), then its [`TensorInfo::offset`] there. Panics past the end, as
+    /// indexing [`Self::tensors`] does.
+    fn read_order(&self, position: usize) -> (usize, u64) {
+        (0, self.tensors()[position].offset)
+    }
+
     /// Checks every stored digest, returning how many were checked. Sources without
     /// digests return `Ok(0)`.
     fn verify(&self) -> Result<usize> {

@@ -55,6 +55,16 @@ impl<'h> JsonReader<'h> {
         JsonError { what, at: self.pos }
     }
 
+    /// The byte offset the reader is at.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The document's text from `start` (an earlier [`Self::position`]) to here.
+    pub fn text_since(&self, start: usize) -> &'h str {
+        &self.text[start..self.pos]
+    }
+
     /// The next byte, without consuming it.
     pub fn peek(&self) -> Option<u8> {
         self.bytes().get(self.pos).copied()

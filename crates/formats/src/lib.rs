@@ -5,7 +5,9 @@
 //! - [`gguf`]: GGUF v2/v3 with its key-value metadata; quantized block types come out
 //!   as their raw blocks, named;
 //! - [`npy`]: NumPy `.npy` (v1–v3) and `.npz` archives (stored entries mapped,
-//!   deflated ones inflated on demand).
+//!   deflated ones inflated on demand);
+//! - [`shards`]: the JSON index of a checkpoint split over several files
+//!   (`model.safetensors.index.json`); the `tensorwire` facade opens the shards.
 //!
 //! Every reader validates the whole header on open (limits, ranges inside the file,
 //! sizes against shapes) so later reads cannot fail on structure, and implements
@@ -20,6 +22,7 @@ pub mod gguf;
 mod json;
 pub mod npy;
 pub mod safetensors;
+pub mod shards;
 
 use std::path::Path;
 

@@ -90,11 +90,12 @@ pub fn convert_source(
     writer.set_attributes(source.attributes().clone());
     let zt = source.as_any().downcast_ref::<ZtReader>();
     // Write in file order so the source is read sequentially.
-    let mut infos: Vec<_> = source.tensors().iter().collect();
-    infos.sort_by_key(|t| t.offset);
-    let total = infos.len();
+    let mut order: Vec<usize> = (0..source.tensors().len()).collect();
+    order.sort_by_key(|&at| source.read_order(at));
+    let infos = order.into_iter().map(|at| &source.tensors()[at]);
+    let total = source.tensors().len();
     let mut done_bytes = 0u64;
-    for (i, info) in infos.into_iter().enumerate() {
+    for (i, info) in infos.enumerate() {
         if info.layout == Layout::Dense {
             let view = source.view(&info.name)?;
             writer.add_dense_with_attributes(

@@ -1,9 +1,10 @@
 //! tensorwire: zero-copy, safe tensor I/O.
 //!
-//! This facade re-exports the workspace's crates and adds the two things that need all
-//! of them: [`open`], which recognises a file by its magic bytes and returns a
-//! [`TensorSource`], and [`convert`], which copies every tensor of one file into a new
-//! file of another format.
+//! This facade re-exports the workspace's crates and adds the things that need all of
+//! them: [`open`], which recognises a file by its magic bytes and returns a
+//! [`TensorSource`], [`ShardedSource`], which serves a checkpoint split over several
+//! files (of any of those formats) as one source, and [`convert`], which copies every
+//! tensor of one file into a new file of another format.
 //!
 //! ```
 //! # fn main() -> tensorwire::Result<()> {
@@ -27,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 mod convert;
+mod sharded;
 mod sniff;
 
 pub use tensorwire_cache as cache;
@@ -47,4 +49,5 @@ pub use tensorwire_core::{
 pub use crate::convert::{
     convert, convert_source, ConvertOptions, OutputFormat, SOURCE_LAYOUT_KEY,
 };
+pub use crate::sharded::ShardedSource;
 pub use crate::sniff::{open, open_bytes, open_with, sniff, FileFormat, OpenOptions};

@@ -7,11 +7,14 @@ use tensorwire_core::{Bytes, Error, Limits, Result, TensorSource};
 use tensorwire_formats::gguf::{self, GgufReader};
 use tensorwire_formats::npy::{self, NumpyReader};
 use tensorwire_formats::safetensors::{self, SafetensorsReader};
+use tensorwire_formats::shards;
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_pytorch::zip::ZipArchive;
 use tensorwire_pytorch::{Input, PtReader};
 use tensorwire_range::RangeFile;
 use tensorwire_zt::ZtReader;
+
+use crate::sharded::ShardedSource;
 
 /// A file format tensorwire recognises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +38,9 @@ pub enum FileFormat {
     Npy,
     /// A NumPy `.npz` archive (a ZIP archive of `.npy` members).
     Npz,
+    /// A shard index: the JSON table of contents of a checkpoint split over several
+    /// files (`model.safetensors.index.json`).
+    ShardIndex,
 }
 
 impl FileFormat {
@@ -50,6 +56,7 @@ impl FileFormat {
             FileFormat::Gguf => "gguf",
             FileFormat::Npy => "npy",
             FileFormat::Npz => "npz",
+            FileFormat::ShardIndex => "shard-index",
         }
     }
 }
@@ -88,6 +95,9 @@ pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     }
     if safetensors::sniff(head) {
         return Ok(FileFormat::Safetensors);
+    }
+    if shards::sniff(head) {
+        return Ok(FileFormat::ShardIndex);
     }
     Err(Error::UnknownFormat {
         head: head.iter().take(16).copied().collect(),
@@ -134,17 +144,34 @@ impl Default for OpenOptions {
 }
 
 /// Opens any supported tensor file, recognised by its magic bytes (not its
-/// extension), mapped copy-on-write.
+/// extension), mapped copy-on-write. A shard index opens every shard it names, as a
+/// [`ShardedSource`](crate::ShardedSource).
 pub fn open(path: impl AsRef<Path>) -> Result<Box<dyn TensorSource>> {
     open_with(path, &OpenOptions::default())
 }
 
 /// Opens any supported tensor file with explicit options.
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dyn TensorSource>> {
-    let path = path.as_ref();
+    open_file(path.as_ref(), options, true)
+}
+
+/// Opens one file; a shard index only when `index_allowed` (a shard must be a tensor
+/// file, not another index).
+pub(crate) fn open_file(
+    path: &Path,
+    options: &OpenOptions,
+    index_allowed: bool,
+) -> Result<Box<dyn TensorSource>> {
     // Mapping is lazy, so sniffing the map costs no more than reading the head.
     let bytes = MappedFile::open_bytes(path, options.map_mode)?;
     let opened = match sniff(&bytes) {
+        Ok(FileFormat::ShardIndex) if index_allowed => {
+            drop(bytes);
+            return Ok(Box::new(ShardedSource::open(path, options)?));
+        }
+        Ok(FileFormat::ShardIndex) => Err(Error::unsupported(
+            "a shard index as a shard of another index",
+        )),
         // ZIP-based and legacy checkpoints keep headers all over the file (one per
         // record or storage): they are read with positional reads, a syscall each,
         // instead of first touches of map pages, a page fault each plus page-table
@@ -206,6 +233,9 @@ pub fn open_bytes(bytes: Bytes, limits: &Limits) -> Result<Box<dyn TensorSource>
         FileFormat::Npy => Ok(Box::new(NumpyReader::from_bytes(bytes, limits)?)),
         FileFormat::Safetensors => Ok(Box::new(SafetensorsReader::from_bytes(bytes, limits)?)),
         FileFormat::Gguf => Ok(Box::new(GgufReader::from_bytes(bytes, limits)?)),
+        FileFormat::ShardIndex => Err(Error::unsupported(
+            "a shard index in memory: its shards are files beside it, so open it by path",
+        )),
     }
 }
 
@@ -230,6 +260,10 @@ mod tests {
         assert_eq!(
             sniff(b"\x10\0\0\0\0\0\0\0{\"").unwrap(),
             FileFormat::Safetensors
+        );
+        assert_eq!(
+            sniff(b"{\n  \"metadata\": {\"total_size\": 8},").unwrap(),
+            FileFormat::ShardIndex
         );
         assert!(matches!(
             sniff(b"PK\x05\x06...."),

@@ -15,16 +15,29 @@ fn fixture_files() -> Vec<PathBuf> {
         if !dir.is_dir() {
             continue;
         }
-        for file in std::fs::read_dir(&dir).expect("fixture files") {
-            let path = file.expect("fixture file").path();
-            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-            if !matches!(ext, "json" | "py" | "md") {
-                files.push(path);
-            }
-        }
+        collect_tensor_files(&dir, 2, &mut files);
     }
     files.sort();
     files
+}
+
+/// The tensor files under `dir` (and its folders, `depth` levels down): every file
+/// but scripts, notes and JSON expectations; shard indexes (`*.index.json`) count.
+fn collect_tensor_files(dir: &Path, depth: usize, files: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("fixture files") {
+        let path = entry.expect("fixture file").path();
+        if path.is_dir() {
+            if depth > 1 {
+                collect_tensor_files(&path, depth - 1, files);
+            }
+            continue;
+        }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if name.ends_with(".index.json") || !matches!(ext, "json" | "py" | "md") {
+            files.push(path);
+        }
+    }
 }
 
 #[test]

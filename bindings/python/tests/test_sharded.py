@@ -1,0 +1,92 @@
+"""Checkpoints split over several files by huggingface_hub (fixtures/sharded), opened
+through their index as one Reader; and, when the packages are installed, the same
+tensors as safetensors and torch load from the shards."""
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import tensorwire
+from conftest import REPO
+
+SHARDED = os.path.join(REPO, "fixtures", "sharded")
+INDEXES = {
+    "safetensors": "model.safetensors.index.json",
+    "pytorch": "pytorch_model.bin.index.json",
+}
+
+
+def _expected():
+    with open(os.path.join(SHARDED, "expected.json")) as f:
+        return json.load(f)
+
+
+def _index(flavor):
+    return os.path.join(SHARDED, flavor, INDEXES[flavor])
+
+
+@pytest.mark.parametrize("flavor", sorted(INDEXES))
+def test_an_index_reads_as_one_checkpoint(flavor):
+    exp = _expected()
+    with tensorwire.open(_index(flavor)) as r:
+        assert r.format == "sharded"
+        assert sorted(r.keys()) == sorted(exp["tensors"])
+        assert r.attributes == exp["metadata"]
+        for name, t in exp["tensors"].items():
+            meta = r.metadata(name)
+            assert meta.shape == t["shape"], name
+            arr = r.read_numpy(name)
+            assert hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest() == t["sha256"], name
+        everything = r.read_numpy(r.keys())
+        assert sorted(everything) == sorted(exp["tensors"])
+    # Arrays keep their shard's map alive after the reader is closed.
+    r = tensorwire.open(_index(flavor))
+    embed = r["embed.weight"]
+    del r
+    assert embed.shape == (10, 4) and embed.dtype == np.float32
+    if flavor == "safetensors":
+        assert isinstance(embed.base, tensorwire.BytesOwner)
+
+
+def test_convert_merges_the_shards(tmp_path):
+    dst = str(tmp_path / "merged.safetensors")
+    tensorwire.convert(_index("safetensors"), dst)
+    with tensorwire.open(dst) as merged, tensorwire.open(_index("pytorch")) as sharded:
+        assert sorted(merged.keys()) == sorted(sharded.keys())
+        for name in sharded.keys():
+            np.testing.assert_array_equal(merged.read_numpy(name), sharded.read_numpy(name))
+
+
+def test_a_broken_index_is_refused_with_the_file_named(tmp_path):
+    for name in os.listdir(os.path.join(SHARDED, "safetensors")):
+        shutil.copy(os.path.join(SHARDED, "safetensors", name), tmp_path / name)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"step": "model-00001-of-00003.safetensors"}}))
+    with pytest.raises(tensorwire.MalformedError, match="has no such tensor"):
+        tensorwire.open(str(index))
+    index.write_text(json.dumps({"weight_map": {"step": "../elsewhere.safetensors"}}))
+    with pytest.raises(tensorwire.MalformedError, match="not a file name"):
+        tensorwire.open(str(index))
+    index.write_text(json.dumps({"weight_map": {"step": "missing.safetensors"}}))
+    with pytest.raises(OSError, match="missing.safetensors"):
+        tensorwire.open(str(index))
+
+
+def test_the_packages_read_the_same_tensors():
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    exp = _expected()
+    with tensorwire.open(_index("safetensors")) as r:
+        for name, t in exp["tensors"].items():
+            shard = os.path.join(SHARDED, "safetensors", t["shard"]["safetensors"])
+            want = st.load_file(shard)[name]
+            assert torch.equal(r.read_torch(name), want), name
+    with tensorwire.open(_index("pytorch")) as r:
+        for name, t in exp["tensors"].items():
+            shard = os.path.join(SHARDED, "pytorch", t["shard"]["pytorch"])
+            want = torch.load(shard, weights_only=True)[name]
+            assert torch.equal(r.read_torch(name), want), name
