@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tensorwire_core::{
     Error, Result, StridedView, TensorIndex, TensorInfo, TensorSource, TensorView, Value,
@@ -25,6 +25,8 @@ use crate::sniff::{open_file, OpenOptions};
 pub struct ShardedSource {
     /// Shard file names (sorted) and their opened sources.
     shards: Vec<(String, Box<dyn TensorSource>)>,
+    /// The folder the shards are in (for naming them in errors).
+    folder: PathBuf,
     /// For each tensor: its shard's position in `shards`, and its position there.
     places: Vec<(usize, usize)>,
     index: TensorIndex,
@@ -53,7 +55,9 @@ impl ShardedSource {
             .iter()
             .map(|name| Ok((name.clone(), open_file(&folder.join(name), options, false)?)))
             .collect::<Result<Vec<_>>>()?;
-        ShardedSource::assemble(&index, shards).map_err(|e| e.with_path(path))
+        let mut source = ShardedSource::assemble(&index, shards).map_err(|e| e.with_path(path))?;
+        source.folder = folder.to_owned();
+        Ok(source)
     }
 
     /// Builds the source from a parsed index and its opened shards (in
@@ -96,6 +100,7 @@ impl ShardedSource {
         }
         Ok(ShardedSource {
             shards,
+            folder: PathBuf::new(),
             places,
             index: tensors,
             attributes: index.metadata().clone(),

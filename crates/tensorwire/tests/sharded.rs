@@ -89,6 +89,10 @@ fn both_shardings_read_back_as_saved() {
         check_source(&*src, flavor);
         let sharded = src.as_any().downcast_ref::<ShardedSource>().unwrap();
         assert_eq!(sharded.shard_names().count(), 3, "{flavor}");
+        // torch's ZIP records carry CRCs (every record of the three shards is
+        // checked); safetensors has no digests.
+        let checked = src.verify().unwrap();
+        assert_eq!(checked > 0, flavor == "pytorch", "{flavor}: {checked}");
         let first = sharded.shard_names().next().unwrap();
         assert!(sharded.shard(first).is_some());
         assert!(sharded.shard("elsewhere.bin").is_none());
