@@ -15,11 +15,16 @@ Floor, per file: mmap the file and np.frombuffer each tensor at its data offset,
 the offsets, dtypes and shapes found outside the timed region (the floor parses
 nothing). NPZ members sit at arbitrary offsets, so the floor's (and tensorwire's)
 views of them may be unaligned, as np.frombuffer gives them.
+
+When make_checkpoint.py wrote model.safetensors.index.json, the "sharded" rows read
+the same tensors from its 3 safetensors shards: the floor maps each shard, tensorwire
+opens the index, safetensors opens each shard (as transformers does).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import os
 import sys
@@ -38,6 +43,19 @@ def floor(path: str, plan):
         with open(path, "rb") as f:
             m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         return {n: np.frombuffer(m, dt, c, off).reshape(s) for n, off, dt, c, s in plan}
+
+    return run
+
+
+def floors(paths_and_plans):
+    """The floor over several files (shards): each mapped, then its plan."""
+    runs = [floor(path, plan) for path, plan in paths_and_plans]
+
+    def run():
+        out = {}
+        for r in runs:
+            out.update(r())
+        return out
 
     return run
 
@@ -133,6 +151,30 @@ def main(argv=None) -> int:
         ("safetensors", "tensorwire read_numpy(k)", tw_numpy(paths["safetensors"])),
         ("safetensors", "safetensors.safe_open(np).get_tensor(k)", st_safe_open),
     ]
+    # The same tensors in 3 safetensors shards with their index (when made).
+    index = os.path.join(args.data, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        shard_paths = [os.path.join(args.data, s) for s in shards]
+        for p in shard_paths:  # warm the page cache
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+        def st_safe_open_shards():
+            out = {}
+            for shard in shard_paths:
+                with safe_open(shard, framework="np") as f:
+                    out.update({k: f.get_tensor(k) for k in f.keys()})
+            return out
+
+        rows += [
+            ("sharded", "numpy floor: mmap + frombuffer",
+             floors([(p, plan_safetensors(p)) for p in shard_paths])),
+            ("sharded", "tensorwire read_numpy(k) (index)", tw_numpy(index)),
+            ("sharded", "safetensors.safe_open(np) per shard", st_safe_open_shards),
+        ]
     # NPZ (stored)
     def np_load_npz():
         with np.load(paths["npz"]) as z:

@@ -11,6 +11,10 @@ Files (each skipped when it already exists, unless --force):
   model.gguf         written by `gguf.GGUFWriter` (float32 tensors)
   model.tw.zt        written by tensorwire (`tensorwire.Writer(...).add`), only when
                      `import tensorwire` works
+  model.safetensors.index.json
+                     the same tensors split into 3 safetensors shards
+                     (`model-0000N-of-00003.safetensors`, each by `save_file`) and
+                     the index Hugging Face's `save_pretrained` writes beside them
 
 Shapes are Llama/Qwen-like (hidden 768, GQA with 4 KV heads, q/k norms, q/k/v biases,
 SwiGLU MLP 2048, vocab 32000, 13 layers, untied lm_head): 13 * 14 + 3 = 185 tensors,
@@ -86,6 +90,40 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
     _write_atomically(path, lambda p: save_file(tensors, p))
 
 
+SHARDS = 3
+
+
+def write_sharded_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
+    """Shards in tensor order, each closed once it holds a third of the bytes (as
+    huggingface_hub's splitter fills shards up to `max_shard_size`), then the index."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    folder = os.path.dirname(path)
+    budget = sum(a.nbytes for a in tensors.values()) / SHARDS
+    groups: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, a in tensors.items():
+        if size >= budget and len(groups) < SHARDS:
+            groups.append({})
+            size = 0
+        groups[-1][name] = a
+        size += a.nbytes
+    weight_map = {}
+    for i, group in enumerate(groups, 1):
+        shard = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        _write_atomically(os.path.join(folder, shard), lambda p, g=group: save_file(g, p))
+        weight_map.update({name: shard for name in group})
+    index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map}
+    def write_index(p: str) -> None:
+        with open(p, "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+
+    _write_atomically(path, write_index)
+
+
 def write_ztensor(path: str, tensors: dict[str, np.ndarray]) -> None:
     import ztensor
 
@@ -147,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ("model.zt", write_ztensor, "ztensor"),
         ("model.npz", write_npz, "numpy"),
         ("model.gguf", write_gguf, "gguf"),
+        ("model.safetensors.index.json", write_sharded_safetensors, "safetensors"),
     ]
     try:
         import tensorwire  # noqa: F401

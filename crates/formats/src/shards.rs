@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tensorwire_core::{Error, Limits, Result, Value};
+use tensorwire_core::{Error, Limits, NameMap, NameSet, Result, Value};
 
 use crate::json::{JsonError, JsonReader, Number};
 
@@ -112,8 +112,12 @@ fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIn
     let syntax = |e: JsonError| Error::malformed(e.at as u64, format!("shard index: {e}"));
     json.expect(b'{', "`weight_map` must be an object")
         .map_err(syntax)?;
-    let mut by_shard: Vec<(Arc<str>, String)> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    // Shards in order of first mention, each entry with its shard's place there
+    // (an index names a few shards many times over).
+    let mut shards: Vec<String> = Vec::new();
+    let mut shard_at: NameMap<Arc<str>, usize> = NameMap::default();
+    let mut tensors: Vec<(Arc<str>, usize)> = Vec::new();
+    let mut seen: NameSet<Arc<str>> = NameSet::default();
     let mut first = true;
     while json.more(b'}', first).map_err(syntax)? {
         first = false;
@@ -125,17 +129,21 @@ fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIn
                 at: e.at,
             })
         })?;
-        Error::check_limit(
-            "tensor count",
-            by_shard.len() as u64 + 1,
-            limits.max_tensors,
-        )?;
+        Error::check_limit("tensor count", tensors.len() as u64 + 1, limits.max_tensors)?;
         Error::check_limit(
             "tensor name length",
             name.len() as u64,
             limits.max_name_bytes as u64,
         )?;
-        check_shard_name(&shard)?;
+        let at = match shard_at.get(&*shard) {
+            Some(&at) => at,
+            None => {
+                check_shard_name(&shard)?;
+                shards.push(shard.clone().into_owned());
+                shard_at.insert(Arc::from(&*shard), shards.len() - 1);
+                shards.len() - 1
+            }
+        };
         let name: Arc<str> = Arc::from(&*name);
         if !seen.insert(Arc::clone(&name)) {
             return Err(Error::malformed(
@@ -143,20 +151,23 @@ fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIn
                 format!("shard index lists `{name}` twice"),
             ));
         }
-        by_shard.push((name, shard.into_owned()));
+        tensors.push((name, at));
     }
-    let mut shards: Vec<String> = by_shard.iter().map(|(_, s)| s.clone()).collect();
-    shards.sort_unstable();
-    shards.dedup();
-    let tensors = by_shard
-        .into_iter()
-        .map(|(name, shard)| {
-            let at = shards
-                .binary_search(&shard)
-                .expect("every shard was collected");
-            (name, at)
+    // Shards sorted by name, and each entry pointed at its shard's sorted place.
+    let mut sorted = shards.clone();
+    sorted.sort_unstable();
+    let remap: Vec<usize> = shards
+        .iter()
+        .map(|s| {
+            sorted
+                .binary_search(s)
+                .expect("every shard is in the sorted list")
         })
         .collect();
+    for (_, at) in &mut tensors {
+        *at = remap[*at];
+    }
+    let shards = sorted;
     Ok(ShardIndex {
         shards,
         tensors,

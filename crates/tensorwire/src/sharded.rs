@@ -2,7 +2,7 @@
 //! and `pytorch_model.bin.index.json`), served as one [`TensorSource`].
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -66,37 +66,25 @@ impl ShardedSource {
         index: &ShardIndex,
         shards: Vec<(String, Box<dyn TensorSource>)>,
     ) -> Result<ShardedSource> {
-        // Where the index puts each tensor, and whether its shard had it.
-        let mut wanted: HashMap<&str, (usize, bool)> = index
-            .tensors()
-            .iter()
-            .map(|(name, shard)| (&**name, (*shard, false)))
-            .collect();
-        let mut places = Vec::with_capacity(wanted.len());
-        let mut tensors = TensorIndex::with_capacity(wanted.len());
-        for (shard_at, (_, source)) in shards.iter().enumerate() {
-            for (position, info) in source.tensors().iter().enumerate() {
-                match wanted.get_mut(&*info.name) {
-                    Some((shard, found)) if *shard == shard_at => *found = true,
-                    _ => continue,
-                }
-                tensors.push(info.clone())?;
-                places.push((shard_at, position));
-            }
+        // Each listed tensor's place in its shard; then, shard by shard, the listed
+        // tensors in the shard's own order.
+        let mut places = Vec::with_capacity(index.tensors().len());
+        for (name, shard) in index.tensors() {
+            let (shard_name, source) = &shards[*shard];
+            let at = source.position(name).map_err(|_| {
+                Error::malformed(
+                    0,
+                    format!(
+                        "the shard index puts `{name}` in `{shard_name}`, which has no such tensor"
+                    ),
+                )
+            })?;
+            places.push((*shard, at));
         }
-        if let Some((name, &(shard, _))) = index
-            .tensors()
-            .iter()
-            .map(|(name, _)| (name, &wanted[&**name]))
-            .find(|(_, (_, found))| !found)
-        {
-            return Err(Error::malformed(
-                0,
-                format!(
-                    "the shard index puts `{name}` in `{}`, which has no such tensor",
-                    shards[shard].0
-                ),
-            ));
+        places.sort_unstable();
+        let mut tensors = TensorIndex::with_capacity(places.len());
+        for &(shard, at) in &places {
+            tensors.push(shards[shard].1.info_at(at)?.clone())?;
         }
         Ok(ShardedSource {
             shards,
