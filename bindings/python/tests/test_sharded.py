@@ -43,6 +43,13 @@ def test_an_index_reads_as_one_checkpoint(flavor):
             assert hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest() == t["sha256"], name
         everything = r.read_numpy(r.keys())
         assert sorted(everything) == sorted(exp["tensors"])
+        # Copies and reads into a caller's buffer go through the shards too.
+        copied = r.read_numpy("embed.weight", copy=True)
+        assert copied.flags.owndata or not isinstance(copied.base, tensorwire.BytesOwner)
+        np.testing.assert_array_equal(copied, everything["embed.weight"])
+        dst = np.zeros((1, 6), dtype=np.int64)
+        r.read_into("position_ids", dst)
+        np.testing.assert_array_equal(dst, np.arange(6).reshape(1, 6))
     # Arrays keep their shard's map alive after the reader is closed.
     r = tensorwire.open(_index(flavor))
     embed = r["embed.weight"]
