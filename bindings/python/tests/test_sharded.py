@@ -97,3 +97,33 @@ def test_the_packages_read_the_same_tensors():
             shard = os.path.join(SHARDED, "pytorch", t["shard"]["pytorch"])
             want = torch.load(shard, weights_only=True)[name]
             assert torch.equal(r.read_torch(name), want), name
+
+
+GGUF_SPLIT = os.path.join(REPO, "fixtures", "gguf", "split")
+
+
+def test_the_first_gguf_split_opens_the_whole_model():
+    first = os.path.join(GGUF_SPLIT, "model-00001-of-00003.gguf")
+    with tensorwire.open(first) as r:
+        assert r.format == "sharded"
+        assert len(r) == 5
+        assert r.attributes["general.name"] == "split-test"
+        assert not any(k.startswith("split.") for k in r.attributes)
+        for i in (1, 2, 3):
+            with open(os.path.join(GGUF_SPLIT, f"model-0000{i}-of-00003.expected.json")) as f:
+                exp = json.load(f)
+            for t in exp["tensors"]:
+                arr = r.read_numpy(t["name"])
+                assert list(arr.shape) == t["shape"], t["name"]
+                assert hashlib.sha256(arr.tobytes()).hexdigest() == t["sha256"], t["name"]
+    # Another split alone is the one file it is.
+    with tensorwire.open(os.path.join(GGUF_SPLIT, "model-00002-of-00003.gguf")) as r:
+        assert r.format == "gguf" and len(r) == 2
+
+
+def test_gguf_splits_match_the_package_reader():
+    gguf = pytest.importorskip("gguf")
+    with tensorwire.open(os.path.join(GGUF_SPLIT, "model-00001-of-00003.gguf")) as r:
+        for i in (1, 2, 3):
+            for t in gguf.GGUFReader(os.path.join(GGUF_SPLIT, f"model-0000{i}-of-00003.gguf")).tensors:
+                np.testing.assert_array_equal(r.read_numpy(t.name), t.data)

@@ -95,7 +95,106 @@ impl ShardedSource {
         })
     }
 
-    /// The shard file names, sorted.
+    /// Joins the splits of a GGUF file written by llama.cpp's `gguf-split` (or gguf-py
+    /// with `split_max_tensors` / `split_max_size`), given its first split, already
+    /// opened: `Ok(None)` when `first` is not the first of several splits named
+    /// `<prefix>-00001-of-<count>.gguf` (then it is read as the one file it is).
+    ///
+    /// Each split must be a GGUF file in the same folder whose `split.no` and
+    /// `split.count` say it is that split of that set; together they must hold
+    /// `split.tensors.count` distinct tensors. The source's attributes are the first
+    /// split's (the model's metadata) without the `split.*` keys; tensors come split
+    /// by split.
+    pub(crate) fn gguf_splits(
+        path: &Path,
+        first: &dyn TensorSource,
+        options: &OpenOptions,
+    ) -> Result<Option<Vec<(String, Box<dyn TensorSource>)>>> {
+        let (Some(0), Some(count)) = (
+            split_key(first, "split.no"),
+            split_key(first, "split.count"),
+        ) else {
+            return Ok(None);
+        };
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            return Ok(None);
+        };
+        let suffix = format!("-00001-of-{count:05}.gguf");
+        let Some(prefix) = name.strip_suffix(&suffix).filter(|_| count > 1) else {
+            return Ok(None);
+        };
+        let folder = path.parent().unwrap_or_else(|| Path::new("."));
+        let mut splits = Vec::with_capacity(count as usize);
+        for number in 1..count {
+            let split_name = format!("{prefix}-{:05}-of-{count:05}.gguf", number + 1);
+            let split_path = folder.join(&split_name);
+            let split = open_file(&split_path, options, false)?;
+            let says = (
+                split.format(),
+                split_key(&*split, "split.no"),
+                split_key(&*split, "split.count"),
+            );
+            if says != ("gguf", Some(number), Some(count)) {
+                return Err(Error::malformed(
+                    0,
+                    format!(
+                        "not split {} of the {count} of `{name}` (its split.no and split.count say otherwise)",
+                        number + 1
+                    ),
+                )
+                .with_path(split_path));
+            }
+            splits.push((split_name, split));
+        }
+        Ok(Some(splits))
+    }
+
+    /// Serves every tensor of `first` (the first GGUF split, at `path`) and of the
+    /// other `splits`, as [`Self::gguf_splits`] found them.
+    pub(crate) fn join_gguf_splits(
+        path: &Path,
+        first: Box<dyn TensorSource>,
+        splits: Vec<(String, Box<dyn TensorSource>)>,
+    ) -> Result<ShardedSource> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // The model's metadata, without the keys that describe the split files: the
+        // joined source (and a file converted from it) is not split.
+        let mut attributes = first.attributes().clone();
+        attributes.retain(|key, _| !SPLIT_KEYS.contains(&key.as_str()));
+        let expected = split_key(&*first, "split.tensors.count");
+        let mut shards = vec![(name, first)];
+        shards.extend(splits);
+        let mut places = Vec::new();
+        let mut tensors = TensorIndex::default();
+        for (shard_at, (_, source)) in shards.iter().enumerate() {
+            for (at, info) in source.tensors().iter().enumerate() {
+                tensors.push(info.clone()).map_err(|e| e.with_path(path))?;
+                places.push((shard_at, at));
+            }
+        }
+        if let Some(expected) = expected.filter(|&n| n != places.len() as u64) {
+            return Err(Error::malformed(
+                0,
+                format!(
+                    "the splits hold {} tensors, but split.tensors.count says {expected}",
+                    places.len()
+                ),
+            )
+            .with_path(path));
+        }
+        Ok(ShardedSource {
+            shards,
+            folder: path.parent().map(Path::to_owned).unwrap_or_default(),
+            places,
+            index: tensors,
+            attributes,
+        })
+    }
+
+    /// The shard file names: sorted for an index, in split order for GGUF splits.
     pub fn shard_names(&self) -> impl Iterator<Item = &str> {
         self.shards.iter().map(|(name, _)| name.as_str())
     }
@@ -121,6 +220,17 @@ impl ShardedSource {
             .get(position)
             .ok_or_else(|| Error::no_tensor_at(position))?;
         Ok((&*self.shards[shard].1, at))
+    }
+}
+
+/// The GGUF keys that describe a split file rather than the model.
+const SPLIT_KEYS: [&str; 3] = ["split.no", "split.count", "split.tensors.count"];
+
+/// A non-negative integer attribute of a GGUF split (`split.no`, `split.count`).
+fn split_key(source: &dyn TensorSource, key: &str) -> Option<u64> {
+    match source.attributes().get(key)? {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
     }
 }
 

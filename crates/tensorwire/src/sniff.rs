@@ -185,6 +185,15 @@ pub(crate) fn open_file(
                 &options.limits,
             )
         }
+        Ok(FileFormat::Gguf) if index_allowed => {
+            let first = open_bytes(bytes, &options.limits).map_err(|e| e.with_path(path))?;
+            return match ShardedSource::gguf_splits(path, &*first, options)? {
+                Some(splits) => Ok(Box::new(ShardedSource::join_gguf_splits(
+                    path, first, splits,
+                )?)),
+                None => Ok(first),
+            };
+        }
         _ => open_bytes(bytes, &options.limits),
     };
     opened.map_err(|e| e.with_path(path))

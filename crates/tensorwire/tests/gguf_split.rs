@@ -1,0 +1,141 @@
+//! A GGUF model split into three files by gguf-py's writer (fixtures/gguf/split, named
+//! as llama.cpp's gguf-split names them): opening the first split serves every
+//! tensor of the set, as the package wrote them; any other split, or a renamed one,
+//! opens as the one file it is; a missing or wrong split fails the open.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tensorwire::{Error, ShardedSource, Value};
+
+const SPLITS: [&str; 3] = [
+    "model-00001-of-00003.gguf",
+    "model-00002-of-00003.gguf",
+    "model-00003-of-00003.gguf",
+];
+
+fn split_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gguf/split")
+}
+
+fn expected(split: &str) -> serde_json::Value {
+    let path = split_dir().join(split.replace(".gguf", ".expected.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn the_first_split_opens_the_whole_model() {
+    let src = tensorwire::open(split_dir().join(SPLITS[0])).unwrap();
+    assert_eq!(src.format(), "sharded");
+    let sharded = src.as_any().downcast_ref::<ShardedSource>().unwrap();
+    assert_eq!(sharded.shard_names().collect::<Vec<_>>(), SPLITS);
+    // The model's metadata come from the first split, without the split keys.
+    assert_eq!(
+        src.attributes().get("general.name"),
+        Some(&Value::Str("split-test".into()))
+    );
+    assert!(
+        src.attributes().keys().all(|k| !k.starts_with("split.")),
+        "{:?}",
+        src.attributes()
+    );
+    let mut names = Vec::new();
+    for split in SPLITS {
+        for t in expected(split)["tensors"].as_array().unwrap() {
+            let name = t["name"].as_str().unwrap();
+            names.push(name.to_owned());
+            assert_eq!(sharded.shard_of(name).unwrap(), split);
+            let info = src.info(name).unwrap();
+            let shape: Vec<u64> = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .collect();
+            assert_eq!(info.shape.dims(), &shape[..], "{name}");
+            let view = src.view(name).unwrap();
+            assert!(view.zero_copy, "{name}");
+            assert_eq!(
+                sha256_hex(&view.bytes),
+                t["sha256"].as_str().unwrap(),
+                "{name}"
+            );
+        }
+    }
+    // Split by split, in each split's order.
+    let listed: Vec<&str> = src.tensors().iter().map(|t| &*t.name).collect();
+    assert_eq!(listed, names);
+    assert_eq!(listed.len(), 5);
+}
+
+#[test]
+fn other_splits_and_renamed_ones_open_alone() {
+    let second = tensorwire::open(split_dir().join(SPLITS[1])).unwrap();
+    assert_eq!(second.format(), "gguf");
+    assert_eq!(second.tensors().len(), 2);
+
+    let dir = tempfile::tempdir().unwrap();
+    let renamed = dir.path().join("model.gguf");
+    std::fs::copy(split_dir().join(SPLITS[0]), &renamed).unwrap();
+    let alone = tensorwire::open(&renamed).unwrap();
+    assert_eq!(alone.format(), "gguf");
+    assert_eq!(alone.tensors().len(), 2);
+}
+
+/// A folder holding copies of the three splits.
+fn copies() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for split in SPLITS {
+        std::fs::copy(split_dir().join(split), dir.path().join(split)).unwrap();
+    }
+    dir
+}
+
+fn open_error(dir: &Path) -> String {
+    match tensorwire::open(dir.join(SPLITS[0])) {
+        Ok(_) => panic!("opened"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_missing_or_wrong_split_fails_the_open() {
+    let dir = copies();
+    std::fs::remove_file(dir.path().join(SPLITS[2])).unwrap();
+    let err = open_error(dir.path());
+    assert!(err.contains(SPLITS[2]), "{err}");
+
+    // The third split where the second should be.
+    let dir = copies();
+    std::fs::copy(split_dir().join(SPLITS[2]), dir.path().join(SPLITS[1])).unwrap();
+    let err = open_error(dir.path());
+    assert!(err.contains("not split 2 of the 3"), "{err}");
+    assert!(err.contains(SPLITS[1]), "{err}");
+
+    // A first split that counts a tensor more than the splits hold.
+    let dir = copies();
+    let first = dir.path().join(SPLITS[0]);
+    let mut bytes = std::fs::read(&first).unwrap();
+    let key = b"split.tensors.count";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // The value follows the key's 4-byte type (INT32).
+    assert_eq!(&bytes[at + 4..at + 8], &5i32.to_le_bytes());
+    bytes[at + 4..at + 8].copy_from_slice(&6i32.to_le_bytes());
+    std::fs::write(&first, bytes).unwrap();
+    let err = open_error(dir.path());
+    assert!(
+        err.contains("hold 5 tensors, but split.tensors.count says 6"),
+        "{err}"
+    );
+    assert!(
+        matches!(tensorwire::open(&first), Err(Error::WithPath { .. })),
+        "the error names the file"
+    );
+}
