@@ -13,6 +13,9 @@ use tensorwire_formats::shards::ShardIndex;
 
 use crate::sniff::{open_file, OpenOptions};
 
+/// A shard's file name and its opened source.
+type Shard = (String, Box<dyn TensorSource>);
+
 /// The tensors a shard index lists, read from its shards: each shard is opened (and
 /// mapped) as the file it is, and each tensor is served by its shard, zero-copy as that
 /// format allows.
@@ -24,7 +27,7 @@ use crate::sniff::{open_file, OpenOptions};
 /// lacks, a missing shard, or a shard that is itself an index, fails the open.
 pub struct ShardedSource {
     /// Shard file names (sorted) and their opened sources.
-    shards: Vec<(String, Box<dyn TensorSource>)>,
+    shards: Vec<Shard>,
     /// The folder the shards are in (for naming them in errors).
     folder: PathBuf,
     /// For each tensor: its shard's position in `shards`, and its position there.
@@ -62,10 +65,7 @@ impl ShardedSource {
 
     /// Builds the source from a parsed index and its opened shards (in
     /// `index.shards()` order).
-    fn assemble(
-        index: &ShardIndex,
-        shards: Vec<(String, Box<dyn TensorSource>)>,
-    ) -> Result<ShardedSource> {
+    fn assemble(index: &ShardIndex, shards: Vec<Shard>) -> Result<ShardedSource> {
         // Each listed tensor's place in its shard; then, shard by shard, the listed
         // tensors in the shard's own order.
         let mut places = Vec::with_capacity(index.tensors().len());
@@ -109,7 +109,7 @@ impl ShardedSource {
         path: &Path,
         first: &dyn TensorSource,
         options: &OpenOptions,
-    ) -> Result<Option<Vec<(String, Box<dyn TensorSource>)>>> {
+    ) -> Result<Option<Vec<Shard>>> {
         let (Some(0), Some(count)) = (
             split_key(first, "split.no"),
             split_key(first, "split.count"),
@@ -154,7 +154,7 @@ impl ShardedSource {
     pub(crate) fn join_gguf_splits(
         path: &Path,
         first: Box<dyn TensorSource>,
-        splits: Vec<(String, Box<dyn TensorSource>)>,
+        splits: Vec<Shard>,
     ) -> Result<ShardedSource> {
         let name = path
             .file_name()
