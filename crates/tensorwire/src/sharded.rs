@@ -26,7 +26,8 @@ type Shard = (String, Box<dyn TensorSource>);
 /// served: a shard's other tensors are not. A tensor the index lists but its shard
 /// lacks, a missing shard, or a shard that is itself an index, fails the open.
 pub struct ShardedSource {
-    /// Shard file names (sorted) and their opened sources.
+    /// Shard file names and their opened sources (sorted by name for an index, in
+    /// split order for GGUF splits).
     shards: Vec<Shard>,
     /// The folder the shards are in (for naming them in errors).
     folder: PathBuf,
