@@ -140,6 +140,12 @@ fn fill_dense(
         return maybe_detach(py, dst.len(), || zt.read_into(name, dst)).or_raise();
     }
     let view = src.view_at(at).or_raise()?;
+    if overlaps(dst, &view.bytes) {
+        // `dst` views the very bytes it is to receive (a zero-copy array of this
+        // reader): copy through a temporary buffer rather than memcpy onto itself.
+        let tmp = view.bytes.to_vec();
+        return copy_exact(name, dst, &tmp);
+    }
     copy_exact(name, dst, &view.bytes)
 }
 

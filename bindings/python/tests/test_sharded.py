@@ -127,3 +127,12 @@ def test_gguf_splits_match_the_package_reader():
         for i in (1, 2, 3):
             for t in gguf.GGUFReader(os.path.join(GGUF_SPLIT, f"model-0000{i}-of-00003.gguf")).tensors:
                 np.testing.assert_array_equal(r.read_numpy(t.name), t.data)
+
+
+def test_read_into_an_array_that_views_the_same_bytes():
+    # dst is the reader's own zero-copy (private copy-on-write) view of the tensor.
+    with tensorwire.open(_index("safetensors")) as r:
+        view = r.read_numpy("embed.weight")
+        want = view.copy()
+        r.read_into("embed.weight", view)
+        np.testing.assert_array_equal(view, want)

@@ -84,8 +84,9 @@ impl ShardIndex {
             }
         }
         json.end().map_err(syntax)?;
-        let mut index = weight_map.ok_or_else(|| {
-            Error::malformed(0, "a JSON object without a `weight_map`: not a shard index")
+        // Any other JSON object (a `config.json`) is a file of no format we read.
+        let mut index = weight_map.ok_or_else(|| Error::UnknownFormat {
+            head: text.bytes().take(16).collect(),
         })?;
         index.metadata = metadata.unwrap_or_default();
         Ok(index)
@@ -176,13 +177,15 @@ fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIn
 }
 
 /// Refuses shard names that are not plain file names in the index's folder (a path
-/// separator, `..`, a NUL): an index must not make a reader open files elsewhere.
+/// separator, `..`, a NUL, or a `:`, which on Windows names a drive or a stream): an
+/// index must not make a reader open files elsewhere.
 fn check_shard_name(shard: &str) -> Result<()> {
-    let plain = !shard.is_empty()
-        && shard != "."
-        && shard != ".."
-        && !shard.contains(['/', '\\', '\0'])
-        && shard.len() <= 4096;
+    let mut parts = std::path::Path::new(shard).components();
+    let one_name = matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(name)), None) if name == shard
+    );
+    let plain = one_name && !shard.contains(['/', '\\', '\0', ':']) && shard.len() <= 4096;
     if plain {
         Ok(())
     } else {
@@ -304,7 +307,6 @@ mod tests {
     #[test]
     fn refuses_what_is_not_a_sound_index() {
         for (text, says) in [
-            (r#"{"metadata": {}}"#, "without a `weight_map`"),
             (
                 r#"{"weight_map": {"a": "../secret.safetensors"}}"#,
                 "not a file name",
@@ -312,6 +314,15 @@ mod tests {
             (r#"{"weight_map": {"a": "/etc/passwd"}}"#, "not a file name"),
             (r#"{"weight_map": {"a": "sub\\x.bin"}}"#, "not a file name"),
             (r#"{"weight_map": {"a": ".."}}"#, "not a file name"),
+            (r#"{"weight_map": {"a": "."}}"#, "not a file name"),
+            (
+                r#"{"weight_map": {"a": "C:secret.bin"}}"#,
+                "not a file name",
+            ),
+            (
+                r#"{"weight_map": {"a": "model.safetensors:stream"}}"#,
+                "not a file name",
+            ),
             (r#"{"weight_map": {"a": ""}}"#, "not a file name"),
             (r#"{"weight_map": {"a": "x\u0000y"}}"#, "not a file name"),
             (r#"{"weight_map": {"a": "s1", "a": "s2"}}"#, "twice"),
@@ -327,6 +338,9 @@ mod tests {
             assert!(matches!(err, Error::Malformed { .. }), "{text}: {err:?}");
             assert!(err.to_string().contains(says), "{text}: {err}");
         }
+        // A JSON object that is no index (a `config.json`) is no format at all.
+        let err = parse(r#"{"metadata": {}, "architectures": ["X"]}"#).unwrap_err();
+        assert!(matches!(err, Error::UnknownFormat { .. }), "{err:?}");
         let err = ShardIndex::parse(b"{\"weight_map\": {\xff}}", &Limits::default()).unwrap_err();
         assert!(err.to_string().contains("UTF-8"), "{err}");
     }

@@ -121,11 +121,16 @@ impl ShardedSource {
             return Ok(None);
         };
         let suffix = format!("-00001-of-{count:05}.gguf");
-        let Some(prefix) = name.strip_suffix(&suffix).filter(|_| count > 1) else {
+        // llama.cpp stores the count as a u16; a larger one names no real set.
+        let Some(prefix) = name
+            .strip_suffix(&suffix)
+            .filter(|_| (2..=u64::from(u16::MAX)).contains(&count))
+        else {
             return Ok(None);
         };
         let folder = path.parent().unwrap_or_else(|| Path::new("."));
-        let mut splits = Vec::with_capacity(count as usize);
+        // Not sized by `count`: the file says it, and a missing split stops the loop.
+        let mut splits = Vec::new();
         for number in 1..count {
             let split_name = format!("{prefix}-{:05}-of-{count:05}.gguf", number + 1);
             let split_path = folder.join(&split_name);
@@ -156,6 +161,7 @@ impl ShardedSource {
         path: &Path,
         first: Box<dyn TensorSource>,
         splits: Vec<Shard>,
+        limits: &tensorwire_core::Limits,
     ) -> Result<ShardedSource> {
         let name = path
             .file_name()
@@ -172,6 +178,8 @@ impl ShardedSource {
         let mut tensors = TensorIndex::default();
         for (shard_at, (_, source)) in shards.iter().enumerate() {
             for (at, info) in source.tensors().iter().enumerate() {
+                Error::check_limit("tensor count", places.len() as u64 + 1, limits.max_tensors)
+                    .map_err(|e| e.with_path(path))?;
                 tensors.push(info.clone()).map_err(|e| e.with_path(path))?;
                 places.push((shard_at, at));
             }
@@ -285,8 +293,10 @@ impl TensorSource for ShardedSource {
     /// Checks every shard's digests (only those the shards' formats carry).
     fn verify(&self) -> Result<usize> {
         self.shards.iter().try_fold(0, |checked, (name, source)| {
-            let path_less = source.verify().map_err(|e| e.with_path(Path::new(name)))?;
-            Ok(checked + path_less)
+            let shard_checked = source
+                .verify()
+                .map_err(|e| e.with_path(self.folder.join(name)))?;
+            Ok(checked + shard_checked)
         })
     }
 

@@ -189,7 +189,10 @@ pub(crate) fn open_file(
             let first = open_bytes(bytes, &options.limits).map_err(|e| e.with_path(path))?;
             return match ShardedSource::gguf_splits(path, &*first, options)? {
                 Some(splits) => Ok(Box::new(ShardedSource::join_gguf_splits(
-                    path, first, splits,
+                    path,
+                    first,
+                    splits,
+                    &options.limits,
                 )?)),
                 None => Ok(first),
             };

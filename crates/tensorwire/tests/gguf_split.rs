@@ -139,3 +139,60 @@ fn a_missing_or_wrong_split_fails_the_open() {
         "the error names the file"
     );
 }
+
+/// A GGUF v3 file with no tensors and the given key-value pairs (key, type id, value
+/// bytes), padded to its 32-byte alignment.
+fn tiny_gguf(kvs: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend(0u64.to_le_bytes());
+    out.extend((kvs.len() as u64).to_le_bytes());
+    for (key, ty, value) in kvs {
+        out.extend((key.len() as u64).to_le_bytes());
+        out.extend(key.as_bytes());
+        out.extend(ty.to_le_bytes());
+        out.extend(value);
+    }
+    out.resize(out.len().div_ceil(32) * 32, 0);
+    out
+}
+
+#[test]
+fn a_split_count_no_set_can_have_allocates_nothing() {
+    // `split.count` as a u64 of a billion (llama.cpp writes a u16): named to match,
+    // the file is still read as the one file it is, without reserving room for a
+    // billion splits.
+    const UINT16: u32 = 2;
+    const UINT64: u32 = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evil-00001-of-1000000000.gguf");
+    std::fs::write(
+        &path,
+        tiny_gguf(&[
+            ("split.no", UINT16, 0u16.to_le_bytes().to_vec()),
+            (
+                "split.count",
+                UINT64,
+                1_000_000_000u64.to_le_bytes().to_vec(),
+            ),
+        ]),
+    )
+    .unwrap();
+    let src = tensorwire::open(&path).unwrap();
+    assert_eq!(src.format(), "gguf");
+    assert!(src.tensors().is_empty());
+
+    // The largest count a u16 holds: the open looks for the second split and fails
+    // there, naming it.
+    let path = dir.path().join("big-00001-of-65535.gguf");
+    std::fs::write(
+        &path,
+        tiny_gguf(&[
+            ("split.no", UINT16, 0u16.to_le_bytes().to_vec()),
+            ("split.count", UINT16, u16::MAX.to_le_bytes().to_vec()),
+        ]),
+    )
+    .unwrap();
+    let err = tensorwire::open(&path).err().expect("a missing split");
+    assert!(err.to_string().contains("big-00002-of-65535.gguf"), "{err}");
+}

@@ -172,7 +172,7 @@ fn refuses_broken_and_hostile_indexes() {
             r#"{"weight_map": {"step": "model.safetensors.index.json"}}"#,
             "shard index as a shard",
         ),
-        (r#"{"metadata": {"total_size": 1}}"#, "not a shard index"),
+        (r#"{"metadata": {"total_size": 1}}"#, "unrecognised"),
     ];
     for (index, says) in cases {
         let (_dir, path) = with_index(index);
