@@ -3,9 +3,11 @@
 //! tensor of the set, as the package wrote them; any other split, or a renamed one,
 //! opens as the one file it is; a missing or wrong split fails the open.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use common::{dims, sha256_hex};
 use tensorwire::{Error, ShardedSource, Value};
 
 const SPLITS: [&str; 3] = [
@@ -19,15 +21,7 @@ fn split_dir() -> PathBuf {
 }
 
 fn expected(split: &str) -> serde_json::Value {
-    let path = split_dir().join(split.replace(".gguf", ".expected.json"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    common::read_json(&split_dir().join(split.replace(".gguf", ".expected.json")))
 }
 
 #[test]
@@ -53,12 +47,7 @@ fn the_first_split_opens_the_whole_model() {
             names.push(name.to_owned());
             assert_eq!(sharded.shard_of(name).unwrap(), split);
             let info = src.info(name).unwrap();
-            let shape: Vec<u64> = t["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap())
-                .collect();
+            let shape = dims(&t["shape"]);
             assert_eq!(info.shape.dims(), &shape[..], "{name}");
             let view = src.view(name).unwrap();
             assert!(view.zero_copy, "{name}");

@@ -2,9 +2,11 @@
 //! torch pickle shards, each with its index) read back as one source equal to the
 //! state dict that was saved; and broken or hostile indexes are refused.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use common::{dims, sha256_hex};
 use tensorwire::formats::safetensors::StDType;
 use tensorwire::{Error, ShardedSource, TensorSource, Value};
 
@@ -13,21 +15,13 @@ fn fixtures() -> PathBuf {
 }
 
 fn expected() -> serde_json::Value {
-    let text = std::fs::read_to_string(fixtures().join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    common::read_json(&fixtures().join("expected.json"))
 }
 
 const INDEXES: [(&str, &str); 2] = [
     ("safetensors", "model.safetensors.index.json"),
     ("pytorch", "pytorch_model.bin.index.json"),
 ];
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// Checks a source against the expectation of the `flavor` folder.
 fn check_source(src: &dyn TensorSource, flavor: &str) {
@@ -43,12 +37,7 @@ fn check_source(src: &dyn TensorSource, flavor: &str) {
             .dtype()
             .unwrap();
         assert_eq!(info.dtype, dtype, "{flavor}/{name}");
-        let shape: Vec<u64> = t["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap())
-            .collect();
+        let shape = dims(&t["shape"]);
         assert_eq!(info.shape.dims(), &shape[..], "{flavor}/{name}");
         let shard = t["shard"][flavor].as_str().unwrap();
         let sharded = src.as_any().downcast_ref::<ShardedSource>().unwrap();
