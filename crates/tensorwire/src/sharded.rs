@@ -3,13 +3,13 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use tensorwire_core::{
     Error, Result, StridedView, TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
 use tensorwire_formats::shards::ShardIndex;
+use tensorwire_mmap::MappedFile;
 
 use crate::sniff::{open_file, OpenOptions};
 
@@ -51,22 +51,23 @@ impl ShardedSource {
     /// folder), with `options` for each shard.
     pub fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<ShardedSource> {
         let path = path.as_ref();
-        let text = read_capped(path, options.limits.max_metadata_bytes)?;
-        let index = ShardIndex::parse(&text, &options.limits).map_err(|e| e.with_path(path))?;
+        let text = MappedFile::open_bytes(path, options.map_mode)?;
+        ShardedSource::from_index(path, &text, options)
+    }
+
+    /// Opens the shards named by the index `text`, read from the file at `path`.
+    pub(crate) fn from_index(
+        path: &Path,
+        text: &[u8],
+        options: &OpenOptions,
+    ) -> Result<ShardedSource> {
+        let index = ShardIndex::parse(text, &options.limits).map_err(|e| e.with_path(path))?;
         let folder = path.parent().unwrap_or_else(|| Path::new("."));
         let shards = index
             .shards()
             .iter()
             .map(|name| Ok((name.clone(), open_file(&folder.join(name), options, false)?)))
             .collect::<Result<Vec<_>>>()?;
-        let mut source = ShardedSource::assemble(&index, shards).map_err(|e| e.with_path(path))?;
-        source.folder = folder.to_owned();
-        Ok(source)
-    }
-
-    /// Builds the source from a parsed index and its opened shards (in
-    /// `index.shards()` order).
-    fn assemble(index: &ShardIndex, shards: Vec<Shard>) -> Result<ShardedSource> {
         // Each listed tensor's place in its shard; then, shard by shard, the listed
         // tensors in the shard's own order.
         let mut places = Vec::with_capacity(index.tensors().len());
@@ -79,27 +80,49 @@ impl ShardedSource {
                         "the shard index puts `{name}` in `{shard_name}`, which has no such tensor"
                     ),
                 )
+                .with_path(path)
             })?;
             places.push((*shard, at));
         }
         places.sort_unstable();
-        let mut tensors = TensorIndex::with_capacity(places.len());
+        ShardedSource::new(path, shards, places, index.metadata().clone(), options)
+    }
+
+    /// The source serving, in order, the tensors at `places` (shard, position there)
+    /// of `shards`; `path` is the index or first split, named in errors.
+    fn new(
+        path: &Path,
+        shards: Vec<Shard>,
+        places: Vec<(usize, usize)>,
+        attributes: BTreeMap<String, Value>,
+        options: &OpenOptions,
+    ) -> Result<ShardedSource> {
+        let in_path = |e: Error| e.with_path(path);
+        Error::check_limit(
+            "tensor count",
+            places.len() as u64,
+            options.limits.max_tensors,
+        )
+        .map_err(in_path)?;
+        let mut index = TensorIndex::with_capacity(places.len());
         for &(shard, at) in &places {
-            tensors.push(shards[shard].1.info_at(at)?.clone())?;
+            index
+                .push(shards[shard].1.info_at(at)?.clone())
+                .map_err(in_path)?;
         }
         Ok(ShardedSource {
             shards,
-            folder: PathBuf::new(),
+            folder: path.parent().map(Path::to_owned).unwrap_or_default(),
             places,
-            index: tensors,
-            attributes: index.metadata().clone(),
+            index,
+            attributes,
         })
     }
 
-    /// Joins the splits of a GGUF file written by llama.cpp's `gguf-split` (or gguf-py
-    /// with `split_max_tensors` / `split_max_size`), given its first split, already
-    /// opened: `Ok(None)` when `first` is not the first of several splits named
-    /// `<prefix>-00001-of-<count>.gguf` (then it is read as the one file it is).
+    /// The GGUF file `first`, opened from `path`: when it is the first of the splits
+    /// llama.cpp's `gguf-split` (or gguf-py with `split_max_tensors` /
+    /// `split_max_size`) writes, named `<prefix>-00001-of-<count>.gguf`, the whole
+    /// model, read from every split; otherwise `first` itself.
     ///
     /// Each split must be a GGUF file in the same folder whose `split.no` and
     /// `split.count` say it is that split of that set; together they must hold
@@ -108,17 +131,17 @@ impl ShardedSource {
     /// by split.
     pub(crate) fn gguf_splits(
         path: &Path,
-        first: &dyn TensorSource,
+        first: Box<dyn TensorSource>,
         options: &OpenOptions,
-    ) -> Result<Option<Vec<Shard>>> {
+    ) -> Result<Box<dyn TensorSource>> {
         let (Some(0), Some(count)) = (
-            split_key(first, "split.no"),
-            split_key(first, "split.count"),
+            split_key(&*first, "split.no"),
+            split_key(&*first, "split.count"),
         ) else {
-            return Ok(None);
+            return Ok(first);
         };
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            return Ok(None);
+            return Ok(first);
         };
         let suffix = format!("-00001-of-{count:05}.gguf");
         // llama.cpp stores the count as a u16; a larger one names no real set.
@@ -126,11 +149,16 @@ impl ShardedSource {
             .strip_suffix(&suffix)
             .filter(|_| (2..=u64::from(u16::MAX)).contains(&count))
         else {
-            return Ok(None);
+            return Ok(first);
         };
         let folder = path.parent().unwrap_or_else(|| Path::new("."));
+        // The model's metadata, without the keys that describe the split files: the
+        // joined source (and a file converted from it) is not split.
+        let mut attributes = first.attributes().clone();
+        attributes.retain(|key, _| !SPLIT_KEYS.contains(&key.as_str()));
+        let expected = split_key(&*first, "split.tensors.count");
         // Not sized by `count`: the file says it, and a missing split stops the loop.
-        let mut splits = Vec::new();
+        let mut shards = vec![(name.to_owned(), first)];
         for number in 1..count {
             let split_name = format!("{prefix}-{:05}-of-{count:05}.gguf", number + 1);
             let split_path = folder.join(&split_name);
@@ -150,40 +178,13 @@ impl ShardedSource {
                 )
                 .with_path(split_path));
             }
-            splits.push((split_name, split));
+            shards.push((split_name, split));
         }
-        Ok(Some(splits))
-    }
-
-    /// Serves every tensor of `first` (the first GGUF split, at `path`) and of the
-    /// other `splits`, as [`Self::gguf_splits`] found them.
-    pub(crate) fn join_gguf_splits(
-        path: &Path,
-        first: Box<dyn TensorSource>,
-        splits: Vec<Shard>,
-        limits: &tensorwire_core::Limits,
-    ) -> Result<ShardedSource> {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        // The model's metadata, without the keys that describe the split files: the
-        // joined source (and a file converted from it) is not split.
-        let mut attributes = first.attributes().clone();
-        attributes.retain(|key, _| !SPLIT_KEYS.contains(&key.as_str()));
-        let expected = split_key(&*first, "split.tensors.count");
-        let mut shards = vec![(name, first)];
-        shards.extend(splits);
-        let mut places = Vec::new();
-        let mut tensors = TensorIndex::default();
-        for (shard_at, (_, source)) in shards.iter().enumerate() {
-            for (at, info) in source.tensors().iter().enumerate() {
-                Error::check_limit("tensor count", places.len() as u64 + 1, limits.max_tensors)
-                    .map_err(|e| e.with_path(path))?;
-                tensors.push(info.clone()).map_err(|e| e.with_path(path))?;
-                places.push((shard_at, at));
-            }
-        }
+        let places: Vec<(usize, usize)> = shards
+            .iter()
+            .enumerate()
+            .flat_map(|(shard, (_, source))| (0..source.tensors().len()).map(move |at| (shard, at)))
+            .collect();
         if let Some(expected) = expected.filter(|&n| n != places.len() as u64) {
             return Err(Error::malformed(
                 0,
@@ -194,13 +195,8 @@ impl ShardedSource {
             )
             .with_path(path));
         }
-        Ok(ShardedSource {
-            shards,
-            folder: path.parent().map(Path::to_owned).unwrap_or_default(),
-            places,
-            index: tensors,
-            attributes,
-        })
+        let joined = ShardedSource::new(path, shards, places, attributes, options)?;
+        Ok(Box::new(joined))
     }
 
     /// The shard file names: sorted for an index, in split order for GGUF splits.
@@ -241,21 +237,6 @@ fn split_key(source: &dyn TensorSource, key: &str) -> Option<u64> {
         Value::Int(n) => u64::try_from(*n).ok(),
         _ => None,
     }
-}
-
-/// Reads a whole (small) file, refusing one longer than `max` bytes.
-fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>> {
-    let in_path = |e: std::io::Error| Error::from(e).with_path(path);
-    let file = std::fs::File::open(path).map_err(in_path)?;
-    let len = file.metadata().map_err(in_path)?.len();
-    Error::check_limit("shard index size", len, max).map_err(|e| e.with_path(path))?;
-    let mut text = Vec::with_capacity(len as usize);
-    file.take(max.saturating_add(1))
-        .read_to_end(&mut text)
-        .map_err(in_path)?;
-    Error::check_limit("shard index size", text.len() as u64, max)
-        .map_err(|e| e.with_path(path))?;
-    Ok(text)
 }
 
 impl TensorSource for ShardedSource {

@@ -166,8 +166,7 @@ pub(crate) fn open_file(
     let bytes = MappedFile::open_bytes(path, options.map_mode)?;
     let opened = match sniff(&bytes) {
         Ok(FileFormat::ShardIndex) if index_allowed => {
-            drop(bytes);
-            return Ok(Box::new(ShardedSource::open(path, options)?));
+            return Ok(Box::new(ShardedSource::from_index(path, &bytes, options)?));
         }
         Ok(FileFormat::ShardIndex) => Err(Error::unsupported(
             "a shard index as a shard of another index",
@@ -187,15 +186,7 @@ pub(crate) fn open_file(
         }
         Ok(FileFormat::Gguf) if index_allowed => {
             let first = open_bytes(bytes, &options.limits).map_err(|e| e.with_path(path))?;
-            return match ShardedSource::gguf_splits(path, &*first, options)? {
-                Some(splits) => Ok(Box::new(ShardedSource::join_gguf_splits(
-                    path,
-                    first,
-                    splits,
-                    &options.limits,
-                )?)),
-                None => Ok(first),
-            };
+            return ShardedSource::gguf_splits(path, first, options);
         }
         _ => open_bytes(bytes, &options.limits),
     };
