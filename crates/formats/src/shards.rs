@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tensorwire_core::{Error, Limits, NameMap, NameSet, Result, Value};
+use tensorwire_core::{Error, Limits, NameSet, Result, Value};
 
 use crate::json::{JsonError, JsonReader, Number};
 
@@ -56,7 +56,6 @@ impl ShardIndex {
         let text = std::str::from_utf8(text).map_err(|e| {
             Error::malformed(e.valid_up_to() as u64, "shard index is not UTF-8 text")
         })?;
-        let syntax = |e: JsonError| Error::malformed(e.at as u64, format!("shard index: {e}"));
         let mut json = JsonReader::new(text);
         json.expect(b'{', "expected a JSON object")
             .map_err(syntax)?;
@@ -108,15 +107,18 @@ impl ShardIndex {
     }
 }
 
+/// A JSON syntax error in an index.
+fn syntax(e: JsonError) -> Error {
+    Error::malformed(e.at as u64, format!("shard index: {e}"))
+}
+
 /// The `weight_map` object, as an index without metadata.
 fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIndex> {
-    let syntax = |e: JsonError| Error::malformed(e.at as u64, format!("shard index: {e}"));
     json.expect(b'{', "`weight_map` must be an object")
         .map_err(syntax)?;
-    // Shards in order of first mention, each entry with its shard's place there
-    // (an index names a few shards many times over).
-    let mut shards: Vec<String> = Vec::new();
-    let mut shard_at: NameMap<Arc<str>, usize> = NameMap::default();
+    // Each distinct shard, with the order of its first mention; sorted by name, so
+    // the sorted places come from it at the end (an index names few shards).
+    let mut first_mention: BTreeMap<String, usize> = BTreeMap::new();
     let mut tensors: Vec<(Arc<str>, usize)> = Vec::new();
     let mut seen: NameSet<Arc<str>> = NameSet::default();
     let mut first = true;
@@ -136,13 +138,13 @@ fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIn
             name.len() as u64,
             limits.max_name_bytes as u64,
         )?;
-        let at = match shard_at.get(&*shard) {
+        let at = match first_mention.get(&*shard) {
             Some(&at) => at,
             None => {
                 check_shard_name(&shard)?;
-                shards.push(shard.clone().into_owned());
-                shard_at.insert(Arc::from(&*shard), shards.len() - 1);
-                shards.len() - 1
+                let at = first_mention.len();
+                first_mention.insert(shard.into_owned(), at);
+                at
             }
         };
         let name: Arc<str> = Arc::from(&*name);
@@ -154,21 +156,15 @@ fn read_weight_map(json: &mut JsonReader<'_>, limits: &Limits) -> Result<ShardIn
         }
         tensors.push((name, at));
     }
-    // Shards sorted by name, and each entry pointed at its shard's sorted place.
-    let mut sorted = shards.clone();
-    sorted.sort_unstable();
-    let remap: Vec<usize> = shards
-        .iter()
-        .map(|s| {
-            sorted
-                .binary_search(s)
-                .expect("every shard is in the sorted list")
-        })
-        .collect();
-    for (_, at) in &mut tensors {
-        *at = remap[*at];
+    // Each entry pointed at its shard's place among the shards sorted by name.
+    let mut sorted_place = vec![0; first_mention.len()];
+    for (place, &at) in first_mention.values().enumerate() {
+        sorted_place[at] = place;
     }
-    let shards = sorted;
+    for (_, at) in &mut tensors {
+        *at = sorted_place[*at];
+    }
+    let shards = first_mention.into_keys().collect();
     Ok(ShardIndex {
         shards,
         tensors,
