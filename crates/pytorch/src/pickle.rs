@@ -402,13 +402,13 @@ impl Memo {
         let dense_len = self.dense.len() as u64;
         let slot = if key < dense_len {
             &mut self.dense[key as usize]
-        } else if key == dense_len && self.sparse.is_empty() && self.len < max {
-            // The usual case: picklers number entries 0, 1, 2, …
-            self.dense.push(Some(id));
-            self.len += 1;
-            return true;
         } else if key < dense_len + MEMO_DENSE_SLACK && self.sparse.is_empty() {
-            self.dense.resize(key as usize + 1, None);
+            if key == dense_len {
+                // The usual case (picklers number entries 0, 1, 2, …): one push.
+                self.dense.push(None);
+            } else {
+                self.dense.resize(key as usize + 1, None);
+            }
             &mut self.dense[key as usize]
         } else {
             if !self.sparse.contains_key(&key) {
