@@ -32,8 +32,8 @@ pub enum PtFormat {
 /// How [`PtReader`] finds a storage's bytes.
 #[derive(Debug, Clone)]
 enum StorageData {
-    /// A ZIP record.
-    Zip(ZipEntry),
+    /// A ZIP record: its index in the reader's archive.
+    Zip(usize),
     /// A legacy storage; `counted` is set once its 8-byte element count has been
     /// checked against the pickle, so later reads skip that read.
     Legacy {
@@ -51,7 +51,6 @@ enum StorageData {
 /// mapped little-endian file, a gathered (and, for big-endian files, byte-swapped)
 /// copy otherwise.
 pub struct PtReader {
-    format: PtFormat,
     input: Input,
     index: TensorIndex,
     records: Vec<TensorRecord>,
@@ -59,14 +58,15 @@ pub struct PtReader {
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
     limits: Limits,
-    /// The ZIP directory (ZIP files only), kept for `verify`.
+    /// The ZIP archive (ZIP files only: `None` is a legacy checkpoint): where each
+    /// storage's record lies, and each record's CRC for `verify`.
     archive: Option<ZipArchive>,
 }
 
 impl std::fmt::Debug for PtReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PtReader")
-            .field("format", &self.format)
+            .field("format", &self.pt_format())
             .field("input", &self.input)
             .field("tensors", &self.index.len())
             .finish()
@@ -276,19 +276,17 @@ impl PtReader {
         let archive = directory.into_archive(first.into_iter().chain(located))?;
         let data = seen
             .into_iter()
-            .map(|(key, (_, index))| (key, StorageData::Zip(archive.entries()[index].clone())))
+            .map(|(key, (_, index))| (key, StorageData::Zip(index)))
             .collect();
-        let mut reader = PtReader::build(
-            PtFormat::Zip,
+        PtReader::build(
             input,
+            Some(archive),
             &unpickled.arena,
             unpickled.root,
             data,
             little_endian,
             limits,
-        )?;
-        reader.archive = Some(archive);
-        Ok(reader)
+        )
     }
 
     fn open_legacy(input: Input, limits: &Limits) -> Result<PtReader> {
@@ -309,8 +307,8 @@ impl PtReader {
             })
             .collect();
         PtReader::build(
-            PtFormat::Legacy,
             input,
+            None,
             &parsed.object.arena,
             parsed.object.root,
             data,
@@ -319,9 +317,11 @@ impl PtReader {
         )
     }
 
+    /// The reader of a checkpoint whose pickle made `arena`: a ZIP checkpoint (with
+    /// its `archive`) or a legacy one (without).
     fn build(
-        format: PtFormat,
         input: Input,
+        archive: Option<ZipArchive>,
         arena: &Arena,
         root: Id,
         storages: NameMap<Arc<str>, StorageData>,
@@ -347,7 +347,14 @@ impl PtReader {
                 Error::malformed(0, format!("storage `{}` has no data", record.storage.key))
             })?;
             let (start, end) = record.byte_extent()?;
-            let base = storage_offset(data) + record.storage.window()?.0;
+            let (data_offset, deflated) = match data {
+                StorageData::Zip(i) => {
+                    let entry = zip_entry(&archive, *i);
+                    (entry.data_offset, entry.method == Method::Deflated)
+                }
+                StorageData::Legacy { storage, .. } => (storage.data_offset, false),
+            };
+            let base = data_offset + record.storage.window()?.0;
             index.push(TensorInfo {
                 name,
                 dtype: record.dtype,
@@ -356,18 +363,12 @@ impl PtReader {
                 nbytes: record.shape.byte_len(record.dtype)?,
                 stored_bytes: end - start,
                 offset: base + start,
-                encoding: match data {
-                    StorageData::Zip(e) if e.method == Method::Deflated => {
-                        Some("deflate".to_owned())
-                    }
-                    _ => None,
-                },
+                encoding: deflated.then(|| "deflate".to_owned()),
                 attributes: Default::default(),
             })?;
             records.push(record.clone());
         }
         Ok(PtReader {
-            format,
             input,
             records,
             index,
@@ -375,13 +376,17 @@ impl PtReader {
             attributes: flat.attributes,
             little_endian,
             limits: *limits,
-            archive: None,
+            archive,
         })
     }
 
     /// The container format.
     pub fn pt_format(&self) -> PtFormat {
-        self.format
+        if self.archive.is_some() {
+            PtFormat::Zip
+        } else {
+            PtFormat::Legacy
+        }
     }
 
     /// False for checkpoints written on a big-endian machine (read with byte swaps).
@@ -402,15 +407,19 @@ impl PtReader {
             .get(key)
             .ok_or_else(|| Error::malformed(0, format!("storage `{key}` has no data")))?;
         match data {
-            StorageData::Zip(entry) if entry.method == Method::Deflated => {
-                let all =
-                    zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
-                Ok((all.slice_at(start, end - start)?, false))
+            StorageData::Zip(i) => {
+                let entry = zip_entry(&self.archive, *i);
+                if entry.method == Method::Deflated {
+                    let all =
+                        zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
+                    Ok((all.slice_at(start, end - start)?, false))
+                } else {
+                    Ok((
+                        self.input.read(entry.data_offset + start, end - start)?,
+                        self.input.is_mapped(),
+                    ))
+                }
             }
-            StorageData::Zip(entry) => Ok((
-                self.input.read(entry.data_offset + start, end - start)?,
-                self.input.is_mapped(),
-            )),
             StorageData::Legacy { storage, counted } => {
                 self.check_count(key, storage, counted)?;
                 Ok((
@@ -446,33 +455,29 @@ impl PtReader {
     /// Checks every storage: legacy element counts and, for ZIP files, each record's
     /// CRC-32. Returns how many checks were made.
     fn verify_all(&self) -> Result<usize> {
-        match self.format {
-            PtFormat::Zip => match &self.archive {
-                Some(archive) => archive.verify(&self.input, self.limits.max_decoded_bytes),
-                None => Ok(0),
-            },
-            PtFormat::Legacy => {
-                for (key, data) in &self.storages {
-                    if let StorageData::Legacy { storage, counted } = data {
-                        self.check_count(key, storage, counted)?;
-                    }
-                }
-                Ok(self.storages.len())
+        if let Some(archive) = &self.archive {
+            return archive.verify(&self.input, self.limits.max_decoded_bytes);
+        }
+        for (key, data) in &self.storages {
+            if let StorageData::Legacy { storage, counted } = data {
+                self.check_count(key, storage, counted)?;
             }
         }
+        Ok(self.storages.len())
     }
 }
 
-fn storage_offset(data: &StorageData) -> u64 {
-    match data {
-        StorageData::Zip(e) => e.data_offset,
-        StorageData::Legacy { storage, .. } => storage.data_offset,
-    }
+/// Record `index` of a ZIP checkpoint's archive (which every ZIP storage names).
+fn zip_entry(archive: &Option<ZipArchive>, index: usize) -> &ZipEntry {
+    &archive
+        .as_ref()
+        .expect("a ZIP checkpoint keeps its archive")
+        .entries()[index]
 }
 
 impl TensorSource for PtReader {
     fn format(&self) -> &'static str {
-        match self.format {
+        match self.pt_format() {
             PtFormat::Zip => "pytorch-zip",
             PtFormat::Legacy => "pytorch-legacy",
         }
