@@ -9,10 +9,11 @@ use numpy::npyffi::{
     NPY_ARRAY_WRITEABLE, PY_ARRAY_API,
 };
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
-use tensorwire::core::AlignedBuf;
+use tensorwire::core::{AlignedBuf, Owner};
 use tensorwire::{Bytes, DType, Error, Shape};
 
 use crate::dtypes;
@@ -129,6 +130,57 @@ fn zero_copy_in<'py>(
     // whose pages belong to this process alone: writes never reach the file or
     // another mapping.
     unsafe { array_over(py, data, flags, dtype, dims, None, base.into_any()) }
+}
+
+/// A C-contiguous numpy array lent to Rust as the owner of [`Bytes`]: what borrows
+/// the bytes (decoded packet tensors, a safetensors writer) keeps the array, and so
+/// the caller's buffer (`bytes`, `bytearray`, `mmap`, ...), alive.
+struct ArrayOwner {
+    /// Keeps the array, and through its `base` the caller's buffer, alive.
+    _array: Py<PyAny>,
+    /// Address of the array's first byte (a `usize` so the owner is `Send + Sync`).
+    addr: usize,
+    len: usize,
+}
+
+impl Owner for ArrayOwner {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `addr` is the data pointer of a C-contiguous array of `len` bytes
+        // (checked in `lend`), and `_array` holds a reference to it for as long as this
+        // owner lives, so numpy cannot free or reallocate the buffer (`resize` refuses
+        // arrays that are referenced; `bytearray`/`mmap` refuse to resize or close
+        // while numpy holds their buffer export). The bytes are only read here.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+}
+
+/// The bytes of a C-contiguous array, shared without copying (read-only: the owner
+/// offers no writable base).
+pub fn lend(array: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
+    if !array.is_c_contiguous() {
+        return Err(PyTypeError::new_err("the array must be C-contiguous"));
+    }
+    // SAFETY: the array is C-contiguous (checked) and alive (we hold `array`); the
+    // slice is used only to read its address and length.
+    let bytes = unsafe { contiguous_bytes(array) };
+    Ok(Bytes::from_owner(ArrayOwner {
+        _array: array.clone().into_any().unbind(),
+        addr: bytes.as_ptr() as usize,
+        len: bytes.len(),
+    }))
+}
+
+/// [`lend`] for a buffer given as a 1-D contiguous `uint8` array.
+pub fn lend_bytes(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
+    if !buffer.is_c_contiguous() || buffer.dtype().itemsize() != 1 {
+        return Err(PyTypeError::new_err(
+            "buffer must be a contiguous uint8 array",
+        ));
+    }
+    lend(buffer)
 }
 
 /// One [`BytesOwner`] for the zero-copy arrays a reader hands out over its map, made

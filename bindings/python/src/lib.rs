@@ -4,6 +4,7 @@
 //! The module is split by job: [`errors`] (the exception hierarchy and the one
 //! conversion from `tensorwire::Error`), [`dtypes`] (DType ↔ numpy), [`arrays`]
 //! (zero-copy and fresh arrays), [`values`] (attributes), [`reader`], [`writer`],
+//! [`formats`] (safetensors files from arrays),
 //! [`packet`] (tenso packets), [`shm`] (packets in shared memory) and [`ipc`]
 //! (sharing tensors with other processes over a Unix socket).
 //! The pure-Python package (`python/tensorwire`) adds the ztensor-style conveniences
@@ -17,6 +18,7 @@ mod arrays;
 mod cache;
 mod dtypes;
 mod errors;
+mod formats;
 mod ipc;
 mod packet;
 mod reader;
@@ -36,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reader::Reader>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(writer::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(formats::safetensors_save, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_loads, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dense_parts, m)?)?;

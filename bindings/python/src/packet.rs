@@ -5,11 +5,10 @@
 //! type for (sparse, strings, ragged, quantized, IPC references) to factories it
 //! passes in, so this module holds no Python class of its own.
 
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::PyUntypedArray;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use tensorwire::core::Owner;
 use tensorwire::packet::{
     self, EncodeOptions, Framing, IpcRef, Packet, PacketFramer, PacketLimits, PacketParts,
     PacketReader, PacketRef, QuantScheme, RaggedFraming, SparseFormat,
@@ -18,48 +17,6 @@ use tensorwire::{Bytes, DType, Error, Shape, TensorView};
 
 use crate::arrays::{self, RELEASE_GIL_BYTES};
 use crate::errors::{to_pyerr, ResultExt};
-
-/// A numpy `uint8` array lent to Rust as the owner of [`Bytes`]: decoded tensors
-/// borrow it, and the array (and so the caller's buffer: `bytes`, `bytearray`,
-/// `mmap`, ...) stays alive while any of them does.
-struct ArrayOwner {
-    /// Keeps the array, and through its `base` the caller's buffer, alive.
-    _array: Py<PyAny>,
-    /// Address of the array's first byte (a `usize` so the owner is `Send + Sync`).
-    addr: usize,
-    len: usize,
-}
-
-impl Owner for ArrayOwner {
-    fn bytes(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `addr` is the data pointer of a C-contiguous uint8 array of `len`
-        // elements (checked in `lend`), and `_array` holds a reference to it for as long
-        // as this owner lives, so numpy cannot free or reallocate the buffer (`resize`
-        // refuses arrays that are referenced; `bytearray`/`mmap` refuse to resize or
-        // close while numpy holds their buffer export). The bytes are only read here.
-        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
-    }
-}
-
-/// The bytes of a 1-D contiguous uint8 array, shared without copying.
-fn lend(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
-    if !buffer.is_c_contiguous() || buffer.dtype().itemsize() != 1 {
-        return Err(PyTypeError::new_err(
-            "packet buffer must be a contiguous uint8 array",
-        ));
-    }
-    // SAFETY: the array is C-contiguous (checked) and alive (we hold `buffer`); the
-    // slice is used only to read its address and length.
-    let bytes = unsafe { arrays::contiguous_bytes(buffer) };
-    Ok(Bytes::from_owner(ArrayOwner {
-        _array: buffer.clone().into_any().unbind(),
-        addr: bytes.as_ptr() as usize,
-        len: bytes.len(),
-    }))
-}
 
 /// The bundle keys tenso writes a ragged array under.
 const RAGGED_OFFSETS: &str = "__ragged_offsets__";
@@ -263,7 +220,7 @@ pub fn packet_loads<'py>(
     copy: bool,
     factories: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let bytes = lend(buffer)?;
+    let bytes = arrays::lend_bytes(buffer)?;
     decode_value(buffer.py(), &bytes, copy, factories)
 }
 
@@ -863,7 +820,7 @@ pub fn packet_read_stream<'py>(
 /// holds all of it (and no more), else at least one. Errors name what is wrong.
 #[pyfunction]
 pub fn packet_frame_need(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
-    let bytes = lend(buffer)?;
+    let bytes = arrays::lend_bytes(buffer)?;
     let have = bytes.len() as u64;
     match PacketFramer::new(PacketLimits::default())
         .advance(&bytes)
@@ -881,7 +838,7 @@ pub fn packet_frame_need(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
 /// The length of the packet at the front of `buffer` (which may hold more after it).
 #[pyfunction]
 pub fn packet_length(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<u64> {
-    let bytes = lend(buffer)?;
+    let bytes = arrays::lend_bytes(buffer)?;
     framed_length(&bytes)
 }
 

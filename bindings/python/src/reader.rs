@@ -35,7 +35,8 @@ struct NameCache {
 #[pyclass(module = "tensorwire._native", name = "Reader", subclass)]
 pub struct Reader {
     source: Option<Box<dyn TensorSource>>,
-    path: PathBuf,
+    /// The path opened, or `None` for a reader over a caller's buffer.
+    path: Option<PathBuf>,
     /// The base of the zero-copy arrays over the file map.
     owner: arrays::SharedOwner,
     names: PyOnceLock<NameCache>,
@@ -381,10 +382,29 @@ fn read_into_one(
 
 #[pymethods]
 impl Reader {
-    /// Opens `path` (any supported format, recognised by its magic bytes).
+    /// Opens `path` (any supported format, recognised by its magic bytes), or reads
+    /// the file held in `buffer` (a contiguous `uint8` array, viewed without copying:
+    /// its arrays are read-only and keep it alive).
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let source = py.detach(|| tensorwire::open(&path)).or_raise()?;
+    #[pyo3(signature = (path = None, *, buffer = None))]
+    fn new(
+        py: Python<'_>,
+        path: Option<PathBuf>,
+        buffer: Option<&Bound<'_, PyUntypedArray>>,
+    ) -> PyResult<Self> {
+        let source = match (&path, buffer) {
+            (Some(path), None) => py.detach(|| tensorwire::open(path)),
+            (None, Some(buffer)) => {
+                let bytes = arrays::lend_bytes(buffer)?;
+                py.detach(|| tensorwire::open_bytes(bytes, &tensorwire::Limits::default()))
+            }
+            _ => {
+                return Err(PyTypeError::new_err(
+                    "Reader needs a path or a buffer, not both",
+                ))
+            }
+        }
+        .or_raise()?;
         Ok(Reader {
             source: Some(source),
             path,
@@ -432,9 +452,9 @@ impl Reader {
         Ok(self.src()?.format())
     }
 
-    /// The path the reader was opened with.
+    /// The path the reader was opened with (`None` for a buffer).
     #[getter]
-    fn path(&self) -> PathBuf {
+    fn path(&self) -> Option<PathBuf> {
         self.path.clone()
     }
 
@@ -673,14 +693,17 @@ impl Reader {
     }
 
     fn __repr__(&self) -> String {
+        let place = match &self.path {
+            Some(path) => format!("{path:?}"),
+            None => "<buffer>".to_owned(),
+        };
         match &self.source {
             Some(src) => format!(
-                "<tensorwire.Reader [{}, {} tensor(s)] {:?}>",
+                "<tensorwire.Reader [{}, {} tensor(s)] {place}>",
                 src.format(),
                 src.tensors().len(),
-                self.path
             ),
-            None => format!("<tensorwire.Reader (closed) {:?}>", self.path),
+            None => format!("<tensorwire.Reader (closed) {place}>"),
         }
     }
 }

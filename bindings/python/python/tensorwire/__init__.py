@@ -19,6 +19,9 @@ memory for other processes to read zero-copy, and ``tensorwire.cache.TensorCache
 (tenso's ``TensoCache`` API) is a multi-process shared-memory cache of them (LRU,
 TTL, zero-copy gets that stay valid while held). ``tensorwire.ipc`` shares tensors
 (CUDA or CPU) and torch modules between processes over a Unix socket, zero-copy.
+``tensorwire.formats`` has the ``safetensors`` API (``safe_open``, ``save_file``,
+``load_file``...), and ``tensorwire.pytorch.load`` stands in for
+``torch.load(weights_only=True, mmap=True)``.
 
 Errors derive from ``TensorwireError`` (``TensorNotFoundError`` is also a KeyError,
 ``InvalidArgumentError`` a ValueError); I/O errors are OSError.
@@ -44,7 +47,7 @@ from ._native import (
 from ._reader import Reader
 from ._types import Tensor, TensorMetadata
 from ._writer import Writer
-from . import cache, ipc, packet, shm
+from . import cache, formats, ipc, packet, pytorch, shm
 
 
 def open(path):
@@ -75,6 +78,8 @@ __all__ = [
     "open",
     "packet",
     "cache",
+    "formats",
     "ipc",
+    "pytorch",
     "shm",
 ]

@@ -1,0 +1,230 @@
+"""The safetensors API over tensorwire (the ``tensorwire-formats`` crate).
+
+Code written for the ``safetensors`` package works with these names::
+
+    from tensorwire import formats
+
+    formats.save_file({"w": w, "b": b}, "model.safetensors", metadata={"format": "pt"})
+    with formats.safe_open("model.safetensors", framework="pt") as f:
+        f.metadata()                      # {"format": "pt"}
+        w = f.get_tensor("w")             # zero-copy view of the map
+        rows = f.get_slice("w")[:128]     # only the rows asked for
+    state = formats.load_file("model.safetensors")          # {name: numpy array}
+    data = formats.save({"w": w}); state = formats.load(data)
+
+Files are byte-identical to the ``safetensors`` package's for the same tensors.
+``safe_open``, ``load_file`` and ``load`` read every format tensorwire reads, not just
+safetensors (the format is recognised by its magic bytes).
+
+Differences from the ``safetensors`` package:
+
+- Reads are zero-copy: ``get_tensor`` and ``load_file`` return views of a private
+  copy-on-write map of the file (writable; writes never reach the file), and ``load``
+  returns read-only numpy views of the bytes passed in (torch tensors, which cannot be
+  read-only, are copies there). ``get_slice(name)[...]`` is a view too, copied only
+  when moved to another ``device``.
+- ``save_file`` and ``save`` take numpy arrays and torch tensors alike, in one dict.
+  Non-contiguous inputs are written in C order and tensors that share memory are
+  written once each (the package refuses both).
+- Frameworks are ``"np"`` (``"numpy"``) and ``"pt"`` (``"torch"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from ._reader import Reader, _logical_name, _torch_interop
+
+__all__ = ["safe_open", "save_file", "save", "load_file", "load"]
+
+# tensorwire dtype names -> safetensors dtype names.
+_SAFETENSORS_NAMES = {
+    "f64": "F64", "f32": "F32", "f16": "F16", "bf16": "BF16",
+    "i64": "I64", "i32": "I32", "i16": "I16", "i8": "I8",
+    "u64": "U64", "u32": "U32", "u16": "U16", "u8": "U8", "bool": "BOOL",
+    "f8_e4m3fn": "F8_E4M3", "f8_e5m2": "F8_E5M2", "complex64": "C64",
+}
+
+
+def _framework(framework):
+    if framework in ("np", "numpy"):
+        return "np"
+    if framework in ("pt", "torch"):
+        return "pt"
+    raise _native.InvalidArgumentError(
+        f"framework {framework!r} is not supported: use 'np' or 'pt'")
+
+
+def _is_cpu(device):
+    return device == "cpu" or str(device) == "cpu"
+
+
+class _Loader:
+    """Reads tensors of one reader for one framework and device."""
+
+    def __init__(self, reader, framework, device):
+        self.reader = reader
+        self.framework = _framework(framework)
+        self.device = device
+        if self.framework == "np" and not _is_cpu(device):
+            raise _native.InvalidArgumentError(
+                f"numpy arrays live on the CPU, not on {device!r}")
+
+    def tensor(self, name):
+        if self.framework == "np":
+            return self.reader.read_numpy(name)
+        return self.reader.read_torch(name, copy=self.torch_copies, device=self.device)
+
+    @property
+    def torch_copies(self):
+        # torch has no read-only tensors: over a caller's (read-only) buffer, copy.
+        return self.reader.path is None
+
+    def from_view(self, view):
+        """A slice of a CPU view in this framework, on this device."""
+        if self.framework == "np":
+            return view
+        if _is_cpu(self.device):
+            return view
+        return view.to(self.device)
+
+    def whole(self, name):
+        """The tensor as a CPU view (a slice of it is taken next)."""
+        if self.framework == "np":
+            return self.reader.read_numpy(name)
+        return self.reader.read_torch(name, copy=self.torch_copies)
+
+    def all(self):
+        names = self.reader.keys()
+        if self.framework == "np":
+            got = self.reader.read_numpy(names)
+        else:
+            got = self.reader.read_torch(names, copy=self.torch_copies, device=self.device)
+        return {name: got[name] for name in sorted(names)}
+
+
+class safe_open:
+    """``safetensors.safe_open``: a file opened for reading tensors one at a time.
+
+    Args:
+        filename: the file (any format tensorwire reads).
+        framework: ``"np"`` for numpy arrays, ``"pt"`` for torch tensors.
+        device: where torch tensors go (``"cpu"``, ``"cuda:0"``, ...).
+    """
+
+    def __init__(self, filename, framework="np", device="cpu"):
+        self._reader = Reader(filename)
+        try:
+            self._loader = _Loader(self._reader, framework, device)
+        except BaseException:
+            self._reader.close()
+            raise
+
+    def keys(self):
+        """Tensor names, sorted."""
+        return sorted(self._reader.keys())
+
+    def offset_keys(self):
+        """Tensor names in the order their data lies in the file."""
+        return self._reader._sorted_by_offset(self._reader.keys())
+
+    def metadata(self):
+        """The file's string metadata (safetensors' ``__metadata__``), or None."""
+        attrs = self._reader.attributes
+        if not attrs:
+            return None
+        return {k: v if isinstance(v, str) else str(v) for k, v in attrs.items()}
+
+    def get_tensor(self, name):
+        """The tensor, zero-copy on the CPU."""
+        return self._loader.tensor(name)
+
+    def get_slice(self, name):
+        """A handle that reads part of the tensor: ``get_slice(name)[0:128, :]``."""
+        meta = self._reader.metadata(name)
+        return TensorSlice(self._loader, name, meta)
+
+    def close(self):
+        self._reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return f"<tensorwire.formats.safe_open {self._reader!r}>"
+
+
+class TensorSlice:
+    """Part of one tensor, read on indexing (safetensors' ``PySafeSlice``)."""
+
+    def __init__(self, loader, name, meta):
+        self._loader = loader
+        self._name = name
+        self._meta = meta
+
+    def get_shape(self):
+        return list(self._meta.shape)
+
+    def get_dtype(self):
+        """The safetensors dtype name (``"F32"``, ``"BF16"``, ...)."""
+        fmt = self._meta.format
+        if fmt.startswith("safetensors:"):
+            return fmt[len("safetensors:"):]
+        name = _logical_name({"type": self._meta.type, "dtype": self._meta.dtype})
+        return _SAFETENSORS_NAMES.get(name, name)
+
+    def __getitem__(self, index):
+        return self._loader.from_view(self._loader.whole(self._name)[index])
+
+    def __len__(self):
+        shape = self._meta.shape
+        if not shape:
+            raise TypeError("len() of a 0-d tensor")
+        return shape[0]
+
+
+def load_file(filename, framework="np", device="cpu"):
+    """Every tensor of a file as ``{name: tensor}``, names sorted (zero-copy views of
+    the map for numpy, and for torch on the CPU)."""
+    with Reader(filename) as reader:
+        return _Loader(reader, framework, device).all()
+
+
+def load(data, framework="np", device="cpu"):
+    """Every tensor of a file held in memory (``bytes``, ``bytearray``, ``memoryview``,
+    ``mmap``...) as ``{name: tensor}``: numpy arrays are read-only views of ``data``,
+    which they keep alive; torch tensors are copies."""
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    with Reader(buffer=buffer) as reader:
+        return _Loader(reader, framework, device).all()
+
+
+def _entries(tensors):
+    if not isinstance(tensors, dict):
+        raise TypeError("tensors must be a dict {name: array or tensor}")
+    entries = []
+    for name, value in tensors.items():
+        if isinstance(value, np.ndarray):
+            entries.append((name, value, None, None))
+        elif type(value).__module__.partition(".")[0] == "torch":
+            raw, dtype, shape = _torch_interop().torch_to_bytes(value)
+            entries.append((name, raw, dtype, list(shape)))
+        else:
+            entries.append((name, np.asarray(value), None, None))
+    return entries
+
+
+def save_file(tensors, filename, metadata=None):
+    """Writes ``{name: array or tensor}`` as a safetensors file (atomically: under a
+    temporary name, renamed into place once complete); returns its size in bytes."""
+    return _native.safetensors_save(_entries(tensors), filename, metadata)
+
+
+def save(tensors, metadata=None):
+    """The safetensors file of ``{name: array or tensor}`` as ``bytes``."""
+    return _native.safetensors_save(_entries(tensors), None, metadata)

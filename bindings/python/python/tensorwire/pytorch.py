@@ -1,0 +1,109 @@
+"""PyTorch checkpoints read with no pickle code run (the ``tensorwire-pytorch`` crate).
+
+``load`` stands in for ``torch.load(f, weights_only=True, mmap=True)`` on the files
+``torch.save`` writes (``.pt``, ``.pth``, ``.bin``; ZIP and legacy formats)::
+
+    from tensorwire import pytorch
+
+    state = pytorch.load("model.pt")                # {name: torch tensor}, zero-copy
+    model.load_state_dict(state)
+    arrays = pytorch.load_numpy("model.pt")         # the same as numpy, no torch needed
+    with pytorch.open("model.pt") as r:             # a tensorwire.Reader
+        epoch = r.attributes.get("epoch")
+
+The pickle runs on a machine that only builds values: a global outside torch's
+tensor-rebuild allowlist raises ``UnsafePickleError`` before anything runs (torch's
+``weights_only=True`` rule). Nested containers come back flat, under dotted names
+(``{"model": {"fc.weight": w}}`` gives ``"model.fc.weight"``); non-tensor values
+(``epoch``, optimizer hyperparameters...) are the reader's ``attributes``.
+Layout and checks: ``docs/formats/pytorch.md``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ._native import InvalidArgumentError, UnsafePickleError, UnsupportedError
+from ._reader import Reader
+
+__all__ = ["UnsafePickleError", "FORMATS", "open", "load", "load_numpy"]
+
+#: The ``Reader.format`` values of PyTorch checkpoints.
+FORMATS = ("pytorch-zip", "pytorch-legacy")
+
+
+def open(f):
+    """A ``tensorwire.Reader`` over a PyTorch checkpoint.
+
+    Args:
+        f: a path (str or ``os.PathLike``), the file's bytes (``bytes``,
+            ``bytearray``, ``memoryview``, ``mmap``: viewed, not copied), or a binary
+            file object (read whole).
+
+    Raises:
+        UnsupportedError: the file is another tensor format (use ``tensorwire.open``).
+        FormatError: the file is damaged; ``UnsafePickleError`` when its pickle asks
+            for anything outside the allowlist.
+    """
+    reader = _reader(f)
+    if reader.format not in FORMATS:
+        fmt = reader.format
+        reader.close()
+        raise UnsupportedError(
+            f"not a PyTorch checkpoint: a {fmt} file (tensorwire.open reads it)")
+    return reader
+
+
+def _reader(f):
+    if isinstance(f, (str, bytes, os.PathLike)) and not isinstance(f, bytes):
+        return Reader(f)
+    if hasattr(f, "read"):
+        f = f.read()
+    return Reader(buffer=np.frombuffer(f, dtype=np.uint8))
+
+
+def load(f, map_location=None, *, mmap=None, weights_only=True):
+    """Every tensor of a checkpoint as ``{dotted name: torch tensor}``, in the order
+    the checkpoint lists them.
+
+    Args:
+        f: as for :func:`open`.
+        map_location: ``None`` or ``"cpu"`` keeps tensors on the CPU; a device
+            (``"cuda:0"``, ``torch.device(...)``) moves every tensor there. Saved
+            devices are not restored: nothing touches a GPU unless asked.
+        mmap: ``None`` or ``True``: tensors share a private copy-on-write map of the
+            file (zero-copy; writable, and writes never reach the file). ``False``,
+            and always when ``f`` is bytes or a file object: every tensor owns its
+            memory (tensors that shared a storage become separate copies).
+        weights_only: must be True; tensorwire never runs pickled code.
+
+    Zero-copy tensors keep their strides (transposes, slices), and those that share a
+    storage in the checkpoint share memory here, as with ``torch.load``.
+    """
+    if not weights_only:
+        raise InvalidArgumentError(
+            "weights_only=False would run pickled code; tensorwire never does")
+    if map_location is not None and not isinstance(map_location, str) and not hasattr(
+            map_location, "type"):
+        raise InvalidArgumentError(
+            f"map_location must be a device (str or torch.device), not {map_location!r}")
+    device = "cpu" if map_location is None else map_location
+    with open(f) as reader:
+        names = reader.keys()
+        # torch has no read-only tensors: over a caller's (read-only) buffer, copy.
+        copy = mmap is False or reader.path is None
+        got = reader.read_torch(names, copy=copy, device=device)
+        return {name: got[name] for name in names}
+
+
+def load_numpy(f, *, mmap=True):
+    """Every tensor of a checkpoint as ``{dotted name: numpy array}`` (no torch
+    needed): views of a private copy-on-write map of the file (writable), or
+    read-only views when ``f`` is bytes. ``mmap=False`` gives arrays that own their
+    memory."""
+    with open(f) as reader:
+        names = reader.keys()
+        got = reader.read_numpy(names, copy=not mmap)
+        return {name: got[name] for name in names}

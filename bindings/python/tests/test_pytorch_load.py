@@ -1,0 +1,150 @@
+"""tensorwire.pytorch: load / load_numpy / open over the checkpoints the real torch
+wrote (fixtures/pytorch). Values are checked against the saved .npy expectations, so
+CI needs no torch; with torch installed, load is compared with torch.load."""
+
+import glob
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import pytorch
+
+from conftest import REPO
+
+try:
+    import torch
+except ImportError:  # the torch halves are skipped
+    torch = None
+
+FIXTURES = os.path.join(REPO, "fixtures", "pytorch")
+EXPECTED = os.path.join(FIXTURES, "expected")
+
+
+def _fixtures(errors):
+    out = []
+    for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
+        with open(path) as f:
+            want = json.load(f)
+        if ("error" in want) == errors:
+            name = os.path.basename(path)[:-5]
+            out.append(pytest.param(os.path.join(FIXTURES, name), want, id=name))
+    return out
+
+
+def _same_bytes(got, spec):
+    want = np.load(os.path.join(EXPECTED, spec["npy"]))
+    return got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def _as_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("source", ["path", "bytes", "file"])
+def test_load_numpy_reads_what_torch_saved(path, want, source):
+    f = {"path": lambda: path, "bytes": lambda: _as_bytes(path),
+         "file": lambda: open(path, "rb")}[source]()
+    got = pytorch.load_numpy(f)
+    assert list(got) == [t["name"] for t in want["tensors"]]
+    for t in want["tensors"]:
+        if t["npy_view"] is None:
+            assert _same_bytes(got[t["name"]], t), t["name"]
+    if source == "bytes":
+        # Views of the caller's bytes are read-only (byte-swapped ones are copies).
+        buffer = np.frombuffer(f, np.uint8)
+        shared = [a for a in got.values() if np.shares_memory(a, buffer)]
+        assert not any(a.flags.writeable for a in shared)
+        assert shared or want.get("byteorder") == "big" or not any(a.size for a in got.values())
+
+
+def test_load_numpy_copies_own_their_memory():
+    path = os.path.join(FIXTURES, "views.pt")
+    views = pytorch.load_numpy(path)
+    assert np.shares_memory(views["tied_a"], views["tied_b"])
+    copies = pytorch.load_numpy(path, mmap=False)
+    assert all(a.flags.owndata or a.base is None or a.size == 0 for a in copies.values())
+    assert not np.shares_memory(copies["tied_a"], copies["tied_b"])
+    for k in views:
+        np.testing.assert_array_equal(copies[k], views[k])
+
+
+@pytest.mark.parametrize("path,want", _fixtures(errors=True))
+def test_malicious_checkpoints_are_refused(path, want):
+    with pytest.raises(pytorch.UnsafePickleError, match=want["global"].replace(".", r"\.")):
+        pytorch.load_numpy(path)
+    with pytest.raises(pytorch.UnsafePickleError):
+        pytorch.open(_as_bytes(path))
+
+
+def test_open_refuses_other_formats_and_bad_arguments():
+    st = os.path.join(REPO, "fixtures", "safetensors", "numpy.safetensors")
+    with pytest.raises(tw.UnsupportedError, match="safetensors"):
+        pytorch.open(st)
+    with pytest.raises(tw.InvalidArgumentError, match="weights_only"):
+        pytorch.load(st, weights_only=False)
+    with pytest.raises(tw.InvalidArgumentError, match="map_location"):
+        pytorch.load(st, map_location={"cuda:1": "cuda:0"})
+    with pytest.raises(tw.FormatError):
+        pytorch.load_numpy(b"PK\x03\x04 not really a zip")
+    with pytest.raises(FileNotFoundError):
+        pytorch.load_numpy(os.path.join(FIXTURES, "missing.pt"))
+    with pytorch.open(os.path.join(FIXTURES, "optimizer.pt")) as r:
+        assert r.format in pytorch.FORMATS
+        assert r.attributes  # the hyperparameters
+
+
+def _torch_bytes(t):
+    """A tensor's values as bytes, in C order (any dtype, 0-d too)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+def test_load_reads_what_torch_saved(path, want):
+    got = pytorch.load(path)
+    copies = pytorch.load(path, mmap=False)
+    assert list(got) == list(copies) == [t["name"] for t in want["tensors"]]
+    for t in want["tensors"]:
+        g, c = got[t["name"]], copies[t["name"]]
+        assert isinstance(g, torch.Tensor) and list(g.shape) == t["shape"], t["name"]
+        assert c.is_contiguous() and list(c.shape) == t["shape"], t["name"]
+        assert _torch_bytes(c) == _torch_bytes(g), t["name"]
+        if t["npy_view"] is None:
+            want_bytes = np.load(os.path.join(EXPECTED, t["npy"])).tobytes()
+            assert _torch_bytes(g) == want_bytes, t["name"]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_load_keeps_strides_and_shared_storages_like_torch():
+    path = os.path.join(FIXTURES, "views.pt")
+    ref = torch.load(path, weights_only=True)
+    got = pytorch.load(path)
+    assert list(got) == list(ref)
+    for k, v in ref.items():
+        assert got[k].dtype == v.dtype and got[k].stride() == v.stride(), k
+        assert torch.equal(got[k], v), k
+    assert got["tied_a"].data_ptr() == got["tied_b"].data_ptr()
+    assert got["transposed"].untyped_storage().data_ptr() == got["base"].untyped_storage().data_ptr()
+    # From bytes or a file object: copies (torch has no read-only tensors), still equal.
+    for f in (_as_bytes(path), io.BytesIO(_as_bytes(path))):
+        again = pytorch.load(f)
+        for k, v in ref.items():
+            assert torch.equal(again[k], v), k
+        again["base"][0, 0] = 42.0
+    assert pytorch.load(path)["base"][0, 0] != 42.0
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_load_state_dict_into_a_module():
+    path = os.path.join(FIXTURES, "module.pt")
+    ref = torch.load(path, weights_only=True)
+    state = pytorch.load(path)
+    assert set(state) == set(ref)
+    for k in ref:
+        assert torch.equal(state[k], ref[k]), k

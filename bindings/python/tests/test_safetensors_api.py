@@ -1,0 +1,238 @@
+"""tensorwire.formats: the safetensors package's API (safe_open, save_file, load_file,
+save, load) over tensorwire. Byte-identity is checked against the fixtures the real
+package wrote (so CI needs no safetensors), and against the package itself when it is
+installed."""
+
+import gc
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import formats
+
+from conftest import REPO, np_dtype, sample
+
+FIXTURES = os.path.join(REPO, "fixtures", "safetensors")
+
+try:
+    import torch
+except ImportError:  # the torch halves are skipped
+    torch = None
+
+
+def _fixture(name):
+    return os.path.join(FIXTURES, name + ".safetensors")
+
+
+def _header(data):
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n])
+
+
+@pytest.mark.parametrize("name", ["numpy", "dtypes", "empty"])
+def test_save_rewrites_package_fixtures_byte_for_byte(name, tmp_path):
+    """Reading a file the package wrote and saving its tensors again gives the same
+    bytes: same header order, spacing, padding and data order."""
+    if name == "dtypes":
+        pytest.importorskip("ml_dtypes")
+    path = _fixture(name)
+    with open(path, "rb") as f:
+        want = f.read()
+    with formats.safe_open(path, "np") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        metadata = f.metadata()
+    assert formats.save(tensors, metadata=metadata) == want
+    out = tmp_path / "again.safetensors"
+    assert formats.save_file(tensors, out, metadata=metadata) == len(want)
+    assert out.read_bytes() == want
+    assert [p.name for p in tmp_path.iterdir()] == ["again.safetensors"]
+
+
+def test_roundtrip_every_numpy_dtype(tmp_path):
+    names = ["float64", "float32", "float16", "int64", "int32", "int16", "int8",
+             "uint64", "uint32", "uint16", "uint8", "bool", "complex64"]
+    tensors = {n: sample(np.dtype(n), (3, 5), seed=i) for i, n in enumerate(names)}
+    tensors["scalar"] = np.array(2.5, np.float32)
+    tensors["empty"] = np.zeros((0, 4), np.int32)
+    tensors["transposed"] = np.arange(12, dtype=np.float32).reshape(3, 4).T
+    tensors["big_endian"] = np.arange(6, dtype=">i4")
+    path = tmp_path / "all.safetensors"
+    formats.save_file(tensors, path, metadata={"format": "np", "ünï": "cödé"})
+    back = formats.load_file(path)
+    assert list(back) == sorted(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype.newbyteorder("<"), k
+        assert back[k].shape == v.shape, k
+        np.testing.assert_array_equal(back[k], v, err_msg=k)
+    with formats.safe_open(path, framework="numpy") as f:
+        assert f.metadata() == {"format": "np", "ünï": "cödé"}
+        assert f.get_slice("complex64").get_dtype() == "C64"
+        assert f.get_slice("bool").get_dtype() == "BOOL"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_roundtrip_ml_dtypes(dtype):
+    dt = np_dtype(dtype)
+    arr = sample(dt, (4, 3))
+    back = formats.load(formats.save({"x": arr}))["x"]
+    assert back.dtype == dt and back.tobytes() == arr.tobytes()
+
+
+def test_safe_open_reads_like_the_package():
+    path = _fixture("dtypes")
+    want = json.load(open(os.path.join(FIXTURES, "dtypes.expected.json")))
+    with formats.safe_open(path, "np") as f:
+        assert f.keys() == sorted(want["tensors"])
+        by_offset = sorted(want["tensors"], key=lambda k: want["tensors"][k]["data_offsets"])
+        assert f.offset_keys() == by_offset
+        assert f.metadata() == want["metadata"]
+        for name, t in want["tensors"].items():
+            s = f.get_slice(name)
+            assert s.get_shape() == t["shape"], name
+            assert s.get_dtype() == t["dtype"], name
+    with formats.safe_open(_fixture("empty"), "np") as f:
+        assert f.keys() == [] and f.metadata() is None
+    with formats.safe_open(_fixture("raw_types"), "np") as f:
+        assert f.get_slice("packed").get_dtype() == "F4"
+        assert f.get_slice("scales").get_dtype() == "F8_E8M0"
+
+
+def test_get_tensor_and_slices_are_views_of_the_map():
+    with formats.safe_open(_fixture("numpy"), "np") as f:
+        embed = f.get_tensor("embed")
+        s = f.get_slice("embed")
+        assert s.get_shape() == [6, 4] and len(s) == 6
+        rows = s[1:4]
+        cols = s[:, ::2]
+        one = s[2, 3]
+    np.testing.assert_array_equal(rows, embed[1:4])
+    np.testing.assert_array_equal(cols, embed[:, ::2])
+    assert one == embed[2, 3]
+    assert np.shares_memory(rows, embed) and np.shares_memory(cols, embed)
+    # Private copy-on-write: writable, and the file is unchanged.
+    rows[0, 0] = 1234.0
+    again = formats.load_file(_fixture("numpy"))["embed"]
+    assert again[1, 0] != 1234.0
+
+
+def test_load_views_the_buffer_and_keeps_it_alive():
+    arr = np.arange(10, dtype=np.float32)
+    data = formats.save({"a": arr})
+    got = formats.load(bytearray(data))["a"]
+    assert not got.flags.writeable
+    del data
+    gc.collect()
+    np.testing.assert_array_equal(got, arr)
+    # Other formats load from memory too.
+    with open(os.path.join(REPO, "fixtures", "zt", "dtypes.zt"), "rb") as f:
+        zt = formats.load(f.read())
+    with tw.Reader(os.path.join(REPO, "fixtures", "zt", "dtypes.zt")) as r:
+        assert list(zt) == sorted(r.keys())
+        for k in r.keys():
+            assert zt[k].tobytes() == r.read_numpy(k).tobytes(), k
+
+
+def test_load_file_reads_any_format():
+    npz = os.path.join(REPO, "fixtures", "numpy")
+    path = next(os.path.join(npz, p) for p in sorted(os.listdir(npz)) if p.endswith(".npz"))
+    got = formats.load_file(path)
+    with tw.Reader(path) as r:
+        assert list(got) == sorted(r.keys())
+        for k in r.keys():
+            np.testing.assert_array_equal(got[k], r.read_numpy(k, copy=True))
+
+
+def test_bad_calls_raise_clear_errors(tmp_path):
+    with pytest.raises(tw.InvalidArgumentError, match="framework"):
+        formats.safe_open(_fixture("numpy"), "flax")
+    with pytest.raises(tw.InvalidArgumentError, match="CPU"):
+        formats.safe_open(_fixture("numpy"), "np", device="cuda:0")
+    with pytest.raises(tw.TensorNotFoundError):
+        formats.safe_open(_fixture("numpy"), "np").get_tensor("missing")
+    with pytest.raises(TypeError):
+        formats.save([np.zeros(2)])
+    with pytest.raises(TypeError):
+        formats.save({"a": np.zeros(2)}, metadata={"n": 1})
+    with pytest.raises(tw.InvalidArgumentError, match="__metadata__"):
+        formats.save({"__metadata__": np.zeros(2)})
+    with pytest.raises(tw.TensorwireError):
+        formats.save({"a": np.array(["x"], dtype=object)})
+    with pytest.raises(tw.FormatError):
+        formats.load(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    # A failed save leaves nothing behind.
+    out = tmp_path / "bad.safetensors"
+    with pytest.raises(tw.TensorwireError):
+        formats.save_file({"a": np.zeros(2), "b": np.array([{}], dtype=object)}, out)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError):
+        formats.safe_open(tmp_path / "missing.safetensors", "np")
+
+
+def test_closed_file_refuses_reads():
+    f = formats.safe_open(_fixture("numpy"), "np")
+    with f:
+        pass
+    with pytest.raises(tw.TensorwireError, match="closed"):
+        f.get_tensor("embed")
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_torch_tensors_save_and_load():
+    tensors = {
+        "w": torch.randn(5, 3, dtype=torch.bfloat16),
+        "t": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
+        "c": torch.randn(4, dtype=torch.complex64),
+        "f8": torch.randn(6).to(torch.float8_e5m2),
+        "i": torch.arange(7, dtype=torch.int64),
+        "b": torch.tensor([True, False]),
+    }
+    data = formats.save(tensors, metadata={"format": "pt"})
+    back = formats.load(data, framework="pt")
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
+        assert torch.equal(back[k].view(torch.uint8), v.contiguous().view(torch.uint8)), k
+    # torch tensors over a read-only buffer are copies (torch cannot mark them read-only)
+    back["i"][0] = 99
+    assert formats.load(data, framework="pt")["i"][0] == 0
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_safe_open_torch_views_and_slices(tmp_path):
+    path = tmp_path / "m.safetensors"
+    formats.save_file({"w": np.arange(20, dtype=np.float32).reshape(4, 5)}, path)
+    with formats.safe_open(path, framework="pt") as f:
+        w = f.get_tensor("w")
+        part = f.get_slice("w")[1:3, 2:]
+    assert isinstance(w, torch.Tensor) and isinstance(part, torch.Tensor)
+    assert torch.equal(part, w[1:3, 2:])
+    assert part.data_ptr() == w[1:3, 2:].data_ptr()
+
+
+def test_matches_the_safetensors_package(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    tensors = {"embed": sample(np.dtype("float32"), (7, 3)),
+               "bias": sample(np.dtype("float16"), (3,)),
+               "ids": sample(np.dtype("int64"), (2, 2)),
+               "mask": sample(np.dtype("bool"), (5,))}
+    assert formats.save(tensors, metadata={"format": "np"}) == st.save(
+        tensors, metadata={"format": "np"})
+    ours = tmp_path / "ours.safetensors"
+    formats.save_file(tensors, ours)
+    back = st.load_file(str(ours))
+    for k, v in tensors.items():
+        np.testing.assert_array_equal(back[k], v)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_matches_the_safetensors_package_for_torch():
+    stt = pytest.importorskip("safetensors.torch")
+    tensors = {"w": torch.randn(4, 4, dtype=torch.bfloat16),
+               "f8": torch.zeros(3, dtype=torch.float8_e4m3fn),
+               "c": torch.randn(2, dtype=torch.complex64)}
+    assert formats.save(tensors) == stt.save(tensors)
+    back = stt.load(formats.save(tensors))
+    for k, v in tensors.items():
+        assert torch.equal(back[k].view(torch.uint8), v.view(torch.uint8))
