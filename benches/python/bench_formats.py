@@ -146,9 +146,15 @@ def main(argv=None) -> int:
         with safe_open(paths["safetensors"], framework="np") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
 
+    def tw_safe_open():  # the same code on tensorwire.formats
+        with tw.formats.safe_open(paths["safetensors"], framework="np") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
     rows += [
         ("safetensors", "numpy floor: mmap + frombuffer", floor(paths["safetensors"], plan_safetensors(paths["safetensors"]))),
         ("safetensors", "tensorwire read_numpy(k)", tw_numpy(paths["safetensors"])),
+        ("safetensors", "tensorwire.formats.safe_open(np).get_tensor(k)", tw_safe_open),
+        ("safetensors", "tensorwire.formats.load_file", lambda: tw.formats.load_file(paths["safetensors"])),
         ("safetensors", "safetensors.safe_open(np).get_tensor(k)", st_safe_open),
     ]
     # The same tensors in 3 safetensors shards with their index (when made).

@@ -52,10 +52,13 @@ class Reader(_native.Reader):
         bfloat16 and float8 need no ml_dtypes here."""
         tt = _torch_interop()
         on_cpu = device == "cpu" or str(device) == "cpu"
-        if not copy and on_cpu and isinstance(name, str):
-            # The common call, kept short: a state dict loader makes it once per
+        if not copy and on_cpu:
+            # The common calls, kept short: a state dict loader makes them once per
             # tensor, so every Python step here counts.
-            return _shared_torch(self, tt, name)
+            if isinstance(name, str):
+                return _shared_torch(self, tt, name)
+            if isinstance(name, (list, tuple)):
+                return {n: _shared_torch(self, tt, n) for n in self._sorted_by_offset(list(name))}
 
         def one(n):
             if copy:

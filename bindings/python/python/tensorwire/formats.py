@@ -120,6 +120,9 @@ class safe_open:
         except BaseException:
             self._reader.close()
             raise
+        if self._loader.framework == "np":
+            # A loader calls this once per tensor: skip the Python frames.
+            self.get_tensor = self._reader.read_numpy
 
     def keys(self):
         """Tensor names, sorted."""

@@ -26,7 +26,7 @@ import os
 import numpy as np
 
 from ._native import InvalidArgumentError, UnsafePickleError, UnsupportedError
-from ._reader import Reader
+from ._reader import Reader, _shared_torch, _torch_interop
 
 __all__ = ["UnsafePickleError", "FORMATS", "open", "load", "load_numpy"]
 
@@ -94,6 +94,11 @@ def load(f, map_location=None, *, mmap=None, weights_only=True):
         names = reader.keys()
         # torch has no read-only tensors: over a caller's (read-only) buffer, copy.
         copy = mmap is False or reader.path is None
+        if not copy and (device == "cpu" or str(device) == "cpu"):
+            # Zero-copy on the CPU reads nothing, so no file order to follow: the
+            # checkpoint's order, straight from the shared views.
+            tt = _torch_interop()
+            return {name: _shared_torch(reader, tt, name) for name in names}
         got = reader.read_torch(names, copy=copy, device=device)
         return {name: got[name] for name in names}
 
