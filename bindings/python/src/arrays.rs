@@ -173,6 +173,22 @@ pub fn lend(array: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
     }))
 }
 
+static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `obj` as a `uint8` array over the same memory: `obj` itself when it is a numpy
+/// array, else `numpy.frombuffer(obj, uint8)` (any object with the buffer protocol).
+pub fn as_byte_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyUntypedArray>> {
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        return Ok(array.clone());
+    }
+    let frombuffer = FROMBUFFER.import(obj.py(), "numpy", "frombuffer")?;
+    let kwargs = PyDict::new(obj.py());
+    kwargs.set_item("dtype", "uint8")?;
+    Ok(frombuffer
+        .call((obj,), Some(&kwargs))?
+        .cast_into::<PyUntypedArray>()?)
+}
+
 /// [`lend`] for a buffer given as a 1-D contiguous `uint8` array.
 pub fn lend_bytes(buffer: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
     if !buffer.is_c_contiguous() || buffer.dtype().itemsize() != 1 {

@@ -120,7 +120,10 @@ fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
 }
 
 fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
-    lend == Lend::Any || bytes.is_aligned(dtype.alignment())
+    match lend {
+        Lend::Any => true,
+        Lend::Torch => bytes.is_aligned(dtype.alignment()) && bytes.writable_ptr().is_some(),
+    }
 }
 
 /// Copies (or decodes) the bytes of the dense tensor at `at`, called `name` (checked by
@@ -175,13 +178,15 @@ enum Lend {
     /// Any: numpy handles unaligned arrays (their `ALIGNED` flag is off), as
     /// `np.frombuffer` at an odd offset gives them.
     Any,
-    /// Only element-aligned bytes (for torch, whose kernels assume aligned data).
-    Aligned,
+    /// For torch: only element-aligned bytes (its kernels assume aligned data) that
+    /// may be written (torch has no read-only tensors: a view of a caller's `bytes`
+    /// or of a read-only map would let a write corrupt it, or crash).
+    Torch,
 }
 
 /// The dense tensor at `at` as a numpy array: zero-copy for raw tensors unless `copy`
-/// (strided tensors keep their strides; unaligned ones are copied under
-/// [`Lend::Aligned`]), a fresh (writable) array otherwise. With `raw`, the array is
+/// (strided tensors keep their strides; unaligned or read-only ones are copied under
+/// [`Lend::Torch`]), a fresh (writable) array otherwise. With `raw`, the array is
 /// the tensor's bytes as `uint8`.
 fn dense_array<'py>(
     py: Python<'py>,
@@ -383,26 +388,28 @@ fn read_into_one(
 #[pymethods]
 impl Reader {
     /// Opens `path` (any supported format, recognised by its magic bytes), or reads
-    /// the file held in `buffer` (a contiguous `uint8` array, viewed without copying:
-    /// its arrays are read-only and keep it alive).
+    /// the file held in `buffer` (any object with the buffer protocol: `bytes`,
+    /// `bytearray`, `mmap`, a contiguous `uint8` array), viewed without copying: its
+    /// arrays are read-only and keep it alive.
     #[new]
     #[pyo3(signature = (path = None, *, buffer = None))]
     fn new(
         py: Python<'_>,
         path: Option<PathBuf>,
-        buffer: Option<&Bound<'_, PyUntypedArray>>,
+        buffer: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let source = match (&path, buffer) {
             (Some(path), None) => py.detach(|| tensorwire::open(path)),
             (None, Some(buffer)) => {
-                let bytes = arrays::lend_bytes(buffer)?;
+                let bytes = arrays::lend_bytes(&arrays::as_byte_array(buffer)?)?;
                 py.detach(|| tensorwire::open_bytes(bytes, &tensorwire::Limits::default()))
             }
-            _ => {
+            (Some(_), Some(_)) => {
                 return Err(PyTypeError::new_err(
-                    "Reader needs a path or a buffer, not both",
+                    "Reader takes a path or a buffer, not both",
                 ))
             }
+            (None, None) => return Err(PyTypeError::new_err("Reader needs a path or a buffer")),
         }
         .or_raise()?;
         Ok(Reader {
@@ -521,7 +528,7 @@ impl Reader {
         let src = self.src()?;
         let at = self.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
-        let array = dense_array(py, src, at, copy, true, Lend::Aligned, &self.owner)?;
+        let array = dense_array(py, src, at, copy, true, Lend::Torch, &self.owner)?;
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
@@ -545,9 +552,9 @@ impl Reader {
         let at = self.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
         if dtypes::numpy_builtin(info.dtype) {
-            return dense_array(py, src, at, copy, false, Lend::Aligned, &self.owner);
+            return dense_array(py, src, at, copy, false, Lend::Torch, &self.owner);
         }
-        let array = dense_array(py, src, at, copy, true, Lend::Aligned, &self.owner)?;
+        let array = dense_array(py, src, at, copy, true, Lend::Torch, &self.owner)?;
         let parts = (array, info.dtype.name(), info.shape.dims().to_vec());
         Ok(parts.into_pyobject(py)?.into_any())
     }

@@ -62,7 +62,9 @@ def test_roundtrip_every_numpy_dtype(tmp_path):
     path = tmp_path / "all.safetensors"
     formats.save_file(tensors, path, metadata={"format": "np", "ünï": "cödé"})
     back = formats.load_file(path)
-    assert list(back) == sorted(tensors)
+    with formats.safe_open(path, "np") as f:
+        assert list(back) == f.offset_keys()
+        assert sorted(back) == sorted(tensors) == f.keys()
     for k, v in tensors.items():
         assert back[k].dtype == v.dtype.newbyteorder("<"), k
         assert back[k].shape == v.shape, k
@@ -119,18 +121,29 @@ def test_get_tensor_and_slices_are_views_of_the_map():
 
 
 def test_load_views_the_buffer_and_keeps_it_alive():
+    import array
+    import weakref
+
     arr = np.arange(10, dtype=np.float32)
-    data = formats.save({"a": arr})
-    got = formats.load(bytearray(data))["a"]
+    buf = array.array("B", formats.save({"a": arr}))
+    alive = weakref.ref(buf)
+    got = formats.load(buf)["a"]
     assert not got.flags.writeable
-    del data
+    assert np.shares_memory(got, np.frombuffer(buf, np.uint8))
+    del buf
     gc.collect()
+    assert alive() is not None  # the array's base chain holds it
     np.testing.assert_array_equal(got, arr)
-    # Other formats load from memory too.
+    del got
+    gc.collect()
+    assert alive() is None  # and lets it go with the array
+
+
+def test_load_reads_other_formats_from_memory():
     with open(os.path.join(REPO, "fixtures", "zt", "dtypes.zt"), "rb") as f:
         zt = formats.load(f.read())
     with tw.Reader(os.path.join(REPO, "fixtures", "zt", "dtypes.zt")) as r:
-        assert list(zt) == sorted(r.keys())
+        assert sorted(zt) == sorted(r.keys())
         for k in r.keys():
             assert zt[k].tobytes() == r.read_numpy(k).tobytes(), k
 
@@ -140,7 +153,7 @@ def test_load_file_reads_any_format():
     path = next(os.path.join(npz, p) for p in sorted(os.listdir(npz)) if p.endswith(".npz"))
     got = formats.load_file(path)
     with tw.Reader(path) as r:
-        assert list(got) == sorted(r.keys())
+        assert sorted(got) == sorted(r.keys())
         for k in r.keys():
             np.testing.assert_array_equal(got[k], r.read_numpy(k, copy=True))
 
@@ -231,8 +244,95 @@ def test_matches_the_safetensors_package_for_torch():
     stt = pytest.importorskip("safetensors.torch")
     tensors = {"w": torch.randn(4, 4, dtype=torch.bfloat16),
                "f8": torch.zeros(3, dtype=torch.float8_e4m3fn),
+               "fnuz": torch.randn(5).to(torch.float8_e4m3fnuz),
+               "fnuz2": torch.randn(2).to(torch.float8_e5m2fnuz),
+               "i8": torch.arange(3, dtype=torch.int8),
                "c": torch.randn(2, dtype=torch.complex64)}
     assert formats.save(tensors) == stt.save(tensors)
     back = stt.load(formats.save(tensors))
     for k, v in tensors.items():
         assert torch.equal(back[k].view(torch.uint8), v.view(torch.uint8))
+
+
+def test_submodules_have_the_package_signatures(tmp_path):
+    import inspect
+
+    from tensorwire.formats import numpy as fnp
+    from tensorwire.formats import torch as fpt
+
+    assert list(inspect.signature(fnp.save_file).parameters) == ["tensor_dict", "filename", "metadata"]
+    assert list(inspect.signature(fnp.load_file).parameters) == ["filename"]
+    assert list(inspect.signature(fpt.save_file).parameters) == ["tensors", "filename", "metadata"]
+    assert list(inspect.signature(fpt.load_file).parameters) == ["filename", "device"]
+    tensors = {"w": sample(np.dtype("float32"), (3, 2)), "b": sample(np.dtype("int16"), (4,))}
+    path = tmp_path / "m.safetensors"
+    assert fnp.save_file(tensors, path, metadata={"k": "v"}) is None  # as the package
+    assert path.read_bytes() == fnp.save(tensors, metadata={"k": "v"})
+    for got in (fnp.load_file(path), fnp.load(path.read_bytes())):
+        assert sorted(got) == ["b", "w"]
+        for k, v in tensors.items():
+            np.testing.assert_array_equal(got[k], v)
+
+
+def test_get_tensors_in_file_order():
+    with formats.safe_open(_fixture("dtypes"), "np") as f:
+        pytest.importorskip("ml_dtypes")
+        got = f.get_tensors()
+        assert list(got) == f.offset_keys()
+        for k, v in got.items():
+            assert v.tobytes() == f.get_tensor(k).tobytes(), k
+
+
+def test_reader_over_a_buffer_takes_any_buffer_object():
+    data = formats.save({"a": np.arange(4, dtype=np.int32)})
+    for buf in (data, bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
+        with tw.Reader(buffer=buf) as r:
+            assert r.path is None and "<buffer>" in repr(r)
+            np.testing.assert_array_equal(r["a"], np.arange(4))
+    with pytest.raises(TypeError, match="path or a buffer"):
+        tw.Reader()
+    with pytest.raises(TypeError, match="not both"):
+        tw.Reader(_fixture("numpy"), buffer=data)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_torch_tensors_never_view_read_only_memory(tmp_path):
+    """torch has no read-only tensors: over a caller's bytes or a read-only mmap,
+    read_torch copies, so writing to the tensor cannot corrupt the bytes (or crash)."""
+    import mmap
+
+    data = formats.save({"a": np.arange(8, dtype=np.float32)})
+    before = bytes(data)
+    r = tw.Reader(buffer=data)
+    for t in (r.read_torch("a"), r.read_torch(["a"])["a"]):
+        t[0] = 99.0
+    assert data == before
+    path = tmp_path / "a.safetensors"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    r = tw.Reader(buffer=m)
+    t = r.read_torch("a")
+    t[1] = 5.0  # a view would segfault here
+    assert r.read_numpy("a")[1] == 1.0
+    del t, r
+    gc.collect()
+    # A file reader's tensors do share its (private, writable) map.
+    with tw.Reader(path) as fr:
+        a, b = fr.read_torch("a"), fr.read_torch("a")
+        assert a.data_ptr() == b.data_ptr()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_fnuz_float8_round_trip_and_package_file():
+    want = json.load(open(os.path.join(FIXTURES, "fnuz.expected.json")))
+    with formats.safe_open(_fixture("fnuz"), "pt") as f:
+        for name, t in want["tensors"].items():
+            assert f.get_slice(name).get_dtype() == t["dtype"], name
+        got = f.get_tensors()
+    assert got["a_e4m3fnuz"].dtype == torch.float8_e4m3fnuz
+    assert got["b_e5m2fnuz"].dtype == torch.float8_e5m2fnuz
+    tensors = {k: v for k, v in got.items() if k != "h_e8m0"}  # raw bytes: saved as U8
+    again = formats.load(formats.save(tensors), framework="pt")
+    for k, v in tensors.items():
+        assert again[k].dtype == v.dtype and torch.equal(again[k].view(torch.uint8), v.view(torch.uint8)), k

@@ -53,6 +53,10 @@ pub enum StDType {
     F8E4M3,
     /// `F8_E8M0` (the MX scale type).
     F8E8M0,
+    /// `F8_E4M3FNUZ` (the AMD e4m3 variant).
+    F8E4M3Fnuz,
+    /// `F8_E5M2FNUZ` (the AMD e5m2 variant).
+    F8E5M2Fnuz,
     /// `I16`.
     I16,
     /// `U16`.
@@ -78,7 +82,7 @@ pub enum StDType {
 }
 
 impl StDType {
-    const ALL: [StDType; 20] = [
+    const ALL: [StDType; 22] = [
         StDType::Bool,
         StDType::F4,
         StDType::F6E2M3,
@@ -88,6 +92,8 @@ impl StDType {
         StDType::F8E5M2,
         StDType::F8E4M3,
         StDType::F8E8M0,
+        StDType::F8E4M3Fnuz,
+        StDType::F8E5M2Fnuz,
         StDType::I16,
         StDType::U16,
         StDType::F16,
@@ -113,6 +119,8 @@ impl StDType {
             StDType::F8E5M2 => "F8_E5M2",
             StDType::F8E4M3 => "F8_E4M3",
             StDType::F8E8M0 => "F8_E8M0",
+            StDType::F8E4M3Fnuz => "F8_E4M3FNUZ",
+            StDType::F8E5M2Fnuz => "F8_E5M2FNUZ",
             StDType::I16 => "I16",
             StDType::U16 => "U16",
             StDType::F16 => "F16",
@@ -139,6 +147,7 @@ impl StDType {
             StDType::F6E2M3 | StDType::F6E3M2 => 6,
             StDType::Bool | StDType::U8 | StDType::I8 => 8,
             StDType::F8E5M2 | StDType::F8E4M3 | StDType::F8E8M0 => 8,
+            StDType::F8E4M3Fnuz | StDType::F8E5M2Fnuz => 8,
             StDType::I16 | StDType::U16 | StDType::F16 | StDType::BF16 => 16,
             StDType::I32 | StDType::U32 | StDType::F32 => 32,
             StDType::C64 | StDType::F64 | StDType::I64 | StDType::U64 => 64,
@@ -154,6 +163,8 @@ impl StDType {
             StDType::I8 => DType::I8,
             StDType::F8E5M2 => DType::F8E5M2,
             StDType::F8E4M3 => DType::F8E4M3Fn,
+            StDType::F8E4M3Fnuz => DType::F8E4M3Fnuz,
+            StDType::F8E5M2Fnuz => DType::F8E5M2Fnuz,
             StDType::I16 => DType::I16,
             StDType::U16 => DType::U16,
             StDType::F16 => DType::F16,
@@ -170,7 +181,7 @@ impl StDType {
     }
 
     /// The safetensors type of a tensorwire dtype (`None` where safetensors has none:
-    /// the fnuz float8 types, complex128, the quantized types).
+    /// complex128, the quantized types).
     pub fn from_dtype(dtype: DType) -> Option<StDType> {
         StDType::ALL.into_iter().find(|d| d.dtype() == Some(dtype))
     }

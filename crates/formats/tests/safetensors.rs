@@ -11,7 +11,7 @@ use tensorwire_formats::safetensors::{
     save_source, write_source, SafetensorsReader, SafetensorsWriter, StDType,
 };
 
-const FIXTURES: [&str; 5] = ["dtypes", "numpy", "metadata", "empty", "raw_types"];
+const FIXTURES: [&str; 6] = ["dtypes", "numpy", "metadata", "empty", "raw_types", "fnuz"];
 
 #[test]
 fn every_fixture_reads_back_as_written() {
@@ -70,7 +70,7 @@ fn every_fixture_reads_back_as_written() {
 #[test]
 fn rewriting_a_package_file_gives_the_same_bytes() {
     // These have at most one metadata entry, so key order cannot differ.
-    for name in ["dtypes", "numpy", "empty", "raw_types"] {
+    for name in ["dtypes", "numpy", "empty", "raw_types", "fnuz"] {
         let path = fixture(&format!("safetensors/{name}.safetensors"));
         let original = std::fs::read(&path).unwrap();
         let reader = SafetensorsReader::open(&path).unwrap();

@@ -64,25 +64,29 @@ def _reader(f):
     return Reader(buffer=np.frombuffer(f, dtype=np.uint8))
 
 
-def load(f, map_location=None, *, mmap=None, weights_only=True):
+def load(f, map_location=None, *, mmap=None, weights_only=None):
     """Every tensor of a checkpoint as ``{dotted name: torch tensor}``, in the order
-    the checkpoint lists them.
+    the checkpoint lists them. Unlike ``torch.load`` the result is always this flat
+    dict: a checkpoint that is one bare tensor gives ``{"tensor": t}``, a list
+    ``{"0": ..., "1": ...}``.
 
     Args:
         f: as for :func:`open`.
         map_location: ``None`` or ``"cpu"`` keeps tensors on the CPU; a device
             (``"cuda:0"``, ``torch.device(...)``) moves every tensor there. Saved
-            devices are not restored: nothing touches a GPU unless asked.
+            devices are not restored: nothing touches a GPU unless asked. A dict or
+            a function (which torch also takes) is refused.
         mmap: ``None`` or ``True``: tensors share a private copy-on-write map of the
             file (zero-copy; writable, and writes never reach the file). ``False``,
             and always when ``f`` is bytes or a file object: every tensor owns its
             memory (tensors that shared a storage become separate copies).
-        weights_only: must be True; tensorwire never runs pickled code.
+        weights_only: True or None (torch's default); False is refused, since
+            tensorwire never runs pickled code.
 
     Zero-copy tensors keep their strides (transposes, slices), and those that share a
     storage in the checkpoint share memory here, as with ``torch.load``.
     """
-    if not weights_only:
+    if weights_only is False:
         raise InvalidArgumentError(
             "weights_only=False would run pickled code; tensorwire never does")
     if map_location is not None and not isinstance(map_location, str) and not hasattr(

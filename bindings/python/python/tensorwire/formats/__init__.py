@@ -1,20 +1,29 @@
 """The safetensors API over tensorwire (the ``tensorwire-formats`` crate).
 
-Code written for the ``safetensors`` package works with these names::
+Code written for the ``safetensors`` package works with the same names:
+``tensorwire.formats.safe_open`` for ``safetensors.safe_open``, and the submodules
+``tensorwire.formats.numpy`` and ``tensorwire.formats.torch`` for
+``safetensors.numpy`` and ``safetensors.torch`` (``save``, ``save_file``, ``load``,
+``load_file``, same signatures)::
 
-    from tensorwire import formats
+    from tensorwire.formats import safe_open
+    from tensorwire.formats.torch import load_file, save_file
 
-    formats.save_file({"w": w, "b": b}, "model.safetensors", metadata={"format": "pt"})
-    with formats.safe_open("model.safetensors", framework="pt") as f:
+    save_file({"w": w, "b": b}, "model.safetensors", metadata={"format": "pt"})
+    with safe_open("model.safetensors", framework="pt") as f:
         f.metadata()                      # {"format": "pt"}
         w = f.get_tensor("w")             # zero-copy view of the map
         rows = f.get_slice("w")[:128]     # only the rows asked for
-    state = formats.load_file("model.safetensors")          # {name: numpy array}
-    data = formats.save({"w": w}); state = formats.load(data)
+    state = load_file("model.safetensors", device="cuda:0")
 
-Files are byte-identical to the ``safetensors`` package's for the same tensors.
-``safe_open``, ``load_file`` and ``load`` read every format tensorwire reads, not just
-safetensors (the format is recognised by its magic bytes).
+This module's own ``save``/``save_file`` take numpy arrays and torch tensors mixed in
+one dict, and its ``load``/``load_file`` take a ``framework``.
+
+Files are byte-identical to the package's for the same tensors, with at most one
+metadata entry (the package writes several in hash order, which changes from one
+process to the next; tensorwire sorts them). ``safe_open``, ``load_file`` and
+``load`` read every format tensorwire reads, not just safetensors (the format is
+recognised by its magic bytes).
 
 Differences from the ``safetensors`` package:
 
@@ -23,9 +32,13 @@ Differences from the ``safetensors`` package:
   returns read-only numpy views of the bytes passed in (torch tensors, which cannot be
   read-only, are copies there). ``get_slice(name)[...]`` is a view too, copied only
   when moved to another ``device``.
-- ``save_file`` and ``save`` take numpy arrays and torch tensors alike, in one dict.
-  Non-contiguous inputs are written in C order and tensors that share memory are
+- Non-contiguous inputs are written in C order, and tensors that share memory are
   written once each (the package refuses both).
+- ``metadata()`` is ``None`` both for a file without ``__metadata__`` and for one with
+  an empty one (the package gives ``{}`` for the latter).
+- Types no numpy or torch dtype holds here (``F4``, ``F6_*``, ``F8_E8M0``) come back
+  as their raw bytes (``uint8``); ``get_slice(name).get_dtype()`` names them. Saving
+  those bytes again writes ``U8``.
 - Frameworks are ``"np"`` (``"numpy"``) and ``"pt"`` (``"torch"``).
 """
 
@@ -33,10 +46,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _native
-from ._reader import Reader, _logical_name, _torch_interop
+from .. import _native
+from .._reader import Reader, _logical_name, _torch_interop
 
-__all__ = ["safe_open", "save_file", "save", "load_file", "load"]
+__all__ = ["safe_open", "save_file", "save", "load_file", "load", "numpy", "torch"]
 
 # tensorwire dtype names -> safetensors dtype names.
 _SAFETENSORS_NAMES = {
@@ -44,6 +57,7 @@ _SAFETENSORS_NAMES = {
     "i64": "I64", "i32": "I32", "i16": "I16", "i8": "I8",
     "u64": "U64", "u32": "U32", "u16": "U16", "u8": "U8", "bool": "BOOL",
     "f8_e4m3fn": "F8_E4M3", "f8_e5m2": "F8_E5M2", "complex64": "C64",
+    "f8_e4m3fnuz": "F8_E4M3FNUZ", "f8_e5m2fnuz": "F8_E5M2FNUZ",
 }
 
 
@@ -96,12 +110,11 @@ class _Loader:
         return self.reader.read_torch(name, copy=self.torch_copies)
 
     def all(self):
-        names = self.reader.keys()
+        """Every tensor, in the order their data lies in the file (as the package)."""
+        names = self.reader._sorted_by_offset(self.reader.keys())
         if self.framework == "np":
-            got = self.reader.read_numpy(names)
-        else:
-            got = self.reader.read_torch(names, copy=self.torch_copies, device=self.device)
-        return {name: got[name] for name in sorted(names)}
+            return self.reader.read_numpy(names)
+        return self.reader.read_torch(names, copy=self.torch_copies, device=self.device)
 
 
 class safe_open:
@@ -142,6 +155,10 @@ class safe_open:
     def get_tensor(self, name):
         """The tensor, zero-copy on the CPU."""
         return self._loader.tensor(name)
+
+    def get_tensors(self):
+        """Every tensor as ``{name: tensor}``, in the order of ``offset_keys()``."""
+        return self._loader.all()
 
     def get_slice(self, name):
         """A handle that reads part of the tensor: ``get_slice(name)[0:128, :]``."""
@@ -192,7 +209,7 @@ class TensorSlice:
 
 
 def load_file(filename, framework="np", device="cpu"):
-    """Every tensor of a file as ``{name: tensor}``, names sorted (zero-copy views of
+    """Every tensor of a file as ``{name: tensor}``, in file order (zero-copy views of
     the map for numpy, and for torch on the CPU)."""
     with Reader(filename) as reader:
         return _Loader(reader, framework, device).all()
@@ -231,3 +248,6 @@ def save_file(tensors, filename, metadata=None):
 def save(tensors, metadata=None):
     """The safetensors file of ``{name: array or tensor}`` as ``bytes``."""
     return _native.safetensors_save(_entries(tensors), None, metadata)
+
+
+from . import numpy, torch  # noqa: E402  (they use the names above)
