@@ -14,6 +14,10 @@ class Reader(_native.Reader):
     reader is closed or deleted (and after the file is deleted). They are writable;
     writes stay private to this process (copy-on-write) and never reach the file.
 
+    ``Reader(buffer=data)`` reads a file held in memory (``bytes``, ``bytearray``,
+    ``memoryview``, ``mmap``): arrays are read-only views of ``data`` and keep it
+    alive; torch tensors are copies, as torch has no read-only tensors.
+
     Usable as a context manager (``close()`` on exit; arrays stay valid).
     """
 
