@@ -4,16 +4,18 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tensorwire::formats::safetensors::SafetensorsWriter;
+use tensorwire::formats::safetensors::{SafetensorsWriter, StDType};
 use tensorwire::{DType, Shape};
 
 use crate::arrays::{self, prepare};
 use crate::errors::ResultExt;
 
 /// One tensor to write: its name, the array, and for raw bytes (torch tensors, as a
-/// `uint8` array) the tensorwire dtype name and shape they hold.
+/// `uint8` array) the dtype name and shape they hold: a tensorwire dtype, or
+/// `safetensors:<TYPE>` for a type only safetensors names (`F8_E8M0`, `F4`).
 type Entry<'py> = (String, Bound<'py, PyAny>, Option<String>, Option<Vec<u64>>);
 
 /// Writes `tensors` as a safetensors file at `path` (under a temporary name, renamed
@@ -35,15 +37,28 @@ pub fn safetensors_save<'py>(
     }
     for (name, data, dtype, shape) in tensors {
         let prepared = prepare(&data)?;
-        let (dtype, shape) = match (dtype, shape) {
-            (Some(dtype), Some(shape)) => (
-                dtype.parse::<DType>().or_raise()?,
-                Shape::new(shape).or_raise()?,
-            ),
-            _ => (prepared.dtype, prepared.shape()?),
-        };
         let bytes = arrays::lend(&prepared.array)?;
-        writer.add(&name, dtype, &shape, bytes).or_raise()?;
+        match (dtype, shape) {
+            (Some(dtype), Some(shape)) => match dtype.strip_prefix("safetensors:") {
+                Some(st) => {
+                    let st = StDType::from_name(st).ok_or_else(|| {
+                        PyValueError::new_err(format!("safetensors has no {st} type"))
+                    })?;
+                    writer.add_typed(&name, st, &shape, bytes).or_raise()?;
+                }
+                None => {
+                    let dtype = dtype.parse::<DType>().or_raise()?;
+                    let shape = Shape::new(shape).or_raise()?;
+                    writer.add(&name, dtype, &shape, bytes).or_raise()?;
+                }
+            },
+            _ => {
+                let shape = prepared.shape()?;
+                writer
+                    .add(&name, prepared.dtype, &shape, bytes)
+                    .or_raise()?;
+            }
+        }
     }
     match path {
         Some(path) => {

@@ -119,6 +119,32 @@ fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
     Ok(info)
 }
 
+/// The safetensors types tensorwire reads as raw bytes but torch has dtypes for.
+const TORCH_RAW_TYPES: [&str; 2] = ["safetensors:F8_E8M0", "safetensors:F4"];
+
+/// The type read_torch builds a tensor of: the tensor's dtype name and shape, or for
+/// a safetensors type of [`TORCH_RAW_TYPES`] its layout name and logical shape (the
+/// Python side picks the torch dtype, or keeps the raw bytes on an older torch).
+fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
+    let Layout::Other(name) = &info.layout else {
+        return None;
+    };
+    if !TORCH_RAW_TYPES.contains(&name.as_str()) {
+        return None;
+    }
+    let Some(tensorwire::Value::List(dims)) = info.attributes.get("safetensors.shape") else {
+        return None;
+    };
+    let dims = dims
+        .iter()
+        .map(|d| match d {
+            tensorwire::Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    Some((name.as_str(), dims))
+}
+
 fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
     match lend {
         Lend::Any => true,
@@ -533,14 +559,19 @@ impl Reader {
     }
 
     /// `(dtype name, shape)` of a dense tensor.
-    fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(&'static str, Vec<u64>)> {
+    fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(String, Vec<u64>)> {
         let src = self.src()?;
         let info = dense_info(src, self.position_of_any(src, name)?)?;
-        Ok((info.dtype.name(), info.shape.dims().to_vec()))
+        Ok(match torch_type(info) {
+            Some((name, dims)) => (name.to_owned(), dims),
+            None => (info.dtype.name().to_owned(), info.shape.dims().to_vec()),
+        })
     }
 
     /// What read_torch needs, in one call: the typed array when numpy has the dtype
-    /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape)`.
+    /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape)`
+    /// (the name of a safetensors raw type torch has, such as `safetensors:F4`, with
+    /// its logical shape).
     #[pyo3(signature = (name, *, copy = false))]
     fn _read_for_torch<'py>(
         &self,
@@ -551,12 +582,13 @@ impl Reader {
         let src = self.src()?;
         let at = self.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
-        if dtypes::numpy_builtin(info.dtype) {
+        let raw_type = torch_type(info);
+        if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, Lend::Torch, &self.owner);
         }
         let array = dense_array(py, src, at, copy, true, Lend::Torch, &self.owner)?;
-        let parts = (array, info.dtype.name(), info.shape.dims().to_vec());
-        Ok(parts.into_pyobject(py)?.into_any())
+        let (name, dims) = raw_type.unwrap_or((info.dtype.name(), info.shape.dims().to_vec()));
+        Ok((array, name, dims).into_pyobject(py)?.into_any())
     }
 
     /// Copies (or decodes) tensors straight into existing arrays.

@@ -336,3 +336,32 @@ def test_fnuz_float8_round_trip_and_package_file():
     again = formats.load(formats.save(tensors), framework="pt")
     for k, v in tensors.items():
         assert again[k].dtype == v.dtype and torch.equal(again[k].view(torch.uint8), v.view(torch.uint8)), k
+
+
+@pytest.mark.skipif(torch is None or not hasattr(torch, "float4_e2m1fn_x2"),
+                    reason="torch without float4_e2m1fn_x2")
+def test_torch_reads_and_writes_the_mx_types():
+    """F8_E8M0 and F4 (which numpy cannot hold) are torch's float8_e8m0fnu and
+    float4_e2m1fn_x2, as the package gives them; saved again they are the same file."""
+    path = _fixture("raw_types")
+    want = json.load(open(os.path.join(FIXTURES, "raw_types.expected.json")))["tensors"]
+    with formats.safe_open(path, "pt") as f:
+        got = f.get_tensors()
+    assert got["scales"].dtype == torch.float8_e8m0fnu
+    assert list(got["scales"].shape) == want["scales"]["shape"]
+    assert got["packed"].dtype == torch.float4_e2m1fn_x2
+    shape = want["packed"]["shape"]
+    assert list(got["packed"].shape) == shape[:-1] + [shape[-1] // 2]
+    with open(path, "rb") as f:
+        assert formats.save(got) == f.read()
+    with tw.Reader(path) as r:
+        copies = r.read_torch(["packed", "scales"], copy=True)
+        dst = torch.empty_like(got["packed"])
+        r.read_into("packed", dst)
+        with pytest.raises(tw.InvalidArgumentError, match="dst"):
+            r.read_into("packed", torch.empty(6, dtype=torch.uint8))
+    for k, v in copies.items():
+        assert v.dtype == got[k].dtype and torch.equal(v.view(torch.uint8), got[k].view(torch.uint8))
+    assert torch.equal(dst.view(torch.uint8), got["packed"].view(torch.uint8))
+    # numpy has no such dtypes: there they stay raw bytes.
+    assert formats.load_file(path)["packed"].dtype == np.uint8

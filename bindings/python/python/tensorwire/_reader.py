@@ -67,8 +67,8 @@ class Reader(_native.Reader):
         def one(n):
             if copy:
                 # Fill a torch-allocated tensor natively (parallel, without the GIL).
-                dtype_name, shape = self._dtype_and_shape(n)
-                t = tt.torch.empty(shape, dtype=tt.torch_dtype(dtype_name))
+                dtype, shape = tt.torch_type(*self._dtype_and_shape(n))
+                t = tt.torch.empty(shape, dtype=dtype)
                 if t.numel():
                     self._read_into_raw(n, tt.torch_dst_bytes(t), fresh=True)
             else:
@@ -106,17 +106,13 @@ class Reader(_native.Reader):
 
     def _read_into_torch(self, name, dst):
         tt = _torch_interop()
-        torch_dst_bytes, torch_dtype = tt.torch_dst_bytes, tt.torch_dtype
-
-        meta = self._metadata(name)
-
-        dtype_name = _logical_name(meta)
-        if list(dst.shape) != list(meta["shape"]) or dst.dtype != torch_dtype(dtype_name):
+        dtype, shape = tt.torch_type(*self._dtype_and_shape(name))
+        if tuple(dst.shape) != shape or dst.dtype != dtype:
             raise _native.InvalidArgumentError(
                 f"dst for `{name}` is {dst.dtype} {list(dst.shape)}, the tensor is "
-                f"{dtype_name} {meta['shape']}")
+                f"{dtype} {list(shape)}")
         if dst.device.type == "cpu" and dst.is_contiguous():
-            self._read_into_raw(name, torch_dst_bytes(dst))
+            self._read_into_raw(name, tt.torch_dst_bytes(dst))
         else:
             dst.copy_(self.read_torch(name))
 

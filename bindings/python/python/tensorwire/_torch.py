@@ -19,6 +19,13 @@ TO_TORCH = {k: getattr(torch, v) for k, v in _NAMES.items() if hasattr(torch, v)
 from_numpy = torch.from_numpy
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 
+# safetensors types tensorwire reads as raw bytes, and the torch dtypes that hold them
+# (in torch builds that have them). float4_e2m1fn_x2 packs two values per element.
+_SAFETENSORS_RAW = {"safetensors:F8_E8M0": "float8_e8m0fnu", "safetensors:F4": "float4_e2m1fn_x2"}
+RAW_TO_TORCH = {k: getattr(torch, v) for k, v in _SAFETENSORS_RAW.items() if hasattr(torch, v)}
+RAW_FROM_TORCH = {v: k for k, v in RAW_TO_TORCH.items()}
+_F4 = "safetensors:F4"
+
 
 def torch_dtype(name: str):
     try:
@@ -27,16 +34,39 @@ def torch_dtype(name: str):
         raise TypeError(f"this torch build has no dtype for {name} tensors") from None
 
 
+def torch_type(name, shape):
+    """(torch dtype, torch shape) for a tensor read_torch reports as (name, shape); a
+    safetensors raw type this torch lacks (or an F4 tensor whose last dimension does
+    not pair up) stays raw bytes: (uint8, [byte count])."""
+    dt = TO_TORCH.get(name)
+    if dt is not None:
+        return dt, tuple(shape)
+    dt = RAW_TO_TORCH.get(name)
+    if name not in _SAFETENSORS_RAW:
+        raise TypeError(f"this torch build has no dtype for {name} tensors")
+    numel = 1
+    for d in shape:
+        numel *= d
+    raw_shape = (numel // 2 if name == _F4 else numel,)
+    if dt is None:
+        return torch.uint8, raw_shape
+    if name == _F4:
+        if not shape or shape[-1] % 2:
+            return torch.uint8, raw_shape
+        return dt, tuple(shape[:-1]) + (shape[-1] // 2,)
+    return dt, tuple(shape)
+
+
 def bytes_to_torch(raw, dtype_name, shape):
     """A uint8 numpy array of little-endian bytes as a torch tensor of dtype/shape,
     sharing its memory."""
-    dt = torch_dtype(dtype_name)
+    dt, shape = torch_type(dtype_name, shape)
     if raw.size == 0:
-        return torch.empty(tuple(shape), dtype=dt)
+        return torch.empty(shape, dtype=dt)
     t = torch.from_numpy(raw)
     if dt != torch.uint8:
         t = t.view(dt)
-    return t.reshape(tuple(shape))
+    return t.reshape(shape)
 
 
 def numpy_to_torch(arr):
@@ -51,15 +81,25 @@ def numpy_to_torch(arr):
 
 
 def torch_to_bytes(tensor):
-    """(uint8 numpy array sharing a CPU copy's memory, dtype name, shape)."""
+    """(uint8 numpy array sharing a CPU copy's memory, dtype name, shape). The name is
+    a tensorwire dtype, or ``safetensors:<TYPE>`` for a type only safetensors holds
+    (with the shape counted in its values: an F4 tensor has two per byte)."""
     name = FROM_TORCH.get(tensor.dtype)
+    shape_scale = 1
     if name is None:
-        raise TypeError(f"torch dtype {tensor.dtype} cannot be stored in a .zt file")
+        name = RAW_FROM_TORCH.get(tensor.dtype)
+        if name is None:
+            raise TypeError(f"tensorwire has no type for torch dtype {tensor.dtype}")
+        shape_scale = 2 if name == _F4 else 1
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
     shape = list(t.shape)
+    if shape_scale != 1:
+        if not shape:
+            raise TypeError(f"a 0-d {tensor.dtype} tensor has no safetensors shape")
+        shape[-1] *= shape_scale
     flat = t.reshape(-1)
     if flat.dtype.is_complex:
         flat = torch.view_as_real(flat).reshape(-1)

@@ -36,9 +36,10 @@ Differences from the ``safetensors`` package:
   written once each (the package refuses both).
 - ``metadata()`` is ``None`` both for a file without ``__metadata__`` and for one with
   an empty one (the package gives ``{}`` for the latter).
-- Types no numpy or torch dtype holds here (``F4``, ``F6_*``, ``F8_E8M0``) come back
-  as their raw bytes (``uint8``); ``get_slice(name).get_dtype()`` names them. Saving
-  those bytes again writes ``U8``.
+- With torch, ``F8_E8M0`` and ``F4`` are ``float8_e8m0fnu`` and ``float4_e2m1fn_x2``
+  (as the package gives them). numpy has no such dtypes: there they, and ``F6_*``
+  everywhere, come back as their raw bytes (``uint8``); ``get_slice(name).get_dtype()``
+  names them, and saving those bytes again writes ``U8``.
 - Frameworks are ``"np"`` (``"numpy"``) and ``"pt"`` (``"torch"``).
 """
 
