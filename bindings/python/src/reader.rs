@@ -497,6 +497,16 @@ impl Reader {
         self.source.is_none()
     }
 
+    /// Whether a safetensors file's header has `__metadata__`, even an empty one
+    /// (`None` for other formats).
+    fn _safetensors_has_metadata(&self) -> PyResult<Option<bool>> {
+        Ok(self
+            .src()?
+            .as_any()
+            .downcast_ref::<tensorwire::formats::safetensors::SafetensorsReader>()
+            .map(|r| r.has_metadata()))
+    }
+
     /// File-level attributes (a dict).
     #[getter]
     fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

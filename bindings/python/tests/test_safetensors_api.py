@@ -365,3 +365,20 @@ def test_torch_reads_and_writes_the_mx_types():
     assert torch.equal(dst.view(torch.uint8), got["packed"].view(torch.uint8))
     # numpy has no such dtypes: there they stay raw bytes.
     assert formats.load_file(path)["packed"].dtype == np.uint8
+
+
+def test_empty_metadata_is_not_none(tmp_path):
+    """As the package: ``metadata={}`` writes an empty ``__metadata__`` that reads back
+    as ``{}``; no metadata reads back as None; either way a rewrite is byte-identical."""
+    tensors = {"x": np.arange(3, dtype=np.int8)}
+    for i, (given, want) in enumerate((({}, {}), (None, None), ({"a": "b"}, {"a": "b"}))):
+        data = formats.save(tensors, metadata=given)
+        assert (b"__metadata__" in data) == (given is not None)
+        path = tmp_path / f"{i}.safetensors"
+        path.write_bytes(data)
+        with formats.safe_open(path, "np") as f:
+            assert f.metadata() == want
+            assert formats.save(f.get_tensors(), metadata=f.metadata()) == data
+        out = tmp_path / f"{i}.converted.safetensors"
+        tw.convert(str(path), str(out))
+        assert out.read_bytes() == data

@@ -224,7 +224,8 @@ pub struct SafetensorsReader {
     index: TensorIndex,
     /// Byte range of each tensor in `data`, by position in `index`.
     ranges: Vec<(u64, u64)>,
-    metadata: Vec<(String, String)>,
+    /// `None` when the header has no `__metadata__` (an empty one is `Some`).
+    metadata: Option<Metadata>,
     attributes: BTreeMap<String, Value>,
 }
 
@@ -287,6 +288,7 @@ impl SafetensorsReader {
         }
         let attributes = metadata
             .iter()
+            .flatten()
             .map(|(k, v)| (k.clone(), Value::Str(v.clone())))
             .collect();
         Ok(SafetensorsReader {
@@ -301,7 +303,13 @@ impl SafetensorsReader {
 
     /// The `__metadata__` entries, in the order the header lists them.
     pub fn metadata(&self) -> &[(String, String)] {
-        &self.metadata
+        self.metadata.as_deref().unwrap_or_default()
+    }
+
+    /// True when the header has a `__metadata__` entry, even an empty one (the
+    /// package writes `{}` for `metadata={}` and nothing for `metadata=None`).
+    pub fn has_metadata(&self) -> bool {
+        self.metadata.is_some()
     }
 
     /// Length of the JSON header in bytes (the data region starts at `8 + header_len`).
@@ -357,7 +365,7 @@ fn malformed(reason: impl Into<String>) -> Error {
 /// JSON tree, names without escapes borrowed until the index keeps them). JSON
 /// syntax errors and every semantic problem (a bad entry, a limit) are typed errors;
 /// the first one found, in document order, is returned.
-fn parse_header(header: &[u8], limits: &Limits) -> Result<(Vec<HeaderEntry>, Metadata)> {
+fn parse_header(header: &[u8], limits: &Limits) -> Result<(Vec<HeaderEntry>, Option<Metadata>)> {
     if header.first() != Some(&b'{') {
         return Err(malformed(
             "the header must be a JSON object starting with `{`",
@@ -395,7 +403,7 @@ fn parse_header(header: &[u8], limits: &Limits) -> Result<(Vec<HeaderEntry>, Met
         entries.push(parse_entry(&mut json, Arc::from(name.as_ref()), limits)?);
     }
     json.end().map_err(syntax)?;
-    Ok((entries, metadata.unwrap_or_default()))
+    Ok((entries, metadata))
 }
 
 /// `__metadata__`: an object of strings, in order.
@@ -934,7 +942,16 @@ pub fn write_source(
             )
         })
         .collect();
-    let plan = plan(&entries, (!metadata.is_empty()).then_some(&metadata))?;
+    // An empty `__metadata__` of a safetensors source is kept, so rewriting a file
+    // gives its bytes back.
+    let keep_empty = source
+        .as_any()
+        .downcast_ref::<SafetensorsReader>()
+        .is_some_and(SafetensorsReader::has_metadata);
+    let plan = plan(
+        &entries,
+        (keep_empty || !metadata.is_empty()).then_some(&metadata),
+    )?;
     write_header(out, &plan.header)?;
     let mut written = 8 + plan.header.len() as u64;
     let total = plan.order.len();

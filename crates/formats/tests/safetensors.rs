@@ -164,3 +164,34 @@ fn limits_apply_to_header_and_counts() {
         Err(Error::LimitExceeded { .. })
     ));
 }
+
+#[test]
+fn an_empty_metadata_map_is_kept_apart_from_none() {
+    // The package writes `"__metadata__":{}` for `metadata={}` and nothing for None;
+    // reading tells them apart and rewriting keeps each as it was.
+    for with_map in [true, false] {
+        let mut w = SafetensorsWriter::new();
+        let shape = tensorwire_core::Shape::new(vec![2]).unwrap();
+        w.add("x", DType::F32, &shape, Bytes::from_vec(vec![0; 8]))
+            .unwrap();
+        if with_map {
+            w.set_metadata(BTreeMap::new());
+        }
+        let mut file = Vec::new();
+        w.write(&mut file).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&file[8..40])
+                .unwrap()
+                .contains("__metadata__"),
+            with_map
+        );
+        let reader =
+            SafetensorsReader::from_bytes(Bytes::from_vec(file.clone()), &Limits::default())
+                .unwrap();
+        assert_eq!(reader.has_metadata(), with_map);
+        assert!(reader.metadata().is_empty() && reader.attributes().is_empty());
+        let mut again = Vec::new();
+        write_source(&reader, &mut again, &mut |_, _, _| {}).unwrap();
+        assert!(again == file, "with_map = {with_map}");
+    }
+}

@@ -34,8 +34,6 @@ Differences from the ``safetensors`` package:
   when moved to another ``device``.
 - Non-contiguous inputs are written in C order, and tensors that share memory are
   written once each (the package refuses both).
-- ``metadata()`` is ``None`` both for a file without ``__metadata__`` and for one with
-  an empty one (the package gives ``{}`` for the latter).
 - With torch, ``F8_E8M0`` and ``F4`` are ``float8_e8m0fnu`` and ``float4_e2m1fn_x2``
   (as the package gives them). numpy has no such dtypes: there they, and ``F6_*``
   everywhere, come back as their raw bytes (``uint8``); ``get_slice(name).get_dtype()``
@@ -147,10 +145,11 @@ class safe_open:
         return self._reader._sorted_by_offset(self._reader.keys())
 
     def metadata(self):
-        """The file's string metadata (safetensors' ``__metadata__``), or None."""
+        """The file's string metadata (safetensors' ``__metadata__``), or None when
+        the file has none."""
         attrs = self._reader.attributes
         if not attrs:
-            return None
+            return {} if self._reader._safetensors_has_metadata() else None
         return {k: v if isinstance(v, str) else str(v) for k, v in attrs.items()}
 
     def get_tensor(self, name):
