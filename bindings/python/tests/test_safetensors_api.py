@@ -382,3 +382,87 @@ def test_empty_metadata_is_not_none(tmp_path):
         out = tmp_path / f"{i}.converted.safetensors"
         tw.convert(str(path), str(out))
         assert out.read_bytes() == data
+
+
+def _tied_model():
+    nn = torch.nn
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.proj = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+            self.register_buffer("whole", torch.arange(8.0))
+            self.register_buffer("part", self.whole[2:6])
+
+        def forward(self, ids):
+            return self.head(self.proj(self.emb(ids))) + self.part.sum()
+
+    return Tied()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_save_model_stores_tied_tensors_once_and_load_model_restores_them(tmp_path):
+    from tensorwire.formats import torch as fpt
+
+    torch.manual_seed(0)
+    model = _tied_model()
+    path = tmp_path / "tied.safetensors"
+    fpt.save_model(model, path, metadata={"format": "pt"})
+    header = _header(path.read_bytes())
+    # emb.weight and head.weight share memory: kept under the first name in sorted
+    # order; `part` is a view into `whole`, which holds all of it.
+    assert sorted(k for k in header if k != "__metadata__") == [
+        "emb.weight", "proj.bias", "proj.weight", "whole"]
+    assert header["__metadata__"] == {"format": "pt", "head.weight": "emb.weight",
+                                      "part": "whole"}
+    fresh = _tied_model()
+    assert fpt.load_model(fresh, path) == (set(), [])
+    ids = torch.tensor([1, 5, 9])
+    assert torch.equal(fresh(ids), model(ids))
+    assert fresh.head.weight is fresh.emb.weight
+    # A model that does not match: strict raises as load_state_dict does, else reports.
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        fpt.load_model(other, path)
+    missing, unexpected = fpt.load_model(other, path, strict=False)
+    assert missing == {"0.weight", "0.bias"}
+    assert "emb.weight" in unexpected and "whole" in unexpected
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_save_model_refuses_shared_memory_no_tensor_covers(tmp_path):
+    from tensorwire.formats import torch as fpt
+
+    model = torch.nn.Module()
+    base = torch.zeros(8)
+    model.register_buffer("a", base[:4])
+    model.register_buffer("b", base[4:])
+    with pytest.raises(tw.InvalidArgumentError, match="share memory"):
+        fpt.save_model(model, tmp_path / "x.safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_save_model_matches_the_package(tmp_path):
+    stt = pytest.importorskip("safetensors.torch")
+    from tensorwire.formats import torch as fpt
+
+    model = torch.nn.Module()
+    model.emb = torch.nn.Embedding(6, 3)
+    model.out = torch.nn.Linear(3, 6, bias=False)
+    model.out.weight = model.emb.weight
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    fpt.save_model(model, ours)
+    stt.save_model(model, str(theirs))
+    assert ours.read_bytes() == theirs.read_bytes()  # one metadata entry: same bytes
+    for mod in (fpt, stt):
+        for path in (ours, theirs):
+            fresh = torch.nn.Module()
+            fresh.emb = torch.nn.Embedding(6, 3)
+            fresh.out = torch.nn.Linear(3, 6, bias=False)
+            fresh.out.weight = fresh.emb.weight
+            assert mod.load_model(fresh, str(path)) == (set(), [])
+            assert torch.equal(fresh.out.weight, model.out.weight)

@@ -1,4 +1,5 @@
-"""``safetensors.torch`` over tensorwire: the same functions and signatures.
+"""``safetensors.torch`` over tensorwire: the same functions and signatures
+(``save``, ``save_file``, ``load``, ``load_file``, ``save_model``, ``load_model``).
 
 ``from tensorwire.formats.torch import load_file, save_file`` in place of
 ``from safetensors.torch import load_file, save_file``. Files are the package's bytes;
@@ -8,12 +9,13 @@ the file (writable, writes never reach the file). See ``tensorwire.formats``.
 
 from __future__ import annotations
 
+from .. import _native
 from . import load as _load
 from . import load_file as _load_file
 from . import save as _save
 from . import save_file as _save_file
 
-__all__ = ["save", "save_file", "load", "load_file"]
+__all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
 
 
 def save(tensors, metadata=None):
@@ -38,3 +40,84 @@ def load_file(filename, device="cpu"):
     if isinstance(device, int):
         device = f"cuda:{device}"
     return _load_file(filename, framework="pt", device=device)
+
+
+def _covers_its_storage(t):
+    """True when the tensor is its whole storage (not a part or a strided view)."""
+    storage = t.untyped_storage()
+    return (t.data_ptr() == storage.data_ptr()
+            and t.nelement() * t.element_size() == storage.nbytes()
+            and t.is_contiguous())
+
+
+def _tied_names(state_dict, preferred=()):
+    """``{kept name: [other names]}`` for the tensors of ``state_dict`` that share
+    memory. The kept name is one whose tensor covers the whole memory: the first in
+    sorted order among ``preferred``, else among all."""
+    groups = {}
+    for name, t in state_dict.items():
+        if t.device.type == "meta" or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        groups.setdefault((t.device, storage.data_ptr(), storage.nbytes()), []).append(name)
+    tied = {}
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        whole = sorted(n for n in names if _covers_its_storage(state_dict[n]))
+        if not whole:
+            raise _native.InvalidArgumentError(
+                f"tensors {sorted(names)} share memory and none of them covers all of it: "
+                "save a tensor that holds all of it, or copy them apart")
+        liked = [n for n in whole if n in preferred]
+        kept = (liked or whole)[0]
+        tied[kept] = [n for n in sorted(names) if n != kept]
+    return tied
+
+
+def save_model(model, filename, metadata=None, force_contiguous=False):
+    """Saves ``model.state_dict()`` with each set of tied tensors (sharing memory, as
+    an embedding and an output layer often do) stored once, under the first of their
+    names in sorted order that holds all the memory; the metadata maps every name left
+    out to it. ``force_contiguous`` is accepted for the package's signature: tensors
+    are always written in C order."""
+    del force_contiguous
+    state = dict(model.state_dict())
+    metadata = dict(metadata) if metadata is not None else None
+    for kept, others in _tied_names(state).items():
+        for name in others:
+            if metadata is None:
+                metadata = {}
+            metadata.setdefault(name, kept)
+            del state[name]
+    _save_file(state, filename, metadata)
+
+
+def load_model(model, filename, strict=True, device="cpu"):
+    """Loads a file ``save_model`` wrote (or any file of the model's tensors) into
+    ``model``; tied tensors the file holds once are filled through the one it has.
+
+    Returns ``(missing, unexpected)``: names of the model the file lacks (a set) and
+    names in the file the model lacks (a list). With ``strict``, either raises a
+    RuntimeError, as ``model.load_state_dict`` does."""
+    state = load_file(filename, device=device)
+    tied = _tied_names(model.state_dict(), preferred=state)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = set(missing), list(unexpected)
+    for others in tied.values():
+        for name in others:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        lines = []
+        if missing:
+            lines.append("Missing key(s) in state_dict: "
+                         + ", ".join(f'"{k}"' for k in sorted(missing)))
+        if unexpected:
+            lines.append("Unexpected key(s) in state_dict: "
+                         + ", ".join(f'"{k}"' for k in sorted(unexpected)))
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}:\n    "
+                           + "\n    ".join(lines))
+    return missing, unexpected
