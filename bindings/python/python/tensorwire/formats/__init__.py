@@ -66,7 +66,8 @@ def _framework(framework):
     if framework in ("pt", "torch"):
         return "pt"
     raise _native.InvalidArgumentError(
-        f"framework {framework!r} is not supported: use 'np' or 'pt'")
+        f"framework {framework!r} is not supported: use 'np' or 'pt' (for the "
+        "package's load_file(filename, device), use tensorwire.formats.torch.load_file)")
 
 
 def _is_cpu(device):
