@@ -138,6 +138,12 @@ def main(argv=None) -> int:
             return {k: r.read_numpy(k) for k in r.keys()}
         return run
 
+    def tw_numpy_all(path):  # one call for every tensor (as load_file makes)
+        def run():
+            r = tw.Reader(path)
+            return r.read_numpy(r.keys())
+        return run
+
     rows = []
     # safetensors
     from safetensors import safe_open
@@ -153,6 +159,7 @@ def main(argv=None) -> int:
     rows += [
         ("safetensors", "numpy floor: mmap + frombuffer", floor(paths["safetensors"], plan_safetensors(paths["safetensors"]))),
         ("safetensors", "tensorwire read_numpy(k)", tw_numpy(paths["safetensors"])),
+        ("safetensors", "tensorwire read_numpy(keys()), one call", tw_numpy_all(paths["safetensors"])),
         ("safetensors", "tensorwire.formats.safe_open(np).get_tensor(k)", tw_safe_open),
         ("safetensors", "tensorwire.formats.load_file", lambda: tw.formats.load_file(paths["safetensors"])),
         ("safetensors", "safetensors.safe_open(np).get_tensor(k)", st_safe_open),
@@ -179,6 +186,7 @@ def main(argv=None) -> int:
             ("sharded", "numpy floor: mmap + frombuffer",
              floors([(p, plan_safetensors(p)) for p in shard_paths])),
             ("sharded", "tensorwire read_numpy(k) (index)", tw_numpy(index)),
+            ("sharded", "tensorwire read_numpy(keys()) (index), one call", tw_numpy_all(index)),
             ("sharded", "safetensors.safe_open(np) per shard", st_safe_open_shards),
         ]
     # NPZ (stored)
@@ -189,6 +197,7 @@ def main(argv=None) -> int:
     rows += [
         ("npz", "numpy floor: mmap + frombuffer", floor(paths["npz"], plan_npz(paths["npz"]))),
         ("npz", "tensorwire read_numpy(k)", tw_numpy(paths["npz"])),
+        ("npz", "tensorwire read_numpy(keys()), one call", tw_numpy_all(paths["npz"])),
         ("npz", "np.load(npz)[k]", np_load_npz),
     ]
     # GGUF
@@ -201,6 +210,7 @@ def main(argv=None) -> int:
     rows += [
         ("gguf", "numpy floor: mmap + frombuffer", floor(paths["gguf"], plan_gguf(paths["gguf"]))),
         ("gguf", "tensorwire read_numpy(k)", tw_numpy(paths["gguf"])),
+        ("gguf", "tensorwire read_numpy(keys()), one call", tw_numpy_all(paths["gguf"])),
         ("gguf", "gguf.GGUFReader(path).tensors[i].data", gguf_reader),
     ]
     try:
@@ -213,6 +223,7 @@ def main(argv=None) -> int:
         rows += [
             ("zt", "numpy floor: mmap + frombuffer", floor(paths["zt"], plan_zt(paths["zt"]))),
             ("zt", "tensorwire read_numpy(k)", tw_numpy(paths["zt"])),
+            ("zt", "tensorwire read_numpy(keys()), one call", tw_numpy_all(paths["zt"])),
             ("zt", "ztensor 1.2.3 read_numpy(k)", zt_numpy),
         ]
     except ImportError:

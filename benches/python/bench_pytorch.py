@@ -151,6 +151,7 @@ def main(argv=None) -> int:
         ("zip", "numpy floor: mmap + frombuffer", floor_zc, "zc"),
         ("zip", "numpy floor: + .copy()", floor_cp, "cp"),
         ("zip", "tensorwire read_numpy(k)", tw_numpy(zip_path, False), "zc"),
+        ("zip", "tensorwire.pytorch.load_numpy (one call)", lambda: tw.pytorch.load_numpy(zip_path), "zc"),
         ("zip", "tensorwire read_numpy(k, copy=True)", tw_numpy(zip_path, True), "cp"),
         ("zip", "tensorwire read_torch(k)", tw_torch(zip_path, False), "zc"),
         ("zip", "tensorwire read_torch(k, copy=True)", tw_torch(zip_path, True), "cp"),
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
         ("legacy", "tensorwire: open + read one 6 MiB tensor", tw_one_legacy, None),
     ]
     if ztensor is not None:
-        rows.insert(9, ("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc"))
+        rows.insert(10, ("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc"))
 
     if only:  # e.g. BENCH_ONLY=zip: only rows of that file (floors included)
         rows = [r for r in rows if r[0] == only]
