@@ -96,10 +96,14 @@ class Tensor:
         return self.components["data"]
 
     def torch(self, *, device="cpu"):
-        """The dense tensor as a torch.Tensor (sharing memory on the CPU)."""
+        """The dense tensor as a torch.Tensor (sharing memory on the CPU, unless the
+        array is read-only: torch has no read-only tensors, so then it is a copy)."""
         from ._torch import numpy_to_torch
 
-        t = numpy_to_torch(self.numpy())
+        arr = self.numpy()
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        t = numpy_to_torch(arr)
         return t if str(device) == "cpu" else t.to(device)
 
     def __repr__(self):

@@ -31,6 +31,8 @@ class Writer(_native.Writer):
         from ._torch import torch_to_bytes
 
         raw, dtype, shape = torch_to_bytes(data)
+        if dtype.startswith("safetensors:"):
+            raise TypeError(f"torch dtype {data.dtype} cannot be stored in a .zt file")
         self._write_raw(name, raw, dtype, shape, compress=compress, checksum=checksum,
                         attributes=attributes)
 

@@ -189,7 +189,10 @@ class TensorSlice:
         self._meta = meta
 
     def get_shape(self):
-        return list(self._meta.shape)
+        """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
+        raw bytes, their logical shape, as the package reports it)."""
+        logical = (self._meta.attributes or {}).get("safetensors.shape")
+        return list(logical if logical is not None else self._meta.shape)
 
     def get_dtype(self):
         """The safetensors dtype name (``"F32"``, ``"BF16"``, ...)."""
@@ -203,7 +206,7 @@ class TensorSlice:
         return self._loader.from_view(self._loader.whole(self._name)[index])
 
     def __len__(self):
-        shape = self._meta.shape
+        shape = self.get_shape()
         if not shape:
             raise TypeError("len() of a 0-d tensor")
         return shape[0]

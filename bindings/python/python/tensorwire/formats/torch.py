@@ -15,7 +15,8 @@ from . import load_file as _load_file
 from . import save as _save
 from . import save_file as _save_file
 
-__all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
+__all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
+           "SharedTensorsError"]
 
 
 def save(tensors, metadata=None):
@@ -42,18 +43,23 @@ def load_file(filename, device="cpu"):
     return _load_file(filename, framework="pt", device=device)
 
 
+class SharedTensorsError(_native.InvalidArgumentError, RuntimeError):
+    """Tensors share memory and none of them holds all of it (a RuntimeError too, as
+    the package raises)."""
+
+
 def _covers_its_storage(t):
-    """True when the tensor is its whole storage (not a part or a strided view)."""
+    """True when the tensor spans its whole storage (in any layout)."""
     storage = t.untyped_storage()
     return (t.data_ptr() == storage.data_ptr()
-            and t.nelement() * t.element_size() == storage.nbytes()
-            and t.is_contiguous())
+            and t.nelement() * t.element_size() == storage.nbytes())
 
 
 def _tied_names(state_dict, preferred=()):
     """``{kept name: [other names]}`` for the tensors of ``state_dict`` that share
-    memory. The kept name is one whose tensor covers the whole memory: the first in
-    sorted order among ``preferred``, else among all."""
+    memory. The kept name is one whose tensor spans the whole memory: the first in
+    sorted order, looked for among ``preferred`` names before the others, and among
+    contiguous tensors before strided ones (a transposed tie is written in C order)."""
     groups = {}
     for name, t in state_dict.items():
         if t.device.type == "meta" or t.numel() == 0:
@@ -66,11 +72,15 @@ def _tied_names(state_dict, preferred=()):
             continue
         whole = sorted(n for n in names if _covers_its_storage(state_dict[n]))
         if not whole:
-            raise _native.InvalidArgumentError(
-                f"tensors {sorted(names)} share memory and none of them covers all of it: "
+            raise SharedTensorsError(
+                f"tensors {sorted(names)} share memory and none of them spans all of it: "
                 "save a tensor that holds all of it, or copy them apart")
-        liked = [n for n in whole if n in preferred]
-        kept = (liked or whole)[0]
+        contiguous = [n for n in whole if state_dict[n].is_contiguous()]
+        for candidates in ([n for n in contiguous if n in preferred],
+                           [n for n in whole if n in preferred], contiguous, whole):
+            if candidates:
+                kept = candidates[0]
+                break
         tied[kept] = [n for n in sorted(names) if n != kept]
     return tied
 
@@ -78,9 +88,10 @@ def _tied_names(state_dict, preferred=()):
 def save_model(model, filename, metadata=None, force_contiguous=False):
     """Saves ``model.state_dict()`` with each set of tied tensors (sharing memory, as
     an embedding and an output layer often do) stored once, under the first of their
-    names in sorted order that holds all the memory; the metadata maps every name left
-    out to it. ``force_contiguous`` is accepted for the package's signature: tensors
-    are always written in C order."""
+    names in sorted order that holds all the memory (a contiguous one if any); the
+    metadata maps every name left out to it. Memory that no tensor holds whole raises
+    ``SharedTensorsError``. ``force_contiguous`` is accepted for the package's
+    signature: tensors are always written in C order."""
     del force_contiguous
     state = dict(model.state_dict())
     metadata = dict(metadata) if metadata is not None else None
