@@ -96,14 +96,13 @@ def load(f, map_location=None, *, mmap=None, weights_only=None):
     device = "cpu" if map_location is None else map_location
     with open(f) as reader:
         names = reader.keys()
-        # torch has no read-only tensors: over a caller's (read-only) buffer, copy.
-        copy = mmap is False or reader.path is None
-        if not copy and (device == "cpu" or str(device) == "cpu"):
+        if mmap is not False and (device == "cpu" or str(device) == "cpu"):
             # Zero-copy on the CPU reads nothing, so no file order to follow: the
-            # checkpoint's order, straight from the shared views.
+            # checkpoint's order, straight from the shared views (over a caller's
+            # read-only bytes these are copies: torch has no read-only tensors).
             tt = _torch_interop()
             return {name: _shared_torch(reader, tt, name) for name in names}
-        got = reader.read_torch(names, copy=copy, device=device)
+        got = reader.read_torch(names, copy=mmap is False, device=device)
         return {name: got[name] for name in names}
 
 

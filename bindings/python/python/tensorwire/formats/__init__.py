@@ -88,12 +88,9 @@ class _Loader:
     def tensor(self, name):
         if self.framework == "np":
             return self.reader.read_numpy(name)
-        return self.reader.read_torch(name, copy=self.torch_copies, device=self.device)
-
-    @property
-    def torch_copies(self):
-        # torch has no read-only tensors: over a caller's (read-only) buffer, copy.
-        return self.reader.path is None
+        # Over a caller's read-only buffer read_torch copies (torch has no read-only
+        # tensors); over a file's private map it shares.
+        return self.reader.read_torch(name, device=self.device)
 
     def from_view(self, view):
         """A slice of a CPU view in this framework, on this device."""
@@ -107,14 +104,14 @@ class _Loader:
         """The tensor as a CPU view (a slice of it is taken next)."""
         if self.framework == "np":
             return self.reader.read_numpy(name)
-        return self.reader.read_torch(name, copy=self.torch_copies)
+        return self.reader.read_torch(name)
 
     def all(self):
         """Every tensor, in the order their data lies in the file (as the package)."""
         names = self.reader._sorted_by_offset(self.reader.keys())
         if self.framework == "np":
             return self.reader.read_numpy(names)
-        return self.reader.read_torch(names, copy=self.torch_copies, device=self.device)
+        return self.reader.read_torch(names, device=self.device)
 
 
 class safe_open:
