@@ -1,13 +1,14 @@
 //! Opens arbitrary bytes as a PyTorch checkpoint (ZIP or legacy) and, when it opens,
-//! reads every tensor through every path: `info`, `record`, `view`, `strided` and
-//! `verify`. Any call may return an error; none may panic, hang or allocate beyond
-//! the small limits below. Opening with the metadata read positionally (as
-//! `tensorwire::open` does) must give the same tensors as opening the image alone.
+//! reads every tensor through every path: `info`, `record`, `view`, `strided`,
+//! `verify` and the nested object (`structure`). Any call may return an error; none
+//! may panic, hang or allocate beyond the small limits below. Opening with the
+//! metadata read positionally (as `tensorwire::open` does) must give the same
+//! tensors as opening the image alone.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tensorwire_core::{Limits, TensorSource};
-use tensorwire_pytorch::{Input, PtReader};
+use tensorwire_pytorch::{Input, Node, PtReader};
 
 fn limits() -> Limits {
     Limits {
@@ -70,4 +71,25 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = reader.verify();
+
+    // The nested object names exactly the listed tensors, in order.
+    if let Ok(tree) = reader.structure() {
+        let mut leaves = Vec::new();
+        tensor_leaves(&tree, &mut leaves);
+        assert_eq!(
+            leaves, names,
+            "the structure's tensors differ from the flat view"
+        );
+    }
 });
+
+fn tensor_leaves(node: &Node, out: &mut Vec<std::sync::Arc<str>>) {
+    match node {
+        Node::Tensor(name) => out.push(name.clone()),
+        Node::Value(_) => {}
+        Node::Dict { items, .. } => items.iter().for_each(|(_, v)| tensor_leaves(v, out)),
+        Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
+            items.iter().for_each(|v| tensor_leaves(v, out))
+        }
+    }
+}

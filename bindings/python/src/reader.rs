@@ -411,6 +411,45 @@ fn read_into_one(
     fill_dense(py, src, at, name, out)
 }
 
+/// A [`Node`](tensorwire::pytorch::Node) as the Python object `torch.load` makes.
+fn node_to_py<'py>(
+    py: Python<'py>,
+    node: &tensorwire::pytorch::Node,
+    tensor: &Bound<'py, PyAny>,
+    ordered_dict: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    use tensorwire::pytorch::Node;
+    let all = |items: &[Node]| -> PyResult<Vec<Bound<'py, PyAny>>> {
+        items
+            .iter()
+            .map(|n| node_to_py(py, n, tensor, ordered_dict))
+            .collect()
+    };
+    Ok(match node {
+        Node::Tensor(name) => tensor.call1((&**name,))?,
+        Node::Value(value) => values::to_py(py, value)?,
+        Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
+        Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
+        Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
+        Node::Dict { items, ordered } => {
+            let dict = if *ordered {
+                ordered_dict.call0()?
+            } else {
+                PyDict::new(py).into_any()
+            };
+            for (key, value) in items {
+                let mut key = node_to_py(py, key, tensor, ordered_dict)?;
+                // A tuple key comes back as a list (scalars only); make it hashable.
+                if let Ok(list) = key.cast::<PyList>() {
+                    key = list.to_tuple().into_any();
+                }
+                dict.set_item(key, node_to_py(py, value, tensor, ordered_dict)?)?;
+            }
+            dict
+        }
+    })
+}
+
 #[pymethods]
 impl Reader {
     /// Opens `path` (any supported format, recognised by its magic bytes), or reads
@@ -495,6 +534,28 @@ impl Reader {
     #[getter]
     fn closed(&self) -> bool {
         self.source.is_none()
+    }
+
+    /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (`OrderedDict`
+    /// where the checkpoint has one), lists, tuples, sets and scalars, with each
+    /// tensor replaced by `tensor(name)`.
+    fn _pytorch_structure<'py>(
+        &self,
+        py: Python<'py>,
+        tensor: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let reader = self
+            .src()?
+            .as_any()
+            .downcast_ref::<tensorwire::pytorch::PtReader>()
+            .ok_or_else(|| {
+                to_pyerr(Error::unsupported(
+                    "the nested object is kept for one PyTorch checkpoint only",
+                ))
+            })?;
+        let tree = reader.structure().or_raise()?;
+        let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
+        node_to_py(py, &tree, tensor, &ordered_dict)
     }
 
     /// Whether a safetensors file's header has `__metadata__`, even an empty one

@@ -170,3 +170,77 @@ def test_load_state_dict_into_a_module():
     ids = torch.tensor([0, 3, 9, 4])
     assert torch.equal(ours(ids), theirs(ids))
     assert torch.equal(ours.positions, torch.arange(6))
+
+
+def test_load_numpy_nested_gives_the_checkpoint_object():
+    """flat=False: the object torch.save was given (fixtures/pytorch/make_fixtures.py
+    make_nested), with arrays where its tensors were."""
+    import collections
+
+    for name in ("nested.pt", "nested.legacy.pt"):
+        path = os.path.join(FIXTURES, name)
+        flat = pytorch.load_numpy(path)
+        got = pytorch.load_numpy(path, flat=False)
+        assert type(got) is dict
+        assert list(got) == ["model", "step", "lr", "name", "flags", "sizes", "pair"]
+        layers = got["model"]["layers"]
+        assert type(layers) is list and len(layers) == 2
+        assert list(layers[1]) == ["weight", "bias"]
+        np.testing.assert_array_equal(layers[1]["weight"], flat["model.layers.1.weight"])
+        assert type(got["model"]["head"]) is collections.OrderedDict
+        assert got["step"] == 1200 and got["lr"] == 0.0005 and got["name"] == "run-7"
+        assert got["flags"] == {"ema": True, "note": None}
+        assert got["sizes"] == [3, 4, (5, 6)]
+        assert type(got["pair"]) is tuple and got["pair"][1] == 7
+        np.testing.assert_array_equal(got["pair"][0], np.arange(4, dtype=np.int32))
+
+
+def test_load_numpy_nested_keeps_int_keys_of_an_optimizer_state():
+    got = pytorch.load_numpy(os.path.join(FIXTURES, "optimizer.pt"), flat=False)
+    state = got["optimizer"]["state"]
+    assert state and all(type(k) is int for k in state)
+    group = got["optimizer"]["param_groups"][0]
+    assert type(group["betas"]) is tuple and group["lr"] == 1e-3
+    assert pytorch.load_numpy(os.path.join(FIXTURES, "single.pt"), flat=False).shape == (5,)
+    with pytest.raises(tw.UnsupportedError, match="one PyTorch checkpoint"):
+        tw.Reader(os.path.join(REPO, "fixtures", "safetensors", "numpy.safetensors"))._pytorch_structure(str)
+
+
+def _same_object(got, want, where="root"):
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), where
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert _torch_bytes(got) == _torch_bytes(want), where
+        return
+    assert type(got) is type(want), (where, type(got), type(want))
+    if isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            _same_object(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same_object(g, w, f"{where}.{i}")
+    else:
+        assert got == want, (where, got, want)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+def test_load_nested_equals_torch_load(path, want):
+    import warnings
+
+    if os.path.basename(path) == "big_endian.pt":
+        pytest.skip("torch leaves uint16/32/64 of big-endian files unswapped; we swap")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ref = torch.load(path, weights_only=True)
+        except Exception:  # a file torch's weights_only unpickler refuses
+            pytest.skip("torch.load(weights_only=True) refuses this file")
+    got = pytorch.load(path, flat=False)
+    _same_object(got, ref)
+    if not path.endswith(".legacy.pt"):  # legacy storages are unaligned: copies
+        flat = pytorch.load(path)
+        for t in want["tensors"]:
+            assert flat[t["name"]].stride() == tuple(t["strides"]), t["name"]

@@ -19,6 +19,30 @@ use crate::tensor::TensorRecord;
 /// The name of the tensor when the checkpoint is one bare tensor.
 pub const ROOT_TENSOR_NAME: &str = "tensor";
 
+/// The checkpoint object as `torch.load` builds it: containers keep their types and
+/// key order, tensors are named as in the flat view ([`flatten`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Node {
+    /// A tensor, by its name among the reader's tensors.
+    Tensor(Arc<str>),
+    /// A scalar: None, bool, int, float, str, bytes, or a torch dtype or allowlisted
+    /// global by name.
+    Value(Value),
+    /// A dict (`ordered` for an `OrderedDict`), in insertion order.
+    Dict {
+        /// Keys and values.
+        items: Vec<(Node, Node)>,
+        /// True for an `OrderedDict`.
+        ordered: bool,
+    },
+    /// A list.
+    List(Vec<Node>),
+    /// A tuple.
+    Tuple(Vec<Node>),
+    /// A set or frozenset.
+    Set(Vec<Node>),
+}
+
 /// What the object holds.
 pub struct Flat<'a> {
     /// Tensors, in the order the pickle lists them (a top-level key's name is the
@@ -60,6 +84,29 @@ pub fn flatten(
     Ok(walker.flat)
 }
 
+/// The object from `root` as a [`Node`] tree, within the same bounds as [`flatten`]
+/// (which must have accepted it: tensor names are made the same way).
+pub fn structure(arena: &Arena, root: Id, max_depth: usize, max_nodes: u64) -> Result<Node> {
+    let mut walker = Walker {
+        arena,
+        max_depth,
+        max_nodes,
+        max_tensors: u64::MAX,
+        nodes: 0,
+        flat: Flat {
+            tensors: Vec::new(),
+            attributes: Default::default(),
+        },
+        names: NameSet::default(),
+        holds_tensor: vec![None; arena.len()],
+    };
+    let name = match arena.get(root) {
+        Obj::Tensor(_) => ROOT_TENSOR_NAME.into(),
+        _ => "".into(),
+    };
+    walker.node(root, name, 0)
+}
+
 struct Walker<'a> {
     arena: &'a Arena,
     max_depth: usize,
@@ -78,6 +125,32 @@ fn join(prefix: &str, key: &str) -> Arc<str> {
     } else {
         format!("{prefix}.{key}").into()
     }
+}
+
+/// The name of the value under dict key `key` of the container named `prefix`.
+fn child_name(arena: &Arena, prefix: &str, key: Id) -> Result<Arc<str>> {
+    match arena.get(key) {
+        // A top-level str key names its value as it is: share the str.
+        Obj::Str(s) if prefix.is_empty() => Ok(Arc::clone(s)),
+        _ => Ok(join(prefix, &key_text(arena, key)?)),
+    }
+}
+
+/// A dict key as text.
+fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
+    Ok(match arena.get(key) {
+        Obj::Str(s) => Cow::Borrowed(&**s),
+        Obj::Int(n) => Cow::Owned(n.to_string()),
+        Obj::Bool(b) => Cow::Borrowed(if *b { "True" } else { "False" }),
+        Obj::None => Cow::Borrowed("None"),
+        Obj::Float(f) => Cow::Owned(format!("{f:?}")),
+        other => {
+            return Err(Error::unsupported(format!(
+                "a dict key of type {} next to tensors",
+                other.kind()
+            )))
+        }
+    })
 }
 
 impl<'a> Walker<'a> {
@@ -134,32 +207,6 @@ impl<'a> Walker<'a> {
         Ok(found)
     }
 
-    /// The name of the value under dict key `key` of the container named `prefix`.
-    fn child_name(&self, prefix: &str, key: Id) -> Result<Arc<str>> {
-        match self.arena.get(key) {
-            // A top-level str key names its value as it is: share the str.
-            Obj::Str(s) if prefix.is_empty() => Ok(Arc::clone(s)),
-            _ => Ok(join(prefix, &self.key_text(key)?)),
-        }
-    }
-
-    /// A dict key as text.
-    fn key_text(&self, key: Id) -> Result<Cow<'a, str>> {
-        Ok(match self.arena.get(key) {
-            Obj::Str(s) => Cow::Borrowed(&**s),
-            Obj::Int(n) => Cow::Owned(n.to_string()),
-            Obj::Bool(b) => Cow::Borrowed(if *b { "True" } else { "False" }),
-            Obj::None => Cow::Borrowed("None"),
-            Obj::Float(f) => Cow::Owned(format!("{f:?}")),
-            other => {
-                return Err(Error::unsupported(format!(
-                    "a dict key of type {} next to tensors",
-                    other.kind()
-                )))
-            }
-        })
-    }
-
     fn add_attribute(&mut self, name: Arc<str>, value: Value) -> Result<()> {
         if !self.names.insert(Arc::clone(&name)) {
             return Err(Error::Duplicate {
@@ -197,7 +244,7 @@ impl<'a> Walker<'a> {
             ))),
             Obj::Dict { items, .. } if self.holds_tensor(id, depth)? => {
                 for &(k, v) in items {
-                    let child = self.child_name(&name, k)?;
+                    let child = child_name(self.arena, &name, k)?;
                     self.visit(v, child, depth + 1)?;
                 }
                 Ok(())
@@ -224,6 +271,64 @@ impl<'a> Walker<'a> {
                 self.add_attribute(name, value)
             }
         }
+    }
+
+    /// The object `id`, named `name` in the flat view, as a [`Node`]. Names are
+    /// made only on the way to tensors, as [`Walker::visit`] makes them.
+    fn node(&mut self, id: Id, name: Arc<str>, depth: usize) -> Result<Node> {
+        if depth > self.max_depth {
+            return Err(self.too_deep(&name));
+        }
+        self.count()?;
+        let arena = self.arena;
+        let child = |walker: &mut Self, item: Id, name: &dyn Fn() -> Result<Arc<str>>| {
+            let name = if walker.holds_tensor(item, depth + 1)? {
+                name()?
+            } else {
+                "".into()
+            };
+            walker.node(item, name, depth + 1)
+        };
+        Ok(match arena.get(id) {
+            Obj::Tensor(_) => Node::Tensor(name),
+            Obj::Storage(s) => {
+                return Err(Error::unsupported(format!(
+                    "a bare storage (`{}`) in the checkpoint object",
+                    self.arena.storage(*s).map_or("?", |s| &*s.key)
+                )))
+            }
+            Obj::Dict { items, ordered } => Node::Dict {
+                items: items
+                    .iter()
+                    .map(|&(k, v)| {
+                        let key = Node::Value(self.value(k, depth + 1)?);
+                        let value = child(self, v, &|| child_name(arena, &name, k))?;
+                        Ok((key, value))
+                    })
+                    .collect::<Result<_>>()?,
+                ordered: *ordered,
+            },
+            Obj::List(items) | Obj::Set(items) => {
+                let nodes = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| child(self, v, &|| Ok(join(&name, &i.to_string()))))
+                    .collect::<Result<_>>()?;
+                match arena.get(id) {
+                    Obj::Set(_) => Node::Set(nodes),
+                    _ => Node::List(nodes),
+                }
+            }
+            Obj::Tuple(span) => Node::Tuple(
+                arena
+                    .tuple_items(*span)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| child(self, v, &|| Ok(join(&name, &i.to_string()))))
+                    .collect::<Result<_>>()?,
+            ),
+            _ => Node::Value(self.value(id, depth)?),
+        })
     }
 
     /// A tensor-free object as a metadata value.
@@ -261,7 +366,12 @@ impl<'a> Walker<'a> {
             Obj::Dict { items, .. } => Value::Map(
                 items
                     .iter()
-                    .map(|&(k, v)| Ok((self.key_text(k)?.into_owned(), self.value(v, depth + 1)?)))
+                    .map(|&(k, v)| {
+                        Ok((
+                            key_text(self.arena, k)?.into_owned(),
+                            self.value(v, depth + 1)?,
+                        ))
+                    })
                     .collect::<Result<_>>()?,
             ),
             Obj::Global(Global::Dtype(d)) => Value::Str(torch_dtype_name(*d).to_owned()),

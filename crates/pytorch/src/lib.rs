@@ -35,7 +35,7 @@ mod reader;
 mod tensor;
 pub mod zip;
 
-pub use crate::flatten::ROOT_TENSOR_NAME;
+pub use crate::flatten::{Node, ROOT_TENSOR_NAME};
 pub use crate::input::Input;
 pub use crate::reader::{PtFormat, PtReader};
 pub use crate::tensor::{StorageRef, TensorRecord};

@@ -13,7 +13,7 @@ use tensorwire_core::{
 use tensorwire_mmap::{MapMode, MappedFile};
 use tensorwire_range::{RangeFile, RangeRead};
 
-use crate::flatten::flatten;
+use crate::flatten::{flatten, structure, Node};
 use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, PersistentLoad, PickleLimits};
@@ -61,6 +61,8 @@ pub struct PtReader {
     /// The ZIP archive (ZIP files only: `None` is a legacy checkpoint): where each
     /// storage's record lies, and each record's CRC for `verify`.
     archive: Option<ZipArchive>,
+    /// The unpickled object and its root, kept for [`PtReader::structure`].
+    object: (Arena, Id),
 }
 
 impl std::fmt::Debug for PtReader {
@@ -119,6 +121,12 @@ impl PersistentLoad for ZipStorages<'_> {
         }
         Ok(storage)
     }
+}
+
+/// How many object nodes walking the object may visit: shared sub-objects are
+/// visited once per reference, so a small pickle cannot expand into a huge tree.
+fn node_budget(arena: &Arena) -> u64 {
+    (arena.len() as u64).saturating_mul(4).max(1 << 16)
 }
 
 /// The folder (with its trailing `/`) that holds `data.pkl`: torch names it after the
@@ -281,7 +289,7 @@ impl PtReader {
         PtReader::build(
             input,
             Some(archive),
-            &unpickled.arena,
+            unpickled.arena,
             unpickled.root,
             data,
             little_endian,
@@ -309,7 +317,7 @@ impl PtReader {
         PtReader::build(
             input,
             None,
-            &parsed.object.arena,
+            parsed.object.arena,
             parsed.object.root,
             data,
             parsed.little_endian,
@@ -322,17 +330,17 @@ impl PtReader {
     fn build(
         input: Input,
         archive: Option<ZipArchive>,
-        arena: &Arena,
+        arena: Arena,
         root: Id,
         storages: NameMap<Arc<str>, StorageData>,
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {
         let flat = flatten(
-            arena,
+            &arena,
             root,
             limits.max_depth,
-            (arena.len() as u64).saturating_mul(4).max(1 << 16),
+            node_budget(&arena),
             limits.max_tensors,
         )?;
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
@@ -368,16 +376,27 @@ impl PtReader {
             })?;
             records.push(record.clone());
         }
+        let attributes = flat.attributes;
         Ok(PtReader {
             input,
             records,
             index,
             storages,
-            attributes: flat.attributes,
+            attributes,
             little_endian,
             limits: *limits,
             archive,
+            object: (arena, root),
         })
+    }
+
+    /// The checkpoint object as `torch.load` builds it (dicts, `OrderedDict`s, lists,
+    /// tuples, sets, scalars), each tensor named as in [`TensorSource::tensors`]:
+    /// what a caller needs to rebuild the nested object (an optimizer's state with
+    /// its int keys, a training checkpoint's `epoch`) instead of the flat view.
+    pub fn structure(&self) -> Result<Node> {
+        let (arena, root) = &self.object;
+        structure(arena, *root, self.limits.max_depth, node_budget(arena))
     }
 
     /// The container format.

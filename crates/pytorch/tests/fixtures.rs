@@ -194,3 +194,90 @@ fn dtypes_cover_every_torch_storage_type() {
     seen.dedup();
     assert_eq!(seen.len(), 19, "{seen:?}");
 }
+
+/// The tensor names of a structure, depth first.
+fn tensor_leaves(node: &tensorwire_pytorch::Node, out: &mut Vec<String>) {
+    use tensorwire_pytorch::Node;
+    match node {
+        Node::Tensor(name) => out.push(name.to_string()),
+        Node::Value(_) => {}
+        Node::Dict { items, .. } => items.iter().for_each(|(_, v)| tensor_leaves(v, out)),
+        Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
+            items.iter().for_each(|v| tensor_leaves(v, out))
+        }
+    }
+}
+
+#[test]
+fn every_structure_names_the_flat_tensors_in_order() {
+    for (path, want) in expectations() {
+        if want.get("error").is_some() {
+            continue;
+        }
+        let reader = PtReader::open(&path).unwrap();
+        let tree = reader.structure().unwrap();
+        let mut leaves = Vec::new();
+        tensor_leaves(&tree, &mut leaves);
+        let names: Vec<String> = reader
+            .tensors()
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        assert_eq!(leaves, names, "{}", path.display());
+    }
+}
+
+#[test]
+fn the_nested_structure_is_what_torch_saved() {
+    use tensorwire_pytorch::Node;
+    let s = |v: &str| Node::Value(Value::Str(v.into()));
+    let t = |v: &str| Node::Tensor(v.into());
+    let int = |n: i64| Node::Value(Value::Int(n.into()));
+    let dict = |items: Vec<(Node, Node)>| Node::Dict {
+        items,
+        ordered: false,
+    };
+    let layer = |i: usize| {
+        dict(vec![
+            (s("weight"), t(&format!("model.layers.{i}.weight"))),
+            (s("bias"), t(&format!("model.layers.{i}.bias"))),
+        ])
+    };
+    let want = dict(vec![
+        (
+            s("model"),
+            dict(vec![
+                (s("layers"), Node::List(vec![layer(0), layer(1)])),
+                (
+                    s("head"),
+                    Node::Dict {
+                        items: vec![(s("proj"), t("model.head.proj"))],
+                        ordered: true,
+                    },
+                ),
+            ]),
+        ),
+        (s("step"), int(1200)),
+        (s("lr"), Node::Value(Value::Float(0.0005))),
+        (s("name"), s("run-7")),
+        (
+            s("flags"),
+            dict(vec![
+                (s("ema"), Node::Value(Value::Bool(true))),
+                (s("note"), Node::Value(Value::Null)),
+            ]),
+        ),
+        (
+            s("sizes"),
+            Node::List(vec![int(3), int(4), Node::Tuple(vec![int(5), int(6)])]),
+        ),
+        (s("pair"), Node::Tuple(vec![t("pair.0"), int(7)])),
+    ]);
+    for file in ["nested.pt", "nested.legacy.pt"] {
+        let reader = PtReader::open(dir().join(file)).unwrap();
+        assert_eq!(reader.structure().unwrap(), want, "{file}");
+    }
+    // A bare tensor is its one leaf.
+    let single = PtReader::open(dir().join("single.pt")).unwrap();
+    assert_eq!(single.structure().unwrap(), t("tensor"));
+}

@@ -64,11 +64,11 @@ def _reader(f):
     return Reader(buffer=np.frombuffer(f, dtype=np.uint8))
 
 
-def load(f, map_location=None, *, mmap=None, weights_only=None):
+def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     """Every tensor of a checkpoint as ``{dotted name: torch tensor}``, in the order
-    the checkpoint lists them. Unlike ``torch.load`` the result is always this flat
-    dict: a checkpoint that is one bare tensor gives ``{"tensor": t}``, a list
-    ``{"0": ..., "1": ...}``.
+    the checkpoint lists them (a checkpoint that is one bare tensor gives
+    ``{"tensor": t}``, a list ``{"0": ..., "1": ...}``); with ``flat=False``, the
+    object ``torch.load`` returns.
 
     Args:
         f: as for :func:`open`.
@@ -82,6 +82,10 @@ def load(f, map_location=None, *, mmap=None, weights_only=None):
             memory (tensors that shared a storage become separate copies).
         weights_only: True or None (torch's default); False is refused, since
             tensorwire never runs pickled code.
+        flat: False gives the checkpoint's own object, as ``torch.load`` builds it:
+            dicts (``OrderedDict`` where saved so), lists, tuples, int keys, and the
+            non-tensor values in place (an optimizer's ``state_dict()``, a training
+            checkpoint's ``epoch``), with these tensors at their places.
 
     Zero-copy tensors keep their strides (transposes, slices), and those that share a
     storage in the checkpoint share memory here, as with ``torch.load``.
@@ -95,23 +99,31 @@ def load(f, map_location=None, *, mmap=None, weights_only=None):
             f"map_location must be a device (str or torch.device), not {map_location!r}")
     device = "cpu" if map_location is None else map_location
     with open(f) as reader:
-        names = reader.keys()
-        if mmap is not False and (device == "cpu" or str(device) == "cpu"):
-            # Zero-copy on the CPU reads nothing, so no file order to follow: the
-            # checkpoint's order, straight from the shared views (over a caller's
-            # read-only bytes these are copies: torch has no read-only tensors).
-            tt = _torch_interop()
-            return {name: _shared_torch(reader, tt, name) for name in names}
-        got = reader.read_torch(names, copy=mmap is False, device=device)
-        return {name: got[name] for name in names}
+        tensors = _torch_tensors(reader, device, mmap)
+        return tensors if flat else reader._pytorch_structure(tensors.__getitem__)
 
 
-def load_numpy(f, *, mmap=True):
+def _torch_tensors(reader, device, mmap):
+    """``{name: torch tensor}`` of an open checkpoint, in the checkpoint's order."""
+    names = reader.keys()
+    if mmap is not False and (device == "cpu" or str(device) == "cpu"):
+        # Zero-copy on the CPU reads nothing, so no file order to follow: straight
+        # from the shared views (over a caller's read-only bytes these are copies:
+        # torch has no read-only tensors).
+        tt = _torch_interop()
+        return {name: _shared_torch(reader, tt, name) for name in names}
+    got = reader.read_torch(names, copy=mmap is False, device=device)
+    return {name: got[name] for name in names}
+
+
+def load_numpy(f, *, mmap=True, flat=True):
     """Every tensor of a checkpoint as ``{dotted name: numpy array}`` (no torch
     needed): views of a private copy-on-write map of the file (writable), or
     read-only views when ``f`` is bytes. ``mmap=False`` gives arrays that own their
-    memory."""
+    memory. ``flat=False`` gives the checkpoint's own object, as for :func:`load`."""
     with open(f) as reader:
         names = reader.keys()
         got = reader.read_numpy(names, copy=not mmap)
+        if not flat:
+            return reader._pytorch_structure(got.__getitem__)
         return {name: got[name] for name in names}
