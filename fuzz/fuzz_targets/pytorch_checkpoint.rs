@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
 fn tensor_leaves(node: &Node, out: &mut Vec<std::sync::Arc<str>>) {
     match node {
         Node::Tensor(name) => out.push(name.clone()),
-        Node::Value(_) => {}
+        Node::Value(_) | Node::Dtype(_) => {}
         Node::Dict { items, .. } => items.iter().for_each(|(_, v)| tensor_leaves(v, out)),
         Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
             items.iter().for_each(|v| tensor_leaves(v, out))

@@ -411,22 +411,25 @@ fn read_into_one(
     fill_dense(py, src, at, name, out)
 }
 
-/// A [`Node`](tensorwire::pytorch::Node) as the Python object `torch.load` makes.
+/// A [`Node`](tensorwire::pytorch::Node) as the Python object `torch.load` makes,
+/// with `tensor(name)` for each tensor and `dtype(name)` for each torch dtype.
 fn node_to_py<'py>(
     py: Python<'py>,
     node: &tensorwire::pytorch::Node,
     tensor: &Bound<'py, PyAny>,
+    dtype: &Bound<'py, PyAny>,
     ordered_dict: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     use tensorwire::pytorch::Node;
     let all = |items: &[Node]| -> PyResult<Vec<Bound<'py, PyAny>>> {
         items
             .iter()
-            .map(|n| node_to_py(py, n, tensor, ordered_dict))
+            .map(|n| node_to_py(py, n, tensor, dtype, ordered_dict))
             .collect()
     };
     Ok(match node {
         Node::Tensor(name) => tensor.call1((&**name,))?,
+        Node::Dtype(name) => dtype.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
@@ -438,12 +441,10 @@ fn node_to_py<'py>(
                 PyDict::new(py).into_any()
             };
             for (key, value) in items {
-                let mut key = node_to_py(py, key, tensor, ordered_dict)?;
-                // A tuple key comes back as a list (scalars only); make it hashable.
-                if let Ok(list) = key.cast::<PyList>() {
-                    key = list.to_tuple().into_any();
-                }
-                dict.set_item(key, node_to_py(py, value, tensor, ordered_dict)?)?;
+                dict.set_item(
+                    node_to_py(py, key, tensor, dtype, ordered_dict)?,
+                    node_to_py(py, value, tensor, dtype, ordered_dict)?,
+                )?;
             }
             dict
         }
@@ -538,11 +539,13 @@ impl Reader {
 
     /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (`OrderedDict`
     /// where the checkpoint has one), lists, tuples, sets and scalars, with each
-    /// tensor replaced by `tensor(name)`.
+    /// tensor replaced by `tensor(name)` and each torch dtype by `dtype(name)`
+    /// (`"torch.float16"`).
     fn _pytorch_structure<'py>(
         &self,
         py: Python<'py>,
         tensor: &Bound<'py, PyAny>,
+        dtype: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let reader = self
             .src()?
@@ -553,9 +556,9 @@ impl Reader {
                     "the nested object is kept for one PyTorch checkpoint only",
                 ))
             })?;
-        let tree = reader.structure().or_raise()?;
+        let tree = py.detach(|| reader.structure()).or_raise()?;
         let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
-        node_to_py(py, &tree, tensor, &ordered_dict)
+        node_to_py(py, &tree, tensor, dtype, &ordered_dict)
     }
 
     /// Whether a safetensors file's header has `__metadata__`, even an empty one

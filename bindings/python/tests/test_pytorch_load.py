@@ -203,7 +203,7 @@ def test_load_numpy_nested_keeps_int_keys_of_an_optimizer_state():
     assert type(group["betas"]) is tuple and group["lr"] == 1e-3
     assert pytorch.load_numpy(os.path.join(FIXTURES, "single.pt"), flat=False).shape == (5,)
     with pytest.raises(tw.UnsupportedError, match="one PyTorch checkpoint"):
-        tw.Reader(os.path.join(REPO, "fixtures", "safetensors", "numpy.safetensors"))._pytorch_structure(str)
+        tw.Reader(os.path.join(REPO, "fixtures", "safetensors", "numpy.safetensors"))._pytorch_structure(str, str)
 
 
 def _same_object(got, want, where="root"):
@@ -244,3 +244,30 @@ def test_load_nested_equals_torch_load(path, want):
         flat = pytorch.load(path)
         for t in want["tensors"]:
             assert flat[t["name"]].stride() == tuple(t["strides"]), t["name"]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("zipfile", [True, False])
+def test_load_nested_training_checkpoint(tmp_path, zipfile):
+    """What a training loop saves: a model, its optimizer and scheduler, dtypes, and a
+    long history of repeated small values (many references, few objects)."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3)
+    ckpt = {
+        "model": model.state_dict(), "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(), "epoch": 7, "dtype": torch.bfloat16,
+        "history": [{"epoch": i % 50, "loss": 0.5, "split": "train"} for i in range(20000)],
+        "zeros": [0] * 40000, "tags": {"a", "b"}, "blob": b"\x00\x01",
+    }
+    path = tmp_path / "ckpt.pt"
+    torch.save(ckpt, path, _use_new_zipfile_serialization=zipfile)
+    got = pytorch.load(path, flat=False)
+    _same_object(got, torch.load(path, weights_only=True))
+    assert got["dtype"] is torch.bfloat16
+    assert pytorch.load_numpy(path, flat=False)["dtype"] == "torch.bfloat16"
+    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=0.01)
+    fresh.load_state_dict(got["optimizer"])
+    assert fresh.state_dict()["param_groups"] == opt.state_dict()["param_groups"]

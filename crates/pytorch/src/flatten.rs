@@ -25,9 +25,11 @@ pub const ROOT_TENSOR_NAME: &str = "tensor";
 pub enum Node {
     /// A tensor, by its name among the reader's tensors.
     Tensor(Arc<str>),
-    /// A scalar: None, bool, int, float, str, bytes, or a torch dtype or allowlisted
-    /// global by name.
+    /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global (a
+    /// class or function) by name.
     Value(Value),
+    /// A torch dtype, by its name (`torch.float16`).
+    Dtype(&'static str),
     /// A dict (`ordered` for an `OrderedDict`), in insertion order.
     Dict {
         /// Keys and values.
@@ -319,6 +321,7 @@ impl<'a> Walker<'a> {
                     _ => Node::List(nodes),
                 }
             }
+            Obj::Global(Global::Dtype(d)) => Node::Dtype(torch_dtype_name(*d)),
             Obj::Tuple(span) => Node::Tuple(
                 arena
                     .tuple_items(*span)

@@ -61,8 +61,10 @@ pub struct PtReader {
     /// The ZIP archive (ZIP files only: `None` is a legacy checkpoint): where each
     /// storage's record lies, and each record's CRC for `verify`.
     archive: Option<ZipArchive>,
-    /// The unpickled object and its root, kept for [`PtReader::structure`].
-    object: (Arena, Id),
+    /// Where the object pickle is (ZIP files: the `data.pkl` record; legacy files
+    /// are parsed again), for [`PtReader::structure`], which runs it again rather
+    /// than keeping every object for the reader's lifetime.
+    object_pickle: Option<ZipEntry>,
 }
 
 impl std::fmt::Debug for PtReader {
@@ -120,6 +122,32 @@ impl PersistentLoad for ZipStorages<'_> {
             self.seen.insert(storage.key.clone(), (nbytes, index));
         }
         Ok(storage)
+    }
+}
+
+/// Storages of an object pickle run again: they were checked when the file opened.
+struct AnyStorage;
+
+impl PersistentLoad for AnyStorage {
+    fn load(&mut self, arena: &Arena, pid: Id, offset: u64) -> Result<StorageRef> {
+        StorageRef::from_persistent_id(arena, pid, offset)
+    }
+}
+
+/// Fails unless every tensor leaf of `node` is a tensor of `index`.
+fn check_leaves(node: &Node, index: &TensorIndex) -> Result<()> {
+    match node {
+        Node::Tensor(name) => index.position(name).map(|_| ()).map_err(|_| {
+            Error::malformed(
+                0,
+                format!("the checkpoint changed since it was opened: `{name}`"),
+            )
+        }),
+        Node::Value(_) | Node::Dtype(_) => Ok(()),
+        Node::Dict { items, .. } => items.iter().try_for_each(|(_, v)| check_leaves(v, index)),
+        Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
+            items.iter().try_for_each(|v| check_leaves(v, index))
+        }
     }
 }
 
@@ -288,8 +316,8 @@ impl PtReader {
             .collect();
         PtReader::build(
             input,
-            Some(archive),
-            unpickled.arena,
+            Some((archive, pkl_entry)),
+            &unpickled.arena,
             unpickled.root,
             data,
             little_endian,
@@ -317,7 +345,7 @@ impl PtReader {
         PtReader::build(
             input,
             None,
-            parsed.object.arena,
+            &parsed.object.arena,
             parsed.object.root,
             data,
             parsed.little_endian,
@@ -329,18 +357,19 @@ impl PtReader {
     /// its `archive`) or a legacy one (without).
     fn build(
         input: Input,
-        archive: Option<ZipArchive>,
-        arena: Arena,
+        zip: Option<(ZipArchive, ZipEntry)>,
+        arena: &Arena,
         root: Id,
         storages: NameMap<Arc<str>, StorageData>,
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {
+        let (archive, object_pickle) = zip.unzip();
         let flat = flatten(
-            &arena,
+            arena,
             root,
             limits.max_depth,
-            node_budget(&arena),
+            node_budget(arena),
             limits.max_tensors,
         )?;
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
@@ -386,7 +415,7 @@ impl PtReader {
             little_endian,
             limits: *limits,
             archive,
-            object: (arena, root),
+            object_pickle,
         })
     }
 
@@ -394,9 +423,26 @@ impl PtReader {
     /// tuples, sets, scalars), each tensor named as in [`TensorSource::tensors`]:
     /// what a caller needs to rebuild the nested object (an optimizer's state with
     /// its int keys, a training checkpoint's `epoch`) instead of the flat view.
+    ///
+    /// The pickle runs again (the objects are not kept after opening), so this costs
+    /// about what opening did. A tensor leaf the flat view lacks (the file changed
+    /// since it was opened) is an error.
     pub fn structure(&self) -> Result<Node> {
-        let (arena, root) = &self.object;
-        structure(arena, *root, self.limits.max_depth, node_budget(arena))
+        let limits = Self::pickle_limits(&self.limits);
+        let object = match &self.object_pickle {
+            Some(entry) => {
+                let pkl =
+                    zip::read_entry(&self.input, entry, self.limits.max_metadata_bytes, true)?;
+                pickle::unpickle(&pkl, entry.data_offset, &limits, &mut AnyStorage)?
+            }
+            None => legacy::parse(&self.input, &limits, self.limits.max_metadata_bytes)?.object,
+        };
+        // `Walker::node` counts a node and its scalar value, and each dict key: up to
+        // three counts where flattening made one.
+        let budget = node_budget(&object.arena).saturating_mul(3);
+        let tree = structure(&object.arena, object.root, self.limits.max_depth, budget)?;
+        check_leaves(&tree, &self.index)?;
+        Ok(tree)
     }
 
     /// The container format.

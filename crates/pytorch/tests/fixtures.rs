@@ -200,7 +200,7 @@ fn tensor_leaves(node: &tensorwire_pytorch::Node, out: &mut Vec<String>) {
     use tensorwire_pytorch::Node;
     match node {
         Node::Tensor(name) => out.push(name.to_string()),
-        Node::Value(_) => {}
+        Node::Value(_) | Node::Dtype(_) => {}
         Node::Dict { items, .. } => items.iter().for_each(|(_, v)| tensor_leaves(v, out)),
         Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
             items.iter().for_each(|v| tensor_leaves(v, out))

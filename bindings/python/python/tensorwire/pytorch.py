@@ -100,7 +100,12 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     device = "cpu" if map_location is None else map_location
     with open(f) as reader:
         tensors = _torch_tensors(reader, device, mmap)
-        return tensors if flat else reader._pytorch_structure(tensors.__getitem__)
+        if flat:
+            return tensors
+        import torch
+
+        return reader._pytorch_structure(
+            tensors.__getitem__, lambda name: getattr(torch, name[len("torch."):]))
 
 
 def _torch_tensors(reader, device, mmap):
@@ -125,5 +130,5 @@ def load_numpy(f, *, mmap=True, flat=True):
         names = reader.keys()
         got = reader.read_numpy(names, copy=not mmap)
         if not flat:
-            return reader._pytorch_structure(got.__getitem__)
+            return reader._pytorch_structure(got.__getitem__, str)  # dtypes by name
         return {name: got[name] for name in names}
