@@ -157,6 +157,7 @@ def main(argv=None) -> int:
         ("zip", "tensorwire read_torch(k, copy=True)", tw_torch(zip_path, True), "cp"),
         ("zip", "torch.load(weights_only=True)", torch_load(zip_path, False), "cp"),
         ("zip", "tensorwire.pytorch.load", lambda: tw.pytorch.load(zip_path), "zc"),
+        ("zip", "tensorwire.pytorch.load(flat=False)", lambda: tw.pytorch.load(zip_path, flat=False), "zc"),
         ("zip", "torch.load(weights_only=True, mmap=True)", torch_load(zip_path, True), "zc"),
         # Legacy storages sit at unaligned offsets: numpy gets unaligned zero-copy
         # views, torch (which needs aligned data) copies. No floor reads this file.
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
         ("legacy", "tensorwire: open + read one 6 MiB tensor", tw_one_legacy, None),
     ]
     if ztensor is not None:
-        rows.insert(10, ("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc"))
+        rows.insert(11, ("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc"))
 
     if only:  # e.g. BENCH_ONLY=zip: only rows of that file (floors included)
         rows = [r for r in rows if r[0] == only]
