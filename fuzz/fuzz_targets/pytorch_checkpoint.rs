@@ -8,7 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tensorwire_core::{Limits, TensorSource};
-use tensorwire_pytorch::{Input, Node, PtReader};
+use tensorwire_pytorch::{Input, PtReader};
 
 fn limits() -> Limits {
     Limits {
@@ -74,22 +74,10 @@ fuzz_target!(|data: &[u8]| {
 
     // The nested object names exactly the listed tensors, in order.
     if let Ok(tree) = reader.structure() {
-        let mut leaves = Vec::new();
-        tensor_leaves(&tree, &mut leaves);
+        let leaves: Vec<_> = tree.tensor_names().into_iter().cloned().collect();
         assert_eq!(
             leaves, names,
             "the structure's tensors differ from the flat view"
         );
     }
 });
-
-fn tensor_leaves(node: &Node, out: &mut Vec<std::sync::Arc<str>>) {
-    match node {
-        Node::Tensor(name) => out.push(name.clone()),
-        Node::Value(_) | Node::Dtype(_) => {}
-        Node::Dict { items, .. } => items.iter().for_each(|(_, v)| tensor_leaves(v, out)),
-        Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
-            items.iter().for_each(|v| tensor_leaves(v, out))
-        }
-    }
-}

@@ -45,6 +45,26 @@ pub enum Node {
     Set(Vec<Node>),
 }
 
+impl Node {
+    /// The names of the tensor leaves, depth first (the flat view's order).
+    pub fn tensor_names(&self) -> Vec<&Arc<str>> {
+        let mut out = Vec::new();
+        self.push_tensor_names(&mut out);
+        out
+    }
+
+    fn push_tensor_names<'a>(&'a self, out: &mut Vec<&'a Arc<str>>) {
+        match self {
+            Node::Tensor(name) => out.push(name),
+            Node::Value(_) | Node::Dtype(_) => {}
+            Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.push_tensor_names(out)),
+            Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
+                items.iter().for_each(|v| v.push_tensor_names(out))
+            }
+        }
+    }
+}
+
 /// What the object holds.
 pub struct Flat<'a> {
     /// Tensors, in the order the pickle lists them (a top-level key's name is the
@@ -65,48 +85,24 @@ pub fn flatten(
     max_nodes: u64,
     max_tensors: u64,
 ) -> Result<Flat<'_>> {
-    let mut walker = Walker {
-        arena,
-        max_depth,
-        max_nodes,
-        max_tensors,
-        nodes: 0,
-        flat: Flat {
-            tensors: Vec::new(),
-            attributes: Default::default(),
-        },
-        names: NameSet::default(),
-        holds_tensor: vec![None; arena.len()],
-    };
-    if matches!(arena.get(root), Obj::Tensor(_)) {
-        walker.visit(root, ROOT_TENSOR_NAME.into(), 0)?;
-    } else {
-        walker.visit(root, "".into(), 0)?;
-    }
+    let mut walker = Walker::new(arena, max_depth, max_nodes, max_tensors);
+    walker.visit(root, root_name(arena, root), 0)?;
     Ok(walker.flat)
+}
+
+/// The flat name of the object at `root`: a bare tensor is [`ROOT_TENSOR_NAME`];
+/// a container's children are named from the empty prefix.
+fn root_name(arena: &Arena, root: Id) -> Arc<str> {
+    match arena.get(root) {
+        Obj::Tensor(_) => ROOT_TENSOR_NAME.into(),
+        _ => "".into(),
+    }
 }
 
 /// The object from `root` as a [`Node`] tree, within the same bounds as [`flatten`]
 /// (which must have accepted it: tensor names are made the same way).
 pub fn structure(arena: &Arena, root: Id, max_depth: usize, max_nodes: u64) -> Result<Node> {
-    let mut walker = Walker {
-        arena,
-        max_depth,
-        max_nodes,
-        max_tensors: u64::MAX,
-        nodes: 0,
-        flat: Flat {
-            tensors: Vec::new(),
-            attributes: Default::default(),
-        },
-        names: NameSet::default(),
-        holds_tensor: vec![None; arena.len()],
-    };
-    let name = match arena.get(root) {
-        Obj::Tensor(_) => ROOT_TENSOR_NAME.into(),
-        _ => "".into(),
-    };
-    walker.node(root, name, 0)
+    Walker::new(arena, max_depth, max_nodes, u64::MAX).node(root, root_name(arena, root), 0)
 }
 
 struct Walker<'a> {
@@ -156,6 +152,22 @@ fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
 }
 
 impl<'a> Walker<'a> {
+    fn new(arena: &'a Arena, max_depth: usize, max_nodes: u64, max_tensors: u64) -> Self {
+        Walker {
+            arena,
+            max_depth,
+            max_nodes,
+            max_tensors,
+            nodes: 0,
+            flat: Flat {
+                tensors: Vec::new(),
+                attributes: Default::default(),
+            },
+            names: NameSet::default(),
+            holds_tensor: vec![None; arena.len()],
+        }
+    }
+
     fn count(&mut self) -> Result<()> {
         self.nodes += 1;
         Error::check_limit(

@@ -136,19 +136,15 @@ impl PersistentLoad for AnyStorage {
 
 /// Fails unless every tensor leaf of `node` is a tensor of `index`.
 fn check_leaves(node: &Node, index: &TensorIndex) -> Result<()> {
-    match node {
-        Node::Tensor(name) => index.position(name).map(|_| ()).map_err(|_| {
+    for name in node.tensor_names() {
+        index.position(name).map_err(|_| {
             Error::malformed(
                 0,
                 format!("the checkpoint changed since it was opened: `{name}`"),
             )
-        }),
-        Node::Value(_) | Node::Dtype(_) => Ok(()),
-        Node::Dict { items, .. } => items.iter().try_for_each(|(_, v)| check_leaves(v, index)),
-        Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
-            items.iter().try_for_each(|v| check_leaves(v, index))
-        }
+        })?;
     }
+    Ok(())
 }
 
 /// How many object nodes walking the object may visit: shared sub-objects are
