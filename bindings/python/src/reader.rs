@@ -561,6 +561,27 @@ impl Reader {
         node_to_py(py, &tree, tensor, dtype, &ordered_dict)
     }
 
+    /// Where each tensor of a PyTorch checkpoint lived when saved (`"cpu"`,
+    /// `"cuda:0"`), in `keys()` order.
+    fn _pytorch_locations(&self) -> PyResult<Vec<String>> {
+        let src = self.src()?;
+        let reader = src
+            .as_any()
+            .downcast_ref::<tensorwire::pytorch::PtReader>()
+            .ok_or_else(|| to_pyerr(Error::unsupported("not a PyTorch checkpoint")))?;
+        src.tensors()
+            .iter()
+            .map(|t| {
+                Ok(reader
+                    .record(&t.name)
+                    .or_raise()?
+                    .storage
+                    .location
+                    .to_string())
+            })
+            .collect()
+    }
+
     /// Whether a safetensors file's header has `__metadata__`, even an empty one
     /// (`None` for other formats).
     fn _safetensors_has_metadata(&self) -> PyResult<Option<bool>> {

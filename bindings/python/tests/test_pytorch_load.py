@@ -89,7 +89,7 @@ def test_open_refuses_other_formats_and_bad_arguments():
     with pytest.raises(tw.InvalidArgumentError, match="weights_only"):
         pytorch.load(st, weights_only=False)
     with pytest.raises(tw.InvalidArgumentError, match="map_location"):
-        pytorch.load(st, map_location={"cuda:1": "cuda:0"})
+        pytorch.load(st, map_location=lambda storage, location: storage)
     with pytest.raises(tw.FormatError):
         pytorch.load_numpy(b"PK\x03\x04 not really a zip")
     with pytest.raises(FileNotFoundError):
@@ -271,3 +271,22 @@ def test_load_nested_training_checkpoint(tmp_path, zipfile):
     fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=0.01)
     fresh.load_state_dict(got["optimizer"])
     assert fresh.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_map_location_dict_maps_saved_locations():
+    """Every fixture was saved on the CPU: a dict that maps "cpu" moves every tensor
+    (to torch's "meta" device here, which needs no GPU); one that does not list "cpu"
+    leaves them where they were saved, zero-copy."""
+    path = os.path.join(FIXTURES, "module.pt")
+    with pytorch.open(path) as r:
+        assert set(r._pytorch_locations()) == {"cpu"}
+        assert len(r._pytorch_locations()) == len(r.keys())
+    moved = pytorch.load(path, map_location={"cpu": "meta"})
+    assert all(t.device.type == "meta" for t in moved.values())
+    kept = pytorch.load(path, map_location={"cuda:1": "meta"})
+    shared = pytorch.load(path)
+    for k, t in kept.items():
+        assert t.device.type == "cpu" and torch.equal(t, shared[k]), k
+    nested = pytorch.load(path, map_location={"cpu": "meta"}, flat=False)
+    assert all(t.device.type == "meta" for t in nested.values())

@@ -73,9 +73,13 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     Args:
         f: as for :func:`open`.
         map_location: ``None`` or ``"cpu"`` keeps tensors on the CPU; a device
-            (``"cuda:0"``, ``torch.device(...)``) moves every tensor there. Saved
-            devices are not restored: nothing touches a GPU unless asked. A dict or
-            a function (which torch also takes) is refused.
+            (``"cuda:0"``, ``torch.device(...)``) moves every tensor there; a dict
+            ``{saved location: device}`` (``{"cuda:1": "cuda:0"}``) maps each
+            tensor's saved location, and one it does not list goes back there, as
+            with torch (tensors that shared a storage are moved one by one, so they
+            no longer share it). Without a dict saved devices are not restored:
+            nothing touches a GPU unless asked. A function (which torch also takes)
+            is refused.
         mmap: ``None`` or ``True``: tensors share a private copy-on-write map of the
             file (zero-copy; writable, and writes never reach the file). ``False``,
             and always when ``f`` is bytes or a file object: every tensor owns its
@@ -93,19 +97,34 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     if weights_only is False:
         raise InvalidArgumentError(
             "weights_only=False would run pickled code; tensorwire never does")
-    if map_location is not None and not isinstance(map_location, str) and not hasattr(
-            map_location, "type"):
+    if isinstance(map_location, dict):
+        devices = {str(k): v for k, v in map_location.items()}
+    elif map_location is None or isinstance(map_location, str) or hasattr(map_location, "type"):
+        devices = None
+    else:
         raise InvalidArgumentError(
-            f"map_location must be a device (str or torch.device), not {map_location!r}")
-    device = "cpu" if map_location is None else map_location
+            f"map_location must be a device (str or torch.device) or a dict of them, "
+            f"not {map_location!r}")
+    device = "cpu" if map_location is None or devices is not None else map_location
     with open(f) as reader:
         tensors = _torch_tensors(reader, device, mmap)
+        if devices:
+            _move_by_location(reader, tensors, devices)
         if flat:
             return tensors
         import torch
 
         return reader._pytorch_structure(
             tensors.__getitem__, lambda name: getattr(torch, name[len("torch."):]))
+
+
+def _move_by_location(reader, tensors, devices):
+    """Moves each tensor to ``devices[its saved location]``, or back to that location
+    when ``devices`` does not list it (torch's dict ``map_location``)."""
+    for (name, t), saved in zip(list(tensors.items()), reader._pytorch_locations()):
+        target = devices.get(saved, saved)
+        if str(target) != "cpu":
+            tensors[name] = t.to(target)
 
 
 def _torch_tensors(reader, device, mmap):
