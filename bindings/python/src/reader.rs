@@ -101,6 +101,18 @@ fn zt(src: &dyn TensorSource) -> Option<&ZtReader> {
     src.as_any().downcast_ref::<ZtReader>()
 }
 
+/// `src` as a PyTorch checkpoint, for the calls only those answer.
+fn pytorch(src: &dyn TensorSource) -> PyResult<&tensorwire::pytorch::PtReader> {
+    src.as_any()
+        .downcast_ref::<tensorwire::pytorch::PtReader>()
+        .ok_or_else(|| {
+            to_pyerr(Error::unsupported(format!(
+                "this needs one PyTorch checkpoint, not a {} source",
+                src.format()
+            )))
+        })
+}
+
 /// The info of the dense tensor at `at`.
 fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
     let info = src.info_at(at).or_raise()?;
@@ -547,15 +559,7 @@ impl Reader {
         tensor: &Bound<'py, PyAny>,
         dtype: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let reader = self
-            .src()?
-            .as_any()
-            .downcast_ref::<tensorwire::pytorch::PtReader>()
-            .ok_or_else(|| {
-                to_pyerr(Error::unsupported(
-                    "the nested object is kept for one PyTorch checkpoint only",
-                ))
-            })?;
+        let reader = pytorch(self.src()?)?;
         let tree = py.detach(|| reader.structure()).or_raise()?;
         let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
         node_to_py(py, &tree, tensor, dtype, &ordered_dict)
@@ -564,22 +568,11 @@ impl Reader {
     /// Where each tensor of a PyTorch checkpoint lived when saved (`"cpu"`,
     /// `"cuda:0"`), in `keys()` order.
     fn _pytorch_locations(&self) -> PyResult<Vec<String>> {
-        let src = self.src()?;
-        let reader = src
-            .as_any()
-            .downcast_ref::<tensorwire::pytorch::PtReader>()
-            .ok_or_else(|| to_pyerr(Error::unsupported("not a PyTorch checkpoint")))?;
-        src.tensors()
+        let records = pytorch(self.src()?)?.records();
+        Ok(records
             .iter()
-            .map(|t| {
-                Ok(reader
-                    .record(&t.name)
-                    .or_raise()?
-                    .storage
-                    .location
-                    .to_string())
-            })
-            .collect()
+            .map(|r| r.storage.location.to_string())
+            .collect())
     }
 
     /// Whether a safetensors file's header has `__metadata__`, even an empty one

@@ -288,13 +288,15 @@ impl<'a> Walker<'a> {
     }
 
     /// The object `id`, named `name` in the flat view, as a [`Node`]. Names are
-    /// made only on the way to tensors, as [`Walker::visit`] makes them.
+    /// made only on the way to tensors, as [`Walker::visit`] makes them, and each
+    /// object is counted once, as there (dict keys not at all).
     fn node(&mut self, id: Id, name: Arc<str>, depth: usize) -> Result<Node> {
         if depth > self.max_depth {
             return Err(self.too_deep(&name));
         }
         self.count()?;
         let arena = self.arena;
+        // A child, named (`name`) only when it holds a tensor.
         let child = |walker: &mut Self, item: Id, name: &dyn Fn() -> Result<Arc<str>>| {
             let name = if walker.holds_tensor(item, depth + 1)? {
                 name()?
@@ -302,6 +304,14 @@ impl<'a> Walker<'a> {
                 "".into()
             };
             walker.node(item, name, depth + 1)
+        };
+        // A list, tuple or set: children named by position.
+        let items = |walker: &mut Self, items: &[Id]| -> Result<Vec<Node>> {
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| child(walker, v, &|| Ok(join(&name, &i.to_string()))))
+                .collect()
         };
         Ok(match arena.get(id) {
             Obj::Tensor(_) => Node::Tensor(name),
@@ -315,34 +325,18 @@ impl<'a> Walker<'a> {
                 items: items
                     .iter()
                     .map(|&(k, v)| {
-                        let key = Node::Value(self.value(k, depth + 1)?);
+                        let key = Node::Value(self.value_uncounted(k, depth + 1)?);
                         let value = child(self, v, &|| child_name(arena, &name, k))?;
                         Ok((key, value))
                     })
                     .collect::<Result<_>>()?,
                 ordered: *ordered,
             },
-            Obj::List(items) | Obj::Set(items) => {
-                let nodes = items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| child(self, v, &|| Ok(join(&name, &i.to_string()))))
-                    .collect::<Result<_>>()?;
-                match arena.get(id) {
-                    Obj::Set(_) => Node::Set(nodes),
-                    _ => Node::List(nodes),
-                }
-            }
+            Obj::List(list) => Node::List(items(self, list)?),
+            Obj::Set(set) => Node::Set(items(self, set)?),
+            Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
             Obj::Global(Global::Dtype(d)) => Node::Dtype(torch_dtype_name(*d)),
-            Obj::Tuple(span) => Node::Tuple(
-                arena
-                    .tuple_items(*span)
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| child(self, v, &|| Ok(join(&name, &i.to_string()))))
-                    .collect::<Result<_>>()?,
-            ),
-            _ => Node::Value(self.value(id, depth)?),
+            _ => Node::Value(self.value_uncounted(id, depth)?),
         })
     }
 
@@ -352,6 +346,12 @@ impl<'a> Walker<'a> {
             return Err(self.too_deep("value"));
         }
         self.count()?;
+        self.value_uncounted(id, depth)
+    }
+
+    /// [`Walker::value`] for an object already counted (or, a dict key, not counted
+    /// by [`Walker::visit`] either).
+    fn value_uncounted(&mut self, id: Id, depth: usize) -> Result<Value> {
         let arena = self.arena;
         Ok(match arena.get(id) {
             Obj::None => Value::Null,

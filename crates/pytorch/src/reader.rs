@@ -58,13 +58,18 @@ pub struct PtReader {
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
     limits: Limits,
-    /// The ZIP archive (ZIP files only: `None` is a legacy checkpoint): where each
-    /// storage's record lies, and each record's CRC for `verify`.
-    archive: Option<ZipArchive>,
-    /// Where the object pickle is (ZIP files: the `data.pkl` record; legacy files
-    /// are parsed again), for [`PtReader::structure`], which runs it again rather
-    /// than keeping every object for the reader's lifetime.
-    object_pickle: Option<ZipEntry>,
+    /// The ZIP container (ZIP files only: `None` is a legacy checkpoint).
+    zip: Option<ZipParts>,
+}
+
+/// What a ZIP checkpoint's reader keeps of the archive.
+#[derive(Debug)]
+struct ZipParts {
+    /// Where each storage's record lies, and each record's CRC for `verify`.
+    archive: ZipArchive,
+    /// The index of the `data.pkl` record, run again by [`PtReader::structure`]
+    /// (rather than keeping every object for the reader's lifetime).
+    pickle: usize,
 }
 
 impl std::fmt::Debug for PtReader {
@@ -312,7 +317,10 @@ impl PtReader {
             .collect();
         PtReader::build(
             input,
-            Some((archive, pkl_entry)),
+            Some(ZipParts {
+                archive,
+                pickle: pkl_index,
+            }),
             &unpickled.arena,
             unpickled.root,
             data,
@@ -353,14 +361,13 @@ impl PtReader {
     /// its `archive`) or a legacy one (without).
     fn build(
         input: Input,
-        zip: Option<(ZipArchive, ZipEntry)>,
+        zip: Option<ZipParts>,
         arena: &Arena,
         root: Id,
         storages: NameMap<Arc<str>, StorageData>,
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {
-        let (archive, object_pickle) = zip.unzip();
         let flat = flatten(
             arena,
             root,
@@ -382,7 +389,7 @@ impl PtReader {
             let (start, end) = record.byte_extent()?;
             let (data_offset, deflated) = match data {
                 StorageData::Zip(i) => {
-                    let entry = zip_entry(&archive, *i);
+                    let entry = zip_entry(&zip, *i);
                     (entry.data_offset, entry.method == Method::Deflated)
                 }
                 StorageData::Legacy { storage, .. } => (storage.data_offset, false),
@@ -401,17 +408,15 @@ impl PtReader {
             })?;
             records.push(record.clone());
         }
-        let attributes = flat.attributes;
         Ok(PtReader {
             input,
             records,
             index,
             storages,
-            attributes,
+            attributes: flat.attributes,
             little_endian,
             limits: *limits,
-            archive,
-            object_pickle,
+            zip,
         })
     }
 
@@ -425,25 +430,28 @@ impl PtReader {
     /// since it was opened) is an error.
     pub fn structure(&self) -> Result<Node> {
         let limits = Self::pickle_limits(&self.limits);
-        let object = match &self.object_pickle {
-            Some(entry) => {
+        let object = match &self.zip {
+            Some(zip) => {
+                let entry = &zip.archive.entries()[zip.pickle];
                 let pkl =
                     zip::read_entry(&self.input, entry, self.limits.max_metadata_bytes, true)?;
                 pickle::unpickle(&pkl, entry.data_offset, &limits, &mut AnyStorage)?
             }
             None => legacy::parse(&self.input, &limits, self.limits.max_metadata_bytes)?.object,
         };
-        // `Walker::node` counts a node and its scalar value, and each dict key: up to
-        // three counts where flattening made one.
-        let budget = node_budget(&object.arena).saturating_mul(3);
-        let tree = structure(&object.arena, object.root, self.limits.max_depth, budget)?;
+        let tree = structure(
+            &object.arena,
+            object.root,
+            self.limits.max_depth,
+            node_budget(&object.arena),
+        )?;
         check_leaves(&tree, &self.index)?;
         Ok(tree)
     }
 
     /// The container format.
     pub fn pt_format(&self) -> PtFormat {
-        if self.archive.is_some() {
+        if self.zip.is_some() {
             PtFormat::Zip
         } else {
             PtFormat::Legacy
@@ -460,6 +468,11 @@ impl PtReader {
         self.position(name).map(|i| &self.records[i])
     }
 
+    /// Every tensor's record, in the order of [`TensorSource::tensors`].
+    pub fn records(&self) -> &[TensorRecord] {
+        &self.records
+    }
+
     /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
     /// storage's first byte), with a flag saying whether they borrow the input.
     fn storage_range(&self, key: &str, start: u64, end: u64) -> Result<(Bytes, bool)> {
@@ -469,7 +482,7 @@ impl PtReader {
             .ok_or_else(|| Error::malformed(0, format!("storage `{key}` has no data")))?;
         match data {
             StorageData::Zip(i) => {
-                let entry = zip_entry(&self.archive, *i);
+                let entry = zip_entry(&self.zip, *i);
                 if entry.method == Method::Deflated {
                     let all =
                         zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
@@ -516,8 +529,10 @@ impl PtReader {
     /// Checks every storage: legacy element counts and, for ZIP files, each record's
     /// CRC-32. Returns how many checks were made.
     fn verify_all(&self) -> Result<usize> {
-        if let Some(archive) = &self.archive {
-            return archive.verify(&self.input, self.limits.max_decoded_bytes);
+        if let Some(zip) = &self.zip {
+            return zip
+                .archive
+                .verify(&self.input, self.limits.max_decoded_bytes);
         }
         for (key, data) in &self.storages {
             if let StorageData::Legacy { storage, counted } = data {
@@ -529,10 +544,10 @@ impl PtReader {
 }
 
 /// Record `index` of a ZIP checkpoint's archive (which every ZIP storage names).
-fn zip_entry(archive: &Option<ZipArchive>, index: usize) -> &ZipEntry {
-    &archive
-        .as_ref()
+fn zip_entry(zip: &Option<ZipParts>, index: usize) -> &ZipEntry {
+    &zip.as_ref()
         .expect("a ZIP checkpoint keeps its archive")
+        .archive
         .entries()[index]
 }
 
