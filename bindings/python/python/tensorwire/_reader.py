@@ -55,7 +55,7 @@ class Reader(_native.Reader):
         (zero-copy, like read_numpy); ``device`` moves them (e.g. "cuda:0").
         bfloat16 and float8 need no ml_dtypes here."""
         tt = _torch_interop()
-        on_cpu = device == "cpu" or str(device) == "cpu"
+        on_cpu = _on_cpu(device)
         if not copy and on_cpu:
             # The common calls, kept short: a state dict loader makes them once per
             # tensor, so every Python step here counts.
@@ -118,6 +118,11 @@ class Reader(_native.Reader):
 
     def __repr__(self):
         return _native.Reader.__repr__(self)
+
+
+def _on_cpu(device):
+    """True when a torch ``device`` argument names the CPU."""
+    return device == "cpu" or str(device) == "cpu"
 
 
 def _shared_torch(reader, tt, name):

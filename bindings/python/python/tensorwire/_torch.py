@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -41,19 +43,15 @@ def torch_type(name, shape):
     dt = TO_TORCH.get(name)
     if dt is not None:
         return dt, tuple(shape)
-    dt = RAW_TO_TORCH.get(name)
     if name not in _SAFETENSORS_RAW:
         raise TypeError(f"this torch build has no dtype for {name} tensors")
-    numel = 1
-    for d in shape:
-        numel *= d
-    raw_shape = (numel // 2 if name == _F4 else numel,)
+    dt = RAW_TO_TORCH.get(name)
+    if name == _F4:  # two values per byte, and per float4_e2m1fn_x2 element
+        if dt is not None and shape and shape[-1] % 2 == 0:
+            return dt, tuple(shape[:-1]) + (shape[-1] // 2,)
+        return torch.uint8, (math.prod(shape) // 2,)
     if dt is None:
-        return torch.uint8, raw_shape
-    if name == _F4:
-        if not shape or shape[-1] % 2:
-            return torch.uint8, raw_shape
-        return dt, tuple(shape[:-1]) + (shape[-1] // 2,)
+        return torch.uint8, (math.prod(shape),)
     return dt, tuple(shape)
 
 

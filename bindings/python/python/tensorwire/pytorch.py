@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from ._native import InvalidArgumentError, UnsafePickleError, UnsupportedError
-from ._reader import Reader, _shared_torch, _torch_interop
+from ._reader import Reader, _on_cpu, _shared_torch, _torch_interop
 
 __all__ = ["UnsafePickleError", "FORMATS", "open", "load", "load_numpy"]
 
@@ -57,11 +55,9 @@ def open(f):
 
 
 def _reader(f):
-    if isinstance(f, (str, bytes, os.PathLike)) and not isinstance(f, bytes):
+    if isinstance(f, (str, os.PathLike)):
         return Reader(f)
-    if hasattr(f, "read"):
-        f = f.read()
-    return Reader(buffer=np.frombuffer(f, dtype=np.uint8))
+    return Reader(buffer=f.read() if hasattr(f, "read") else f)
 
 
 def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
@@ -130,7 +126,7 @@ def _move_by_location(reader, tensors, devices):
 def _torch_tensors(reader, device, mmap):
     """``{name: torch tensor}`` of an open checkpoint, in the checkpoint's order."""
     names = reader.keys()
-    if mmap is not False and (device == "cpu" or str(device) == "cpu"):
+    if mmap is not False and _on_cpu(device):
         # Zero-copy on the CPU reads nothing, so no file order to follow: straight
         # from the shared views (over a caller's read-only bytes these are copies:
         # torch has no read-only tensors).

@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
-from .._reader import Reader, _logical_name, _torch_interop
+from .._reader import Reader, _logical_name, _on_cpu, _torch_interop
 
 __all__ = ["safe_open", "save_file", "save", "load_file", "load", "numpy", "torch"]
 
@@ -70,10 +70,6 @@ def _framework(framework):
         "package's load_file(filename, device), use tensorwire.formats.torch.load_file)")
 
 
-def _is_cpu(device):
-    return device == "cpu" or str(device) == "cpu"
-
-
 class _Loader:
     """Reads tensors of one reader for one framework and device."""
 
@@ -81,7 +77,7 @@ class _Loader:
         self.reader = reader
         self.framework = _framework(framework)
         self.device = device
-        if self.framework == "np" and not _is_cpu(device):
+        if self.framework == "np" and not _on_cpu(device):
             raise _native.InvalidArgumentError(
                 f"numpy arrays live on the CPU, not on {device!r}")
 
@@ -94,9 +90,7 @@ class _Loader:
 
     def from_view(self, view):
         """A slice of a CPU view in this framework, on this device."""
-        if self.framework == "np":
-            return view
-        if _is_cpu(self.device):
+        if self.framework == "np" or _on_cpu(self.device):
             return view
         return view.to(self.device)
 
@@ -220,8 +214,7 @@ def load(data, framework="np", device="cpu"):
     """Every tensor of a file held in memory (``bytes``, ``bytearray``, ``memoryview``,
     ``mmap``...) as ``{name: tensor}``: numpy arrays are read-only views of ``data``,
     which they keep alive; torch tensors are copies."""
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    with Reader(buffer=buffer) as reader:
+    with Reader(buffer=data) as reader:
         return _Loader(reader, framework, device).all()
 
 
