@@ -3,6 +3,8 @@
 //! tensor of the set, as the package wrote them; any other split, or a renamed one,
 //! opens as the one file it is; a missing or wrong split fails the open.
 
+// The fixture helpers of the formats crate's tests (same `fixtures/` depth).
+#[path = "../../formats/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -17,11 +19,14 @@ const SPLITS: [&str; 3] = [
 ];
 
 fn split_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gguf/split")
+    common::fixture("gguf/split")
 }
 
 fn expected(split: &str) -> serde_json::Value {
-    common::read_json(&split_dir().join(split.replace(".gguf", ".expected.json")))
+    common::expected(&format!(
+        "gguf/split/{}",
+        split.replace(".gguf", ".expected.json")
+    ))
 }
 
 #[test]

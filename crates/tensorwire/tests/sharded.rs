@@ -2,20 +2,22 @@
 //! torch pickle shards, each with its index) read back as one source equal to the
 //! state dict that was saved; and broken or hostile indexes are refused.
 
+// The fixture helpers of the formats crate's tests (same `fixtures/` depth).
+#[path = "../../formats/tests/common/mod.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::{dims, sha256_hex};
 use tensorwire::formats::safetensors::StDType;
 use tensorwire::{Error, ShardedSource, TensorSource, Value};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sharded")
+    common::fixture("sharded")
 }
 
 fn expected() -> serde_json::Value {
-    common::read_json(&fixtures().join("expected.json"))
+    common::expected("sharded/expected.json")
 }
 
 const INDEXES: [(&str, &str); 2] = [
