@@ -1,9 +1,9 @@
 //! Opens arbitrary bytes as a PyTorch checkpoint (ZIP or legacy) and, when it opens,
-//! reads every tensor through every path: `info`, `record`, `view`, `strided`,
-//! `verify` and the nested object (`structure`). Any call may return an error; none
-//! may panic, hang or allocate beyond the small limits below. Opening with the
-//! metadata read positionally (as `tensorwire::open` does) must give the same
-//! tensors as opening the image alone.
+//! reads every tensor through every path: `info`, `record`, `view`, `strided`, its
+//! whole storage (`storage_bytes`), `verify` and the nested object (`structure`).
+//! Any call may return an error; none may panic, hang or allocate beyond the small
+//! limits below. Opening with the metadata read positionally (as `tensorwire::open`
+//! does) must give the same tensors as opening the image alone.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -68,6 +68,22 @@ fuzz_target!(|data: &[u8]| {
                 "strided view of `{name}` does not cover its byte extent"
             );
             assert_eq!(strided.dtype, record.dtype);
+            // The tensor's bytes are its whole storage's from its stored offset on.
+            if let Ok((storage, _)) = reader.storage_bytes(record) {
+                let start = record
+                    .stored_byte_offset()
+                    .expect("offset of a read tensor");
+                let end = start + strided.bytes.len() as u64;
+                assert!(
+                    end <= storage.len() as u64,
+                    "`{name}` ends past its storage"
+                );
+                assert_eq!(
+                    &storage[start as usize..end as usize],
+                    &strided.bytes[..],
+                    "`{name}` is not where its storage holds it"
+                );
+            }
         }
     }
     let _ = reader.verify();

@@ -565,14 +565,51 @@ impl Reader {
         node_to_py(py, &tree, tensor, dtype, &ordered_dict)
     }
 
-    /// Where each tensor of a PyTorch checkpoint lived when saved (`"cpu"`,
-    /// `"cuda:0"`), in `keys()` order.
-    fn _pytorch_locations(&self) -> PyResult<Vec<String>> {
-        let records = pytorch(self.src()?)?.records();
-        Ok(records
+    /// How each tensor of a PyTorch checkpoint lies in its storage, in `keys()`
+    /// order: `(storage key, saved location, storage offset in elements, strides)`,
+    /// the offset counted from the start of the whole stored storage (what
+    /// `tensor.set_(storage, offset, size, stride)` takes).
+    #[allow(clippy::type_complexity)]
+    fn _pytorch_storages(&self) -> PyResult<Vec<(String, String, u64, Vec<u64>)>> {
+        pytorch(self.src()?)?
+            .records()
             .iter()
-            .map(|r| r.storage.location.to_string())
-            .collect())
+            .map(|r| {
+                let offset = r.stored_byte_offset().or_raise()? / r.element_size().max(1);
+                Ok((
+                    r.storage.key.to_string(),
+                    r.storage.location.to_string(),
+                    offset,
+                    r.strides.to_vec(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The whole stored storage that tensor `name` lies in, as a `uint8` array for
+    /// torch: a view of the reader's private map where it is mapped, aligned and
+    /// little-endian and `copy` is false, else a fresh array (byte-swapped for a
+    /// big-endian checkpoint).
+    fn _pytorch_storage<'py>(
+        &self,
+        py: Python<'py>,
+        name: &Bound<'py, PyAny>,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let src = self.src()?;
+        let at = self.position_of_any(src, name)?;
+        let record = &pytorch(src)?.records()[at];
+        let (bytes, borrowed) = pytorch(src)?.storage_bytes(record).or_raise()?;
+        let dims = [bytes.len() as u64];
+        if borrowed && !copy && lendable(&bytes, record.dtype, Lend::Torch) {
+            return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
+        }
+        let (array, mut buf) = arrays::fresh(py, DType::U8, &dims)?;
+        let dst = buf.as_mut_slice();
+        maybe_detach(py, dst.len(), || {
+            copy_exact(&record.storage.key, dst, &bytes)
+        })
+        .map(|()| array)
     }
 
     /// Whether a safetensors file's header has `__metadata__`, even an empty one

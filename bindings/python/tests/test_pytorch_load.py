@@ -89,7 +89,7 @@ def test_open_refuses_other_formats_and_bad_arguments():
     with pytest.raises(tw.InvalidArgumentError, match="weights_only"):
         pytorch.load(st, weights_only=False)
     with pytest.raises(tw.InvalidArgumentError, match="map_location"):
-        pytorch.load(st, map_location=lambda storage, location: storage)
+        pytorch.load(st, map_location=42)
     with pytest.raises(tw.FormatError):
         pytorch.load_numpy(b"PK\x03\x04 not really a zip")
     with pytest.raises(FileNotFoundError):
@@ -273,20 +273,116 @@ def test_load_nested_training_checkpoint(tmp_path, zipfile):
     assert fresh.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
 
 
-@pytest.mark.skipif(torch is None, reason="torch is not installed")
-def test_map_location_dict_maps_saved_locations():
-    """Every fixture was saved on the CPU: a dict that maps "cpu" moves every tensor
-    (to torch's "meta" device here, which needs no GPU); one that does not list "cpu"
-    leaves them where they were saved, zero-copy."""
-    path = os.path.join(FIXTURES, "module.pt")
+def _storage_keys(path):
     with pytorch.open(path) as r:
-        assert set(r._pytorch_locations()) == {"cpu"}
-        assert len(r._pytorch_locations()) == len(r.keys())
-    moved = pytorch.load(path, map_location={"cpu": "meta"})
-    assert all(t.device.type == "meta" for t in moved.values())
+        return [key for key, *_ in r._pytorch_storages()]
+
+
+def _torch_calls(path, **kw):
+    """The (bytes, location) of each storage torch.load hands a map_location function,
+    or None when torch refuses the file."""
+    import warnings
+
+    calls = []
+
+    def keep(storage, location):
+        calls.append((storage.nbytes(), location))
+        return storage
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.load(path, map_location=keep, weights_only=True, **kw)
+        except Exception:  # a file torch's weights_only unpickler refuses
+            return None
+    return calls
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("mmap", [True, False])
+def test_map_location_function_gets_each_storage_once(path, want, mmap):
+    """torch's `lambda storage, location: storage` idiom: called once per storage with
+    its saved location, as torch calls it; the tensors set on the storages it returns
+    are what torch saved, with torch's strides, and tensors of one storage share it."""
+    calls = []
+
+    def keep(storage, location):
+        assert isinstance(storage, torch.UntypedStorage) and storage.device.type == "cpu"
+        calls.append((storage.nbytes(), location))
+        return storage
+
+    got = pytorch.load(path, map_location=keep, mmap=mmap)
+    assert list(got) == [t["name"] for t in want["tensors"]]
+    keys = _storage_keys(path)
+    assert len(calls) == len(set(keys)) and {loc for _, loc in calls} == {"cpu"}
+    first = {}
+    for t, key in zip(want["tensors"], keys):
+        g = got[t["name"]]
+        assert list(g.shape) == t["shape"] and g.stride() == tuple(t["strides"]), t["name"]
+        if t["npy_view"] is None:
+            want_bytes = np.load(os.path.join(EXPECTED, t["npy"])).tobytes()
+            assert _torch_bytes(g) == want_bytes, t["name"]
+        storage = g.untyped_storage().data_ptr()
+        assert first.setdefault(key, storage) == storage, t["name"]
+    theirs = _torch_calls(path, mmap=mmap)
+    if theirs is not None:
+        assert sorted(calls) == sorted(theirs)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_map_location_function_storages_share_the_map_unless_copied():
+    path = os.path.join(FIXTURES, "views.pt")
+    with pytorch.open(path) as r:
+        view, copy = r._pytorch_storage("base", False), r._pytorch_storage("base", True)
+        tensor = r.read_numpy("base")
+        assert np.shares_memory(view, tensor) and not np.shares_memory(copy, tensor)
+        assert view.tobytes() == copy.tobytes()
+    shared = pytorch.load(path, map_location=lambda storage, location: storage)
+    shared["tied_a"][0] = 7
+    assert shared["tied_b"][0] == 7  # one storage, as in the checkpoint
+    assert pytorch.load(path)["tied_a"][0] != 7  # a private map: nothing reached the file
+    data = _as_bytes(path)
+    for f in (data, io.BytesIO(data)):
+        copies = pytorch.load(f, map_location=lambda storage, location: None)
+        copies["base"][0, 0] = 42.0  # owns its memory: the caller's bytes stay intact
+        assert torch.equal(copies["transposed"], copies["base"].t())
+    assert data == _as_bytes(path)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", ["views.pt", "views.legacy.pt", "module.pt"])
+def test_map_location_moves_storages_and_keeps_them_shared(name):
+    """A device, a dict or a function moves each storage once (to torch's "meta"
+    device here, which needs no GPU): tied tensors still share one storage there. A
+    dict that does not list a saved location leaves its storages there, zero-copy."""
+    path = os.path.join(FIXTURES, name)
+    keys = _storage_keys(path)
+    to_meta = lambda storage, location: torch.UntypedStorage(storage.nbytes(), device="meta")
+    for map_location in ("meta", torch.device("meta"), {"cpu": "meta"}, to_meta):
+        moved = pytorch.load(path, map_location=map_location)
+        assert all(t.device.type == "meta" for t in moved.values()), map_location
+        first = {}
+        for t, key in zip(moved.values(), keys):
+            cdata = t.untyped_storage()._cdata
+            assert first.setdefault(key, cdata) == cdata
+        nested = pytorch.load(path, map_location=map_location, flat=False)
+        assert all(t.device.type == "meta" for t in _tensors_in(nested))
     kept = pytorch.load(path, map_location={"cuda:1": "meta"})
-    shared = pytorch.load(path)
+    plain = pytorch.load(path)
     for k, t in kept.items():
-        assert t.device.type == "cpu" and torch.equal(t, shared[k]), k
-    nested = pytorch.load(path, map_location={"cpu": "meta"}, flat=False)
-    assert all(t.device.type == "meta" for t in nested.values())
+        assert t.device.type == "cpu" and _torch_bytes(t) == _torch_bytes(plain[k]), k
+    with pytest.raises(tw.InvalidArgumentError, match="returned int"):
+        pytorch.load(path, map_location=lambda storage, location: 42)
+
+
+def _tensors_in(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            yield from _tensors_in(v)
+

@@ -473,6 +473,30 @@ impl PtReader {
         &self.records
     }
 
+    /// All of the stored storage that `record`'s tensor lies in (a legacy view's whole
+    /// root storage), in this machine's byte order, with a flag saying whether it
+    /// borrows the input: what `torch.load` hands a `map_location` function, and
+    /// what the tensor lies in at its [`TensorRecord::stored_byte_offset`].
+    ///
+    /// For big-endian files it is a copy swapped in units of the storage's element
+    /// type, or of the tensor's for an untyped (byte) storage, where torch leaves the
+    /// bytes as stored (`uint16` and the other types without a storage class).
+    pub fn storage_bytes(&self, record: &TensorRecord) -> Result<(Bytes, bool)> {
+        let storage = &record.storage;
+        let (bytes, borrowed) = self.storage_range(&storage.key, 0, storage.nbytes()?)?;
+        if self.little_endian {
+            return Ok((bytes, borrowed));
+        }
+        let unit = if storage.dtype.bits() == 8 {
+            record.dtype
+        } else {
+            storage.dtype
+        };
+        let mut copy = AlignedBuf::copy_from(&bytes)?;
+        swap_bytes(copy.as_mut_slice(), unit);
+        Ok((copy.into_bytes(), false))
+    }
+
     /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
     /// storage's first byte), with a flag saying whether they borrow the input.
     fn storage_range(&self, key: &str, start: u64, end: u64) -> Result<(Bytes, bool)> {

@@ -214,6 +214,20 @@ impl TensorRecord {
         self.dtype.bits() / 8
     }
 
+    /// Where the tensor's first element lies in the whole stored storage, in bytes:
+    /// its view's start (legacy views) plus its storage offset. Divided by
+    /// [`TensorRecord::element_size`], torch's storage offset for a tensor set on
+    /// [`PtReader::storage_bytes`](crate::PtReader::storage_bytes).
+    pub fn stored_byte_offset(&self) -> Result<u64> {
+        self.storage
+            .window()?
+            .0
+            .checked_add(self.byte_extent()?.0)
+            .ok_or(Error::Overflow {
+                what: "tensor offset in its storage",
+            })
+    }
+
     /// The byte range `[start, end)` of the storage the tensor's elements lie in
     /// (empty at its offset when the tensor has no elements).
     pub fn byte_extent(&self) -> Result<(u64, u64)> {

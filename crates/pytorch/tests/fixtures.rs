@@ -262,3 +262,40 @@ fn the_nested_structure_is_what_torch_saved() {
     let single = PtReader::open(dir().join("single.pt")).unwrap();
     assert_eq!(single.structure().unwrap(), t("tensor"));
 }
+
+#[test]
+fn every_tensor_lies_in_its_whole_storage_at_its_stored_offset() {
+    let mut checked = 0;
+    for (path, want) in expectations() {
+        if want.get("error").is_some() {
+            continue;
+        }
+        let mapped = PtReader::open(&path).unwrap();
+        let ranged = PtReader::open_ranged(&path, &Limits::default()).unwrap();
+        for reader in [&mapped, &ranged] {
+            for (at, record) in reader.records().iter().enumerate() {
+                let (storage, borrowed) = reader.storage_bytes(record).unwrap();
+                assert_eq!(storage.len() as u64, record.storage.nbytes().unwrap());
+                assert_eq!(
+                    borrowed,
+                    reader_is_mapped(reader) && reader.is_little_endian(),
+                    "{}",
+                    path.display()
+                );
+                let tensor = reader.strided_at(at).unwrap();
+                let start = record.stored_byte_offset().unwrap() as usize;
+                let end = start + tensor.bytes.len();
+                assert_eq!(
+                    &storage[start..end],
+                    &tensor.bytes[..],
+                    "{} {}",
+                    path.display(),
+                    reader.tensors()[at].name
+                );
+                assert_eq!(start as u64 % record.element_size(), 0);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 200, "{checked}");
+}

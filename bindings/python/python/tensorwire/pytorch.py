@@ -68,18 +68,22 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
 
     Args:
         f: as for :func:`open`.
-        map_location: ``None`` or ``"cpu"`` keeps tensors on the CPU; a device
-            (``"cuda:0"``, ``torch.device(...)``) moves every tensor there; a dict
-            ``{saved location: device}`` (``{"cuda:1": "cuda:0"}``) maps each
-            tensor's saved location, and one it does not list goes back there, as
-            with torch (tensors that shared a storage are moved one by one, so they
-            no longer share it). Without a dict saved devices are not restored:
-            nothing touches a GPU unless asked. A function (which torch also takes)
-            is refused.
+        map_location: as for ``torch.load``, except that ``None`` keeps tensors on the
+            CPU (saved devices are not restored: nothing touches a GPU unless asked).
+            ``"cpu"`` does the same; a device (``"cuda:0"``, ``torch.device(...)``)
+            moves every storage there; a dict ``{saved location: device}``
+            (``{"cuda:1": "cuda:0"}``) maps each storage's saved location, and one it
+            does not list goes back there; a function ``f(storage, location)`` gets
+            each storage once, as a CPU ``torch.UntypedStorage``, with its saved
+            location (``"cuda:0"``), and returns the storage to use, or ``None`` for
+            that saved location (``lambda storage, loc: storage`` keeps everything on
+            the CPU). Tensors that share a storage in the checkpoint share the moved
+            one.
         mmap: ``None`` or ``True``: tensors share a private copy-on-write map of the
             file (zero-copy; writable, and writes never reach the file). ``False``,
-            and always when ``f`` is bytes or a file object: every tensor owns its
-            memory (tensors that shared a storage become separate copies).
+            and always when ``f`` is bytes or a file object: tensors own their memory
+            (without a ``map_location``, tensors that shared a storage become separate
+            copies).
         weights_only: True or None (torch's default); False is refused, since
             tensorwire never runs pickled code.
         flat: False gives the checkpoint's own object, as ``torch.load`` builds it:
@@ -93,19 +97,12 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     if weights_only is False:
         raise InvalidArgumentError(
             "weights_only=False would run pickled code; tensorwire never does")
-    if isinstance(map_location, dict):
-        devices = {str(k): v for k, v in map_location.items()}
-    elif map_location is None or isinstance(map_location, str) or hasattr(map_location, "type"):
-        devices = None
-    else:
-        raise InvalidArgumentError(
-            f"map_location must be a device (str or torch.device) or a dict of them, "
-            f"not {map_location!r}")
-    device = "cpu" if map_location is None or devices is not None else map_location
+    restore = _restore_location(map_location)
     with open(f) as reader:
-        tensors = _torch_tensors(reader, device, mmap)
-        if devices:
-            _move_by_location(reader, tensors, devices)
+        if restore is None:
+            tensors = _torch_tensors(reader, mmap)
+        else:
+            tensors = _restored_tensors(reader, restore, copy=mmap is False)
         if flat:
             return tensors
         import torch
@@ -114,25 +111,68 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             tensors.__getitem__, lambda name: getattr(torch, name[len("torch."):]))
 
 
-def _move_by_location(reader, tensors, devices):
-    """Moves each tensor to ``devices[its saved location]``, or back to that location
-    when ``devices`` does not list it (torch's dict ``map_location``)."""
-    for (name, t), saved in zip(list(tensors.items()), reader._pytorch_locations()):
-        target = devices.get(saved, saved)
-        if str(target) != "cpu":
-            tensors[name] = t.to(target)
+def _restore_location(map_location):
+    """``torch.load``'s ``restore_location(storage, saved location)`` for a
+    ``map_location``, or None when every tensor stays on the CPU as read."""
+    is_device = isinstance(map_location, str) or hasattr(map_location, "type")
+    if map_location is None or is_device and _on_cpu(map_location):
+        return None
+    from torch.serialization import default_restore_location
+
+    if isinstance(map_location, dict):
+        devices = {str(k): str(v) for k, v in map_location.items()}
+        return lambda storage, saved: default_restore_location(
+            storage, devices.get(saved, saved))
+    if is_device:
+        device = str(map_location)
+        return lambda storage, saved: default_restore_location(storage, device)
+    if callable(map_location):
+        def restore(storage, saved):
+            moved = map_location(storage, saved)
+            return default_restore_location(storage, saved) if moved is None else moved
+
+        return restore
+    raise InvalidArgumentError(
+        f"map_location must be a device (str or torch.device), a dict of them or a "
+        f"function, not {map_location!r}")
 
 
-def _torch_tensors(reader, device, mmap):
-    """``{name: torch tensor}`` of an open checkpoint, in the checkpoint's order."""
+def _restored_tensors(reader, restore, copy):
+    """``{name: torch tensor}``, each storage passed once through ``restore`` (a
+    zero-copy view of the map unless ``copy``) and its tensors set on the result,
+    as ``torch.load`` rebuilds them."""
+    tt = _torch_interop()
+    torch = tt.torch
+    restored = {}
+    tensors = {}
+    for name, (key, saved, offset, strides) in zip(reader.keys(), reader._pytorch_storages()):
+        storage = restored.get(key)
+        if storage is None:
+            raw = tt.from_numpy(reader._pytorch_storage(name, copy)).untyped_storage()
+            storage = restore(raw, saved)
+            if isinstance(storage, torch.TypedStorage):
+                storage = storage.untyped()
+            if not isinstance(storage, torch.UntypedStorage):
+                raise InvalidArgumentError(
+                    f"map_location returned {type(storage).__name__} for storage "
+                    f"`{key}`, not a torch storage")
+            restored[key] = storage
+        dtype, shape = tt.torch_type(*reader._dtype_and_shape(name))
+        tensors[name] = torch.empty((0,), dtype=dtype, device=storage.device).set_(
+            storage, offset, shape, strides)
+    return tensors
+
+
+def _torch_tensors(reader, mmap):
+    """``{name: CPU torch tensor}`` of an open checkpoint, in the checkpoint's order."""
     names = reader.keys()
-    if mmap is not False and _on_cpu(device):
+    if mmap is not False:
         # Zero-copy on the CPU reads nothing, so no file order to follow: straight
         # from the shared views (over a caller's read-only bytes these are copies:
         # torch has no read-only tensors).
         tt = _torch_interop()
         return {name: _shared_torch(reader, tt, name) for name in names}
-    got = reader.read_torch(names, copy=mmap is False, device=device)
+    got = reader.read_torch(names, copy=True)
     return {name: got[name] for name in names}
 
 
