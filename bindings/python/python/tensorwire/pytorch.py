@@ -117,6 +117,10 @@ def _restore_location(map_location):
     is_device = isinstance(map_location, str) or hasattr(map_location, "type")
     if map_location is None or is_device and _on_cpu(map_location):
         return None
+    if not (is_device or isinstance(map_location, dict) or callable(map_location)):
+        raise InvalidArgumentError(
+            f"map_location must be a device (str or torch.device), a dict of them or a "
+            f"function, not {map_location!r}")
     from torch.serialization import default_restore_location
 
     if isinstance(map_location, dict):
@@ -126,15 +130,12 @@ def _restore_location(map_location):
     if is_device:
         device = str(map_location)
         return lambda storage, saved: default_restore_location(storage, device)
-    if callable(map_location):
-        def restore(storage, saved):
-            moved = map_location(storage, saved)
-            return default_restore_location(storage, saved) if moved is None else moved
 
-        return restore
-    raise InvalidArgumentError(
-        f"map_location must be a device (str or torch.device), a dict of them or a "
-        f"function, not {map_location!r}")
+    def restore(storage, saved):
+        moved = map_location(storage, saved)
+        return default_restore_location(storage, saved) if moved is None else moved
+
+    return restore
 
 
 def _restored_tensors(reader, restore, copy):
