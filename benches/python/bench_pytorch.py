@@ -131,10 +131,13 @@ def main(argv=None) -> int:
             return {k: r.read_torch(k, copy=copy) for k in r.keys()}
         return run
 
-    def torch_load(path, mmap_mode):
+    def torch_load(path, mmap_mode, map_location=None):
         def run():
-            return torch.load(path, weights_only=True, mmap=mmap_mode)
+            return torch.load(path, weights_only=True, mmap=mmap_mode, map_location=map_location)
         return run
+
+    def keep_storage(storage, location):
+        return storage
 
     def zt_numpy(path):
         def run():
@@ -159,6 +162,14 @@ def main(argv=None) -> int:
         ("zip", "tensorwire.pytorch.load", lambda: tw.pytorch.load(zip_path), "zc"),
         ("zip", "tensorwire.pytorch.load(flat=False)", lambda: tw.pytorch.load(zip_path, flat=False), "zc"),
         ("zip", "torch.load(weights_only=True, mmap=True)", torch_load(zip_path, True), "zc"),
+        *([("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc")]
+          if ztensor is not None else []),
+        # The `map_location=lambda storage, loc: storage` idiom: each storage is handed
+        # to a function, and each tensor set on what it returns.
+        ("zip", "tensorwire.pytorch.load(map_location=fn)",
+         lambda: tw.pytorch.load(zip_path, map_location=keep_storage), "zc"),
+        ("zip", "torch.load(weights_only=True, mmap=True, map_location=fn)",
+         torch_load(zip_path, True, keep_storage), "zc"),
         # Legacy storages sit at unaligned offsets: numpy gets unaligned zero-copy
         # views, torch (which needs aligned data) copies. No floor reads this file.
         ("legacy", "tensorwire read_numpy(k) (unaligned zero-copy views)", tw_numpy(legacy_path, False), None),
@@ -167,8 +178,6 @@ def main(argv=None) -> int:
         ("legacy", "torch.load(weights_only=True)", torch_load(legacy_path, False), "cp"),
         ("legacy", "tensorwire: open + read one 6 MiB tensor", tw_one_legacy, None),
     ]
-    if ztensor is not None:
-        rows.insert(11, ("zip", "ztensor 1.2.3 read_numpy(k)", zt_numpy(zip_path), "zc"))
 
     if only:  # e.g. BENCH_ONLY=zip: only rows of that file (floors included)
         rows = [r for r in rows if r[0] == only]

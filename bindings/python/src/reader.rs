@@ -566,30 +566,38 @@ impl Reader {
     }
 
     /// How each tensor of a PyTorch checkpoint lies in its storage, in `keys()`
-    /// order: `(storage key, saved location, storage offset in elements, strides)`,
-    /// the offset counted from the start of the whole stored storage (what
-    /// `tensor.set_(storage, offset, size, stride)` takes).
+    /// order: `(storage key, saved location, view, storage offset, strides)`, where
+    /// `view` is `None`, or for a legacy storage view the byte range `(start, end)`
+    /// of the whole stored storage it covers; the offset (in elements) counts from
+    /// the view's start, as `tensor.set_(storage, offset, size, stride)` takes it.
     #[allow(clippy::type_complexity)]
-    fn _pytorch_storages(&self) -> PyResult<Vec<(String, String, u64, Vec<u64>)>> {
+    fn _pytorch_storages(
+        &self,
+    ) -> PyResult<Vec<(String, String, Option<(u64, u64)>, u64, Vec<u64>)>> {
         pytorch(self.src()?)?
             .records()
             .iter()
             .map(|r| {
-                let offset = r.stored_byte_offset().or_raise()? / r.element_size().max(1);
+                let view = match r.storage.view {
+                    Some(_) => Some(r.storage.window().or_raise()?),
+                    None => None,
+                };
                 Ok((
                     r.storage.key.to_string(),
                     r.storage.location.to_string(),
-                    offset,
+                    view,
+                    r.storage_offset,
                     r.strides.to_vec(),
                 ))
             })
             .collect()
     }
 
-    /// The whole stored storage that tensor `name` lies in, as a `uint8` array for
-    /// torch: a view of the reader's private map where it is mapped, aligned and
-    /// little-endian and `copy` is false, else a fresh array (byte-swapped for a
-    /// big-endian checkpoint).
+    /// The whole stored storage that tensor `name` lies in (a legacy view's root
+    /// storage), as a `uint8` array for torch: a view of the reader's private map
+    /// where it is mapped, writable, aligned for every torch type and little-endian
+    /// and `copy` is false, else a fresh array (byte-swapped for a big-endian
+    /// checkpoint).
     fn _pytorch_storage<'py>(
         &self,
         py: Python<'py>,
@@ -601,7 +609,8 @@ impl Reader {
         let record = &pytorch(src)?.records()[at];
         let (bytes, borrowed) = pytorch(src)?.storage_bytes(record).or_raise()?;
         let dims = [bytes.len() as u64];
-        if borrowed && !copy && lendable(&bytes, record.dtype, Lend::Torch) {
+        // Tensors of other types may share the storage: aligned for the widest.
+        if borrowed && !copy && lendable(&bytes, DType::Complex128, Lend::Torch) {
             return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
         }
         let (array, mut buf) = arrays::fresh(py, DType::U8, &dims)?;

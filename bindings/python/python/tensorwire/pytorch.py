@@ -22,6 +22,7 @@ Layout and checks: ``docs/formats/pytorch.md``.
 from __future__ import annotations
 
 import os
+import sys
 
 from ._native import InvalidArgumentError, UnsafePickleError, UnsupportedError
 from ._reader import Reader, _on_cpu, _shared_torch, _torch_interop
@@ -81,9 +82,9 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             one.
         mmap: ``None`` or ``True``: tensors share a private copy-on-write map of the
             file (zero-copy; writable, and writes never reach the file). ``False``,
-            and always when ``f`` is bytes or a file object: tensors own their memory
-            (without a ``map_location``, tensors that shared a storage become separate
-            copies).
+            and always when ``f`` is bytes or a file object: each storage is copied
+            once, and its tensors share the copy (a legacy file's unaligned storages
+            are copied that way too).
         weights_only: True or None (torch's default); False is refused, since
             tensorwire never runs pickled code.
         flat: False gives the checkpoint's own object, as ``torch.load`` builds it:
@@ -99,10 +100,13 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             "weights_only=False would run pickled code; tensorwire never does")
     restore = _restore_location(map_location)
     with open(f) as reader:
-        if restore is None:
-            tensors = _torch_tensors(reader, mmap)
+        if restore is None and mmap is not False and _views_share_storages(reader):
+            # Every tensor a view of the map, as fast as it gets: tensors of one
+            # storage share its mapped bytes.
+            tt = _torch_interop()
+            tensors = {name: _shared_torch(reader, tt, name) for name in reader.keys()}
         else:
-            tensors = _restored_tensors(reader, restore, copy=mmap is False)
+            tensors = _restored_tensors(reader, restore or _keep, copy=mmap is False)
         if flat:
             return tensors
         import torch
@@ -111,42 +115,63 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             tensors.__getitem__, lambda name: getattr(torch, name[len("torch."):]))
 
 
+def _views_share_storages(reader):
+    """Whether zero-copy views of each tensor share what their storages share: a
+    mapped ZIP checkpoint (aligned records). A buffer's bytes and a legacy file's
+    unaligned storages are copied tensor by tensor for torch, so those go storage by
+    storage instead."""
+    return reader.path is not None and reader.format == "pytorch-zip"
+
+
+def _keep(storage, location):
+    return storage
+
+
 def _restore_location(map_location):
     """``torch.load``'s ``restore_location(storage, saved location)`` for a
     ``map_location``, or None when every tensor stays on the CPU as read."""
-    is_device = isinstance(map_location, str) or hasattr(map_location, "type")
-    if map_location is None or is_device and _on_cpu(map_location):
+    if map_location is None:
         return None
-    if not (is_device or isinstance(map_location, dict) or callable(map_location)):
-        raise InvalidArgumentError(
-            f"map_location must be a device (str or torch.device), a dict of them or a "
-            f"function, not {map_location!r}")
-    from torch.serialization import default_restore_location
-
     if isinstance(map_location, dict):
         devices = {str(k): str(v) for k, v in map_location.items()}
-        return lambda storage, saved: default_restore_location(
-            storage, devices.get(saved, saved))
-    if is_device:
+        return lambda storage, saved: _default_restore(storage, devices.get(saved, saved))
+    if not isinstance(map_location, str) and not callable(map_location):
+        torch = sys.modules.get("torch")  # not imported: no torch.device exists either
+        if torch is None or not isinstance(map_location, torch.device):
+            raise InvalidArgumentError(
+                f"map_location must be a device (str or torch.device), a dict of them "
+                f"or a function, not {map_location!r}")
+    if not callable(map_location):
+        if _on_cpu(map_location):
+            return None
         device = str(map_location)
-        return lambda storage, saved: default_restore_location(storage, device)
+        return lambda storage, saved: _default_restore(storage, device)
 
     def restore(storage, saved):
         moved = map_location(storage, saved)
-        return default_restore_location(storage, saved) if moved is None else moved
+        return _default_restore(storage, saved) if moved is None else moved
 
     return restore
 
 
+def _default_restore(storage, location):
+    from torch.serialization import default_restore_location
+
+    return default_restore_location(storage, location)
+
+
 def _restored_tensors(reader, restore, copy):
     """``{name: torch tensor}``, each storage passed once through ``restore`` (a
-    zero-copy view of the map unless ``copy``) and its tensors set on the result,
-    as ``torch.load`` rebuilds them."""
+    zero-copy view of the map unless ``copy``, or unless the bytes cannot be lent to
+    torch) and its tensors set on the result, as ``torch.load`` rebuilds them: legacy
+    storage views are slices of their restored root storage."""
     tt = _torch_interop()
     torch = tt.torch
     restored = {}
+    views = {}
     tensors = {}
-    for name, (key, saved, offset, strides) in zip(reader.keys(), reader._pytorch_storages()):
+    for name, (key, saved, view, offset, strides) in zip(
+            reader.keys(), reader._pytorch_storages()):
         storage = restored.get(key)
         if storage is None:
             raw = tt.from_numpy(reader._pytorch_storage(name, copy)).untyped_storage()
@@ -158,23 +183,14 @@ def _restored_tensors(reader, restore, copy):
                     f"map_location returned {type(storage).__name__} for storage "
                     f"`{key}`, not a torch storage")
             restored[key] = storage
+        if view is not None:
+            storage = views.get((key, view))
+            if storage is None:
+                storage = views[(key, view)] = restored[key][view[0]:view[1]]
         dtype, shape = tt.torch_type(*reader._dtype_and_shape(name))
         tensors[name] = torch.empty((0,), dtype=dtype, device=storage.device).set_(
             storage, offset, shape, strides)
     return tensors
-
-
-def _torch_tensors(reader, mmap):
-    """``{name: CPU torch tensor}`` of an open checkpoint, in the checkpoint's order."""
-    names = reader.keys()
-    if mmap is not False:
-        # Zero-copy on the CPU reads nothing, so no file order to follow: straight
-        # from the shared views (over a caller's read-only bytes these are copies:
-        # torch has no read-only tensors).
-        tt = _torch_interop()
-        return {name: _shared_torch(reader, tt, name) for name in names}
-    got = reader.read_torch(names, copy=True)
-    return {name: got[name] for name in names}
 
 
 def load_numpy(f, *, mmap=True, flat=True):
