@@ -566,14 +566,15 @@ impl Reader {
     }
 
     /// How each tensor of a PyTorch checkpoint lies in its storage, in `keys()`
-    /// order: `(storage key, saved location, view, storage offset, strides)`, where
-    /// `view` is `None`, or for a legacy storage view the byte range `(start, end)`
-    /// of the whole stored storage it covers; the offset (in elements) counts from
-    /// the view's start, as `tensor.set_(storage, offset, size, stride)` takes it.
+    /// order: `(storage key, storage bytes, saved location, view, storage offset,
+    /// strides)`, where `view` is `None`, or for a legacy storage view the byte range
+    /// `(start, end)` of the whole stored storage it covers; the offset (in elements)
+    /// counts from the view's start, as `tensor.set_(storage, offset, size, stride)`
+    /// takes it.
     #[allow(clippy::type_complexity)]
     fn _pytorch_storages(
         &self,
-    ) -> PyResult<Vec<(String, String, Option<(u64, u64)>, u64, Vec<u64>)>> {
+    ) -> PyResult<Vec<(String, u64, String, Option<(u64, u64)>, u64, Vec<u64>)>> {
         pytorch(self.src()?)?
             .records()
             .iter()
@@ -584,6 +585,7 @@ impl Reader {
                 };
                 Ok((
                     r.storage.key.to_string(),
+                    r.storage.nbytes().or_raise()?,
                     r.storage.location.to_string(),
                     view,
                     r.storage_offset,

@@ -389,6 +389,30 @@ def test_map_location_moves_storages_and_keeps_them_shared(name):
         pytorch.load(path, map_location=lambda storage, location: 42)
 
 
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", ["views.pt", "views.legacy.pt"])
+def test_map_location_meta_reads_no_storage(name, monkeypatch):
+    """To the "meta" device (a device or a dict), as with torch, no storage is read:
+    not even copied from a legacy file's unaligned storages or for mmap=False."""
+    path = os.path.join(FIXTURES, name)
+    want = pytorch.load(path)
+
+    def no_reads(self, name, copy):
+        raise AssertionError(f"storage of `{name}` read")
+
+    monkeypatch.setattr(tw.Reader, "_pytorch_storage", no_reads)
+    for map_location in ("meta", torch.device("meta"), {"cpu": "meta"}):
+        for mmap in (None, False):
+            got = pytorch.load(path, map_location=map_location, mmap=mmap)
+            for k, t in want.items():
+                g = got[k]
+                assert g.device.type == "meta" and g.dtype == t.dtype, k
+                assert g.shape == t.shape and g.stride() == t.stride(), k
+            assert got["tied_a"].untyped_storage()._cdata == got["tied_b"].untyped_storage()._cdata
+    with pytest.raises(AssertionError, match="read"):  # a function gets the data
+        pytorch.load(path, map_location=lambda storage, location: storage)
+
+
 def _tensors_in(obj):
     if isinstance(obj, torch.Tensor):
         yield obj

@@ -79,7 +79,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             location (``"cuda:0"``), and returns the storage to use, or ``None`` for
             that saved location (``lambda storage, loc: storage`` keeps everything on
             the CPU). Tensors that share a storage in the checkpoint share the moved
-            one.
+            one. Storages sent to ``"meta"`` by a device or a dict are not read.
         mmap: ``None`` or ``True``: tensors share a private copy-on-write map of the
             file (zero-copy; writable, and writes never reach the file). ``False``,
             and always when ``f`` is bytes or a file object: each storage is copied
@@ -98,7 +98,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     if weights_only is False:
         raise InvalidArgumentError(
             "weights_only=False would run pickled code; tensorwire never does")
-    restore = _restore_location(map_location)
+    restore, device_of = _restore_location(map_location)
     with open(f) as reader:
         if restore is None and mmap is not False and _views_share_storages(reader):
             # Every tensor a view of the map, as fast as it gets: tensors of one
@@ -106,7 +106,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             tt = _torch_interop()
             tensors = {name: _shared_torch(reader, tt, name) for name in reader.keys()}
         else:
-            tensors = _restored_tensors(reader, restore or _keep, copy=mmap is False)
+            tensors = _restored_tensors(reader, restore or _keep, device_of, copy=mmap is False)
         if flat:
             return tensors
         import torch
@@ -129,29 +129,36 @@ def _keep(storage, location):
 
 def _restore_location(map_location):
     """``torch.load``'s ``restore_location(storage, saved location)`` for a
-    ``map_location``, or None when every tensor stays on the CPU as read."""
+    ``map_location`` (None when every tensor stays on the CPU as read), and a function
+    naming the device a storage saved at a location goes to, where that is known
+    before the storage is read (None for a ``map_location`` function)."""
     if map_location is None:
-        return None
+        return None, None
     if isinstance(map_location, dict):
         devices = {str(k): str(v) for k, v in map_location.items()}
-        return lambda storage, saved: _default_restore(storage, devices.get(saved, saved))
-    if not isinstance(map_location, str) and not callable(map_location):
+
+        def device_of(saved):
+            return devices.get(saved, saved)
+    elif isinstance(map_location, str) or not callable(map_location):
         torch = sys.modules.get("torch")  # not imported: no torch.device exists either
-        if torch is None or not isinstance(map_location, torch.device):
+        if not isinstance(map_location, str) and (
+                torch is None or not isinstance(map_location, torch.device)):
             raise InvalidArgumentError(
                 f"map_location must be a device (str or torch.device), a dict of them "
                 f"or a function, not {map_location!r}")
-    if not callable(map_location):
         if _on_cpu(map_location):
-            return None
+            return None, None
         device = str(map_location)
-        return lambda storage, saved: _default_restore(storage, device)
 
-    def restore(storage, saved):
-        moved = map_location(storage, saved)
-        return _default_restore(storage, saved) if moved is None else moved
+        def device_of(saved):
+            return device
+    else:
+        def restore(storage, saved):
+            moved = map_location(storage, saved)
+            return _default_restore(storage, saved) if moved is None else moved
 
-    return restore
+        return restore, None
+    return lambda storage, saved: _default_restore(storage, device_of(saved)), device_of
 
 
 def _default_restore(storage, location):
@@ -160,21 +167,24 @@ def _default_restore(storage, location):
     return default_restore_location(storage, location)
 
 
-def _restored_tensors(reader, restore, copy):
+def _restored_tensors(reader, restore, device_of, copy):
     """``{name: torch tensor}``, each storage passed once through ``restore`` (a
     zero-copy view of the map unless ``copy``, or unless the bytes cannot be lent to
     torch) and its tensors set on the result, as ``torch.load`` rebuilds them: legacy
-    storage views are slices of their restored root storage."""
+    storage views are slices of their restored root storage. A storage that
+    ``device_of`` sends to the "meta" device is not read (it holds no data there)."""
     tt = _torch_interop()
     torch = tt.torch
     restored = {}
     views = {}
     empties = {}
     tensors = {}
-    for name, (key, saved, view, offset, strides) in zip(
+    for name, (key, nbytes, saved, view, offset, strides) in zip(
             reader.keys(), reader._pytorch_storages()):
         storage = restored.get(key)
-        if storage is None:
+        if storage is None and device_of is not None and device_of(saved) == "meta":
+            storage = restored[key] = torch.UntypedStorage(nbytes, device="meta")
+        elif storage is None:
             raw = tt.from_numpy(reader._pytorch_storage(name, copy)).untyped_storage()
             storage = restore(raw, saved)
             if isinstance(storage, torch.TypedStorage):
