@@ -54,6 +54,7 @@ struct Classes {
     checksum: Py<PyType>,
     decode: Py<PyType>,
     unsafe_pickle: Py<PyType>,
+    duplicate_name: Py<PyType>,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -95,6 +96,16 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             "The file or packet is not valid (also a ValueError).",
         )?;
         let sub = |name: &str, doc: &str| make_class(py, name, &[format.bind(py).clone()], doc);
+        let invalid_argument = make_class(
+            py,
+            "InvalidArgumentError",
+            &[base.clone(), py.get_type::<PyValueError>()],
+            "An argument has a wrong value: a dtype or shape that does not match, a duplicate name, a closed reader or writer (also a ValueError).",
+        )?;
+        let malformed = sub(
+            "MalformedError",
+            "The metadata is inconsistent (out-of-bounds or overlapping ranges, sizes that do not match shapes, misalignment).",
+        )?;
         Ok(Classes {
             not_found: make_class(
                 py,
@@ -102,12 +113,14 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
                 &[base.clone(), py.get_type::<PyKeyError>()],
                 "No tensor of that name (also a KeyError).",
             )?,
-            invalid_argument: make_class(
+            duplicate_name: make_class(
                 py,
-                "InvalidArgumentError",
-                &[base.clone(), py.get_type::<PyValueError>()],
-                "An argument has a wrong value: a dtype or shape that does not match, a duplicate name, a closed reader or writer (also a ValueError).",
+                "DuplicateNameError",
+                &[malformed.bind(py).clone(), invalid_argument.bind(py).clone()],
+                "A tensor name given twice: in a file (so a MalformedError) or to a writer (so an InvalidArgumentError).",
             )?,
+            invalid_argument,
+            malformed,
             bad_magic: sub(
                 "BadMagicError",
                 "The data does not start (or end) with the magic bytes of a supported format.",
@@ -115,10 +128,6 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             truncated: sub(
                 "TruncatedError",
                 "The data ends before a structure it declares.",
-            )?,
-            malformed: sub(
-                "MalformedError",
-                "The metadata is inconsistent (out-of-bounds or overlapping ranges, sizes that do not match shapes, misalignment).",
             )?,
             limit_exceeded: sub(
                 "LimitExceededError",
@@ -178,9 +187,8 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::NotFound { .. } => raise(|c| &c.not_found, msg),
         Error::Timeout { .. } => PyTimeoutError::new_err(msg),
         Error::NoSpace { .. } => PyMemoryError::new_err(msg),
-        Error::InvalidArgument { .. } | Error::Duplicate { .. } => {
-            raise(|c| &c.invalid_argument, msg)
-        }
+        Error::InvalidArgument { .. } => raise(|c| &c.invalid_argument, msg),
+        Error::Duplicate { .. } => raise(|c| &c.duplicate_name, msg),
         Error::BadMagic { .. } | Error::UnknownFormat { .. } => raise(|c| &c.bad_magic, msg),
         Error::Truncated { .. } => raise(|c| &c.truncated, msg),
         Error::LimitExceeded { .. } => raise(|c| &c.limit_exceeded, msg),
@@ -223,6 +231,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("UnsafePickleError", &c.unsafe_pickle),
         ("TensorNotFoundError", &c.not_found),
         ("InvalidArgumentError", &c.invalid_argument),
+        ("DuplicateNameError", &c.duplicate_name),
     ] {
         m.add(name, ty.bind(py))?;
     }

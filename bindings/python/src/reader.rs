@@ -160,8 +160,15 @@ fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
 fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
     match lend {
         Lend::Any => true,
-        Lend::Torch => bytes.is_aligned(dtype.alignment()) && bytes.writable_ptr().is_some(),
+        Lend::Torch => bytes.is_aligned(torch_alignment(dtype)) && bytes.writable_ptr().is_some(),
     }
+}
+
+/// The alignment torch's kernels assume for `dtype`: its whole element, where numpy
+/// asks less of complex numbers (`c10::complex<double>` is aligned to 16 bytes, and
+/// its kernels load it with instructions that fault on 8).
+fn torch_alignment(dtype: DType) -> usize {
+    dtype.alignment().max((dtype.bits() / 8) as usize)
 }
 
 /// Copies (or decodes) the bytes of the dense tensor at `at`, called `name` (checked by
@@ -251,12 +258,12 @@ fn dense_array<'py>(
             // array) stays a strided view of the file, as torch.load and np.load give
             // it.
             let strided = src.strided_at(at).or_raise()?;
-            if strided.is_contiguous() {
-                (strided.bytes, strided.zero_copy)
-            } else if let (true, Some(strides)) = (
+            if let (true, Some(strides)) = (
                 strided.zero_copy && lendable(&strided.bytes, info.dtype, lend),
                 &strided.strides,
             ) {
+                // Also a row-major tensor whose size-1 dimensions carry other
+                // strides: the view keeps them, as torch does.
                 return arrays::strided_zero_copy(
                     py,
                     &strided.bytes,
@@ -264,6 +271,8 @@ fn dense_array<'py>(
                     strided.shape.dims(),
                     strides,
                 );
+            } else if strided.is_contiguous() {
+                (strided.bytes, strided.zero_copy)
             } else {
                 let max = tensorwire::Limits::default().max_decoded_bytes;
                 (strided.to_contiguous(max).or_raise()?.into_bytes(), false)
@@ -611,7 +620,7 @@ impl Reader {
         let record = &pytorch(src)?.records()[at];
         let (bytes, borrowed) = pytorch(src)?.storage_bytes(record).or_raise()?;
         let dims = [bytes.len() as u64];
-        // Tensors of other types may share the storage: aligned for the widest.
+        // Tensors of other types may share the storage: aligned for the strictest.
         if borrowed && !copy && lendable(&bytes, DType::Complex128, Lend::Torch) {
             return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
         }
@@ -705,9 +714,12 @@ impl Reader {
     }
 
     /// What read_torch needs, in one call: the typed array when numpy has the dtype
-    /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape)`
-    /// (the name of a safetensors raw type torch has, such as `safetensors:F4`, with
-    /// its logical shape).
+    /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape,
+    /// strides)` (the name of a safetensors raw type torch has, such as
+    /// `safetensors:F4`, with its logical shape). `strides` is `None` for row-major
+    /// bytes, or the element strides of a strided view (a transposed bfloat16 or
+    /// float8 torch tensor), whose array holds the bytes from its first element to
+    /// its last.
     #[pyo3(signature = (name, *, copy = false))]
     fn _read_for_torch<'py>(
         &self,
@@ -722,9 +734,22 @@ impl Reader {
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, Lend::Torch, &self.owner);
         }
+        let dims = info.shape.dims().to_vec();
+        if raw_type.is_none() && !copy && info.encoding.is_none() {
+            // Zero-copy with the tensor's own strides, as for the types numpy has.
+            let strided = src.strided_at(at).or_raise()?;
+            if strided.zero_copy && lendable(&strided.bytes, info.dtype, Lend::Torch) {
+                let len = [strided.bytes.len() as u64];
+                let array = self.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
+                let raw = (array, info.dtype.name(), dims, strided.strides);
+                return Ok(raw.into_pyobject(py)?.into_any());
+            }
+        }
         let array = dense_array(py, src, at, copy, true, Lend::Torch, &self.owner)?;
-        let (name, dims) = raw_type.unwrap_or((info.dtype.name(), info.shape.dims().to_vec()));
-        Ok((array, name, dims).into_pyobject(py)?.into_any())
+        let (name, dims) = raw_type.unwrap_or((info.dtype.name(), dims));
+        Ok((array, name, dims, None::<Vec<u64>>)
+            .into_pyobject(py)?
+            .into_any())
     }
 
     /// Copies (or decodes) tensors straight into existing arrays.

@@ -18,6 +18,28 @@ def test_hierarchy():
     assert issubclass(tw.InvalidArgumentError, ValueError)
     assert issubclass(tw.UnsupportedError, tw.TensorwireError)
     assert tw.TensorwireError.__module__ == "tensorwire"
+    assert issubclass(tw.DuplicateNameError, tw.MalformedError)
+    assert issubclass(tw.DuplicateNameError, tw.InvalidArgumentError)
+
+
+def test_a_name_listed_twice_in_a_file_is_a_format_error(tmp_path):
+    """A duplicate in a file is bad data (FormatError); one given to a writer is a bad
+    argument (InvalidArgumentError): DuplicateNameError is both."""
+    import json
+    import struct
+
+    first = {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}
+    second = {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}
+    header = '{"a": %s, "a": %s}' % (json.dumps(first), json.dumps(second))
+    p = tmp_path / "dup.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0\0")
+    with pytest.raises(tw.FormatError, match="duplicate") as e:
+        tw.Reader(str(p))
+    assert isinstance(e.value, tw.DuplicateNameError)
+    with tw.Writer(str(tmp_path / "w.zt")) as w:
+        w.add("x", np.arange(3))
+        with pytest.raises(tw.DuplicateNameError, match="duplicate"):
+            w.add("x", np.arange(3))
 
 
 def _write(path, **kw):
@@ -159,3 +181,20 @@ except tw.UnsupportedError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_verify_checks_npz_member_crcs(tmp_path):
+    """np.load checks each member's CRC-32 as it reads; zero-copy reads touch no byte,
+    so Reader.verify() does it, as it does for every other stored digest."""
+    path = tmp_path / "a.npz"
+    np.savez(path, a=np.arange(100, dtype=np.int64), b=np.ones(3))
+    with tw.Reader(str(path)) as r:
+        assert r.verify() == 2
+    data = bytearray(path.read_bytes())
+    at = data.index(np.arange(100, dtype=np.int64).tobytes()) + 8 * 50
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+    with tw.Reader(str(path)) as r:
+        assert r.read_numpy("a")[50] == 51  # the read itself trusts the file
+        with pytest.raises(tw.ChecksumError, match="a.npy"):
+            r.verify()

@@ -100,8 +100,10 @@ def test_open_refuses_other_formats_and_bad_arguments():
 
 
 def _torch_bytes(t):
-    """A tensor's values as bytes, in C order (any dtype, 0-d too)."""
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    """A tensor's values as bytes, in C order (any dtype, 0-d too; a fresh tensor, as
+    `contiguous()` keeps the free strides of size-1 dimensions)."""
+    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t)
+    return fresh.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
@@ -462,3 +464,57 @@ def test_legacy_storage_views_are_slices_of_their_root(tmp_path):
             got = pytorch.load(path, map_location=map_location, mmap=mmap)["t"]
             assert torch.equal(got, want), (map_location, mmap)
     assert pytorch.load_numpy(path)["t"].tolist() == want.tolist()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_load_keeps_torch_strides_and_sharing_for_every_dtype(tmp_path):
+    """Zero-copy tensors of types numpy lacks (bfloat16, float8) keep their strides
+    and shared storages too, and every tensor keeps torch's own strides, also the free
+    ones of size-1 dimensions and of empty tensors."""
+    state = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2fnuz):
+        base = torch.arange(12.0).reshape(2, 6).to(dtype)
+        state[f"{dtype}.base"] = base
+        state[f"{dtype}.t"] = base.t()
+        state[f"{dtype}.cols"] = base[:, ::2]
+    column = torch.arange(3.0).reshape(1, 3).t()  # shape (3, 1), strides (1, 3)
+    state.update(column=column, step=torch.arange(9.0)[::3][:1],
+                 empty=torch.empty(2, 0, 5).permute(2, 0, 1))
+    path = tmp_path / "strides.pt"
+    torch.save(state, path)
+    ref = torch.load(path, weights_only=True)
+    for got in (pytorch.load(path), pytorch.load(path, mmap=False),
+                pytorch.load(path, map_location=lambda storage, location: storage)):
+        for k, v in ref.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+            assert got[k].stride() == v.stride(), (k, got[k].stride(), v.stride())
+            assert _torch_bytes(got[k]) == _torch_bytes(v), k
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+            base = got[f"{dtype}.base"]
+            for view in ("t", "cols"):
+                assert got[f"{dtype}.{view}"].data_ptr() == base.data_ptr(), (dtype, view)
+    with tw.Reader(str(path)) as r:
+        t = r.read_torch("torch.bfloat16.t")
+        assert t.stride() == (1, 6) and torch.equal(t, ref["torch.bfloat16.t"])
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_complex_tensors_are_aligned_for_torch(tmp_path):
+    """A complex128 storage 8 bytes past a 16-byte boundary (legacy storages and NPZ
+    members sit anywhere) is copied for torch, whose complex kernels fault on it."""
+    for pad in range(16):
+        state = {"pad": "x" * pad, "c": torch.tensor([1 + 2j, -3j], dtype=torch.complex128)}
+        path = tmp_path / f"c{pad}.legacy.pt"
+        torch.save(state, path, _use_new_zipfile_serialization=False)
+        want = torch.load(path, weights_only=True)["c"]
+        with tw.Reader(str(path)) as r:
+            tensors = [pytorch.load(path)["c"], r.read_torch("c"), r.read("c").torch(),
+                       pytorch.load(path, map_location=lambda storage, location: storage)["c"]]
+        for t in tensors:
+            assert t.data_ptr() % 16 == 0, pad
+            assert torch.equal(t.clone(), want), pad
+        npz = tmp_path / f"c{pad}.npz"
+        np.savez(npz, **{"x" * (pad + 1): np.zeros(1, np.uint8), "c": np.array([1 + 2j])})
+        with tw.Reader(str(npz)) as r:
+            t = r.read_torch("c")
+            assert t.data_ptr() % 16 == 0 and t.clone().tolist() == [1 + 2j], pad

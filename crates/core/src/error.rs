@@ -160,7 +160,8 @@ pub enum Error {
         name: String,
     },
 
-    /// A tensor name is already taken (writing).
+    /// A tensor name is already taken: listed twice in a file, or added twice to a
+    /// writer.
     #[error("duplicate tensor name `{name}`")]
     Duplicate {
         /// The repeated name.

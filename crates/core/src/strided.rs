@@ -65,6 +65,18 @@ pub fn is_row_major(dims: &[u64], strides: &[u64]) -> bool {
     true
 }
 
+/// The strides (in elements) torch and numpy give a new row-major array of `dims`
+/// (a dimension of size 0 or 1 counts as 1 for the dimensions before it).
+pub fn row_major_strides(dims: &[u64]) -> Vec<u64> {
+    let mut strides = vec![0; dims.len()];
+    let mut step = 1u64;
+    for (stride, &d) in strides.iter_mut().zip(dims).rev() {
+        *stride = step;
+        step = step.saturating_mul(d.max(1));
+    }
+    strides
+}
+
 /// The strides (in elements) of a column-major (Fortran-order) array of `dims`.
 pub fn column_major_strides(dims: &[u64]) -> Vec<u64> {
     let mut strides = Vec::with_capacity(dims.len());
@@ -201,6 +213,11 @@ mod tests {
         assert!(is_row_major(&[3, 2], &[2, 1]));
         assert!(is_row_major(&[1, 2], &[99, 1]));
         assert_eq!(column_major_strides(&[2, 3, 4]), vec![1, 2, 6]);
+        // torch's strides for `torch.empty(2, 3, 4)`, `(3, 1)` and `(0, 3)`.
+        assert_eq!(row_major_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(row_major_strides(&[3, 1]), vec![1, 1]);
+        assert_eq!(row_major_strides(&[0, 3]), vec![3, 1]);
+        assert_eq!(row_major_strides(&[]), Vec::<u64>::new());
         assert_eq!(extent_bytes(DType::F32, &[3, 2], &[1, 3]).unwrap(), 24);
     }
 

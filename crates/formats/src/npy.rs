@@ -451,6 +451,8 @@ pub struct NumpyReader {
     index: TensorIndex,
     attributes: BTreeMap<String, Value>,
     limits: Limits,
+    /// An `.npz` archive's records, with their CRC-32s for [`TensorSource::verify`].
+    archive: Option<ZipArchive>,
 }
 
 impl NumpyReader {
@@ -533,7 +535,9 @@ impl NumpyReader {
                 entry.data_offset,
             ));
         }
-        NumpyReader::new(NumpyFormat::Npz, input, arrays, limits)
+        let mut reader = NumpyReader::new(NumpyFormat::Npz, input, arrays, limits)?;
+        reader.archive = Some(archive);
+        Ok(reader)
     }
 
     fn new(
@@ -590,6 +594,7 @@ impl NumpyReader {
             index,
             attributes: Default::default(),
             limits: *limits,
+            archive: None,
         })
     }
 
@@ -788,6 +793,15 @@ impl TensorSource for NumpyReader {
             bytes,
             zero_copy,
         })
+    }
+
+    /// Checks every `.npz` member's CRC-32 (inflating deflated ones), as `np.load`
+    /// does when it reads them; an `.npy` file has no digest (`Ok(0)`).
+    fn verify(&self) -> Result<usize> {
+        match &self.archive {
+            Some(archive) => archive.verify(&self.input, self.limits.max_decoded_bytes),
+            None => Ok(0),
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

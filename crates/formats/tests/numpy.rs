@@ -326,3 +326,28 @@ fn small_npz_members_share_header_reads() {
     // ~200-byte members, not one per member.
     assert!(reads <= 8, "{reads} reads for 40 members");
 }
+
+#[test]
+fn verify_checks_every_npz_members_crc() {
+    // arrays.npz holds stored members, compressed.npz deflated ones.
+    for file in ["arrays.npz", "compressed.npz"] {
+        let good = std::fs::read(fixture(&format!("numpy/{file}"))).unwrap();
+        let reader =
+            NumpyReader::from_bytes(Bytes::from(good.clone()), &Limits::default()).unwrap();
+        assert_eq!(reader.verify().unwrap(), reader.tensors().len(), "{file}");
+        // Flip a bit of the last member's last byte, just before the central
+        // directory: the open still works, `verify` finds the damage.
+        let directory = good
+            .windows(4)
+            .position(|w| w == b"PK\x01\x02")
+            .expect("a central directory");
+        let mut bad = good;
+        bad[directory - 1] ^= 0x10;
+        let reader = NumpyReader::from_bytes(Bytes::from(bad), &Limits::default()).unwrap();
+        let err = reader.verify().unwrap_err();
+        assert!(err.is_corrupt_data(), "{file}: {err}");
+    }
+    let npy = std::fs::read(fixture("numpy/c_order.npy")).unwrap();
+    let reader = NumpyReader::from_bytes(Bytes::from(npy), &Limits::default()).unwrap();
+    assert_eq!(reader.verify().unwrap(), 0, "an .npy file has no digest");
+}

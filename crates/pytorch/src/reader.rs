@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use tensorwire_core::strided::swap_bytes;
+use tensorwire_core::strided::{row_major_strides, swap_bytes};
 use tensorwire_core::{
     AlignedBuf, Bytes, Error, Layout, Limits, NameMap, Result, StridedView, TensorIndex,
     TensorInfo, TensorSource, TensorView, Value,
@@ -619,8 +619,10 @@ impl TensorSource for PtReader {
     }
 
     /// The tensor as torch lays it out: the bytes its strides reach, with its sizes
-    /// and strides (a transpose or slice stays strided). Zero-copy for a mapped little-endian file with the storage stored
-    /// raw; for big-endian files the bytes are a byte-swapped copy.
+    /// and strides (a transpose or slice stays strided; strides come whenever they are
+    /// not those of a new row-major tensor, so also the free strides of size-1
+    /// dimensions and empty tensors). Zero-copy for a mapped little-endian file with
+    /// the storage stored raw; for big-endian files the bytes are a byte-swapped copy.
     fn strided_at(&self, position: usize) -> Result<StridedView> {
         self.index.checked_at(position)?;
         let record = &self.records[position];
@@ -635,7 +637,8 @@ impl TensorSource for PtReader {
         Ok(StridedView {
             dtype: record.dtype,
             shape: record.shape.clone(),
-            strides: (!record.is_contiguous()).then(|| record.strides.to_vec()),
+            strides: (*record.strides != *row_major_strides(record.shape.dims()))
+                .then(|| record.strides.to_vec()),
             bytes,
             zero_copy,
         })

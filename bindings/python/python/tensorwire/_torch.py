@@ -55,16 +55,17 @@ def torch_type(name, shape):
     return dt, tuple(shape)
 
 
-def bytes_to_torch(raw, dtype_name, shape):
+def bytes_to_torch(raw, dtype_name, shape, strides=None):
     """A uint8 numpy array of little-endian bytes as a torch tensor of dtype/shape,
-    sharing its memory."""
+    sharing its memory: row-major, or laid out by element ``strides`` over bytes
+    that run from the first element to the last."""
     dt, shape = torch_type(dtype_name, shape)
     if raw.size == 0:
         return torch.empty(shape, dtype=dt)
     t = torch.from_numpy(raw)
     if dt != torch.uint8:
         t = t.view(dt)
-    return t.reshape(shape)
+    return t.reshape(shape) if strides is None else t.as_strided(shape, strides)
 
 
 def numpy_to_torch(arr):
@@ -73,6 +74,12 @@ def numpy_to_torch(arr):
             "float8_e4m3fnuz": "f8_e4m3fnuz",
             "float8_e5m2fnuz": "f8_e5m2fnuz"}.get(arr.dtype.name)
     if name is None:
+        # torch.from_numpy takes any address, but torch's kernels assume each element
+        # aligned to its size (a complex128 at 8 bytes past a 16-byte boundary
+        # crashes them): such arrays (a legacy checkpoint's, an NPZ member's) are
+        # copied.
+        if arr.size and arr.ctypes.data % arr.dtype.itemsize:
+            arr = arr.copy()
         return torch.from_numpy(arr)
     raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     return bytes_to_torch(raw, name, arr.shape)
