@@ -479,7 +479,9 @@ def test_load_keeps_torch_strides_and_sharing_for_every_dtype(tmp_path):
         state[f"{dtype}.cols"] = base[:, ::2]
     column = torch.arange(3.0).reshape(1, 3).t()  # shape (3, 1), strides (1, 3)
     state.update(column=column, step=torch.arange(9.0)[::3][:1],
-                 empty=torch.empty(2, 0, 5).permute(2, 0, 1))
+                 empty=torch.empty(2, 0, 5).permute(2, 0, 1),
+                 empty_bf16=torch.empty(4, 0, dtype=torch.bfloat16).t(),
+                 empty_f8=torch.empty(6, dtype=torch.float8_e4m3fn)[::2][:0])
     path = tmp_path / "strides.pt"
     torch.save(state, path)
     ref = torch.load(path, weights_only=True)
@@ -518,3 +520,16 @@ def test_complex_tensors_are_aligned_for_torch(tmp_path):
         with tw.Reader(str(npz)) as r:
             t = r.read_torch("c")
             assert t.data_ptr() % 16 == 0 and t.clone().tolist() == [1 + 2j], pad
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_dotted_name_collisions_are_refused_naming_the_name(tmp_path):
+    """torch loads {"fc": {"weight": a}, "fc.weight": b}; the flat view cannot hold
+    both, so the file is refused as unsupported, naming the dotted name."""
+    path = tmp_path / "clash.pt"
+    for state in ({"fc": {"weight": torch.zeros(1)}, "fc.weight": torch.ones(1)},
+                  {"": {"layer": 1, "w": torch.zeros(1)}, "layer": 2}):
+        torch.save(state, path)
+        name = "fc.weight" if "fc" in state else "layer"
+        with pytest.raises(tw.UnsupportedError, match=f"dotted name `{name}`"):
+            pytorch.load(path)

@@ -223,9 +223,7 @@ impl<'a> Walker<'a> {
 
     fn add_attribute(&mut self, name: Arc<str>, value: Value) -> Result<()> {
         if !self.names.insert(Arc::clone(&name)) {
-            return Err(Error::Duplicate {
-                name: name.to_string(),
-            });
+            return Err(name_taken(&name));
         }
         self.flat.attributes.insert(name.to_string(), value);
         Ok(())
@@ -245,9 +243,7 @@ impl<'a> Walker<'a> {
                     self.max_tensors,
                 )?;
                 if !self.names.insert(Arc::clone(&name)) {
-                    return Err(Error::Duplicate {
-                        name: name.to_string(),
-                    });
+                    return Err(name_taken(&name));
                 }
                 self.flat.tensors.push((name, record));
                 Ok(())
@@ -396,4 +392,14 @@ impl<'a> Walker<'a> {
             }
         })
     }
+}
+
+/// A second entry that flattens to a dotted name already taken
+/// (`{"fc": {"weight": a}, "fc.weight": b}`, or an empty key lifting its children):
+/// torch loads such a file, but the flat view needs distinct names.
+fn name_taken(name: &str) -> Error {
+    Error::unsupported(format!(
+        "two entries of the checkpoint flatten to the dotted name `{name}` \
+         (the flat view needs distinct names)"
+    ))
 }

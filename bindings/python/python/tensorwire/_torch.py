@@ -61,7 +61,9 @@ def bytes_to_torch(raw, dtype_name, shape, strides=None):
     that run from the first element to the last."""
     dt, shape = torch_type(dtype_name, shape)
     if raw.size == 0:
-        return torch.empty(shape, dtype=dt)
+        if strides is None:
+            return torch.empty(shape, dtype=dt)
+        return torch.empty_strided(shape, strides, dtype=dt)
     t = torch.from_numpy(raw)
     if dt != torch.uint8:
         t = t.view(dt)
