@@ -171,6 +171,20 @@ fn torch_alignment(dtype: DType) -> usize {
     dtype.alignment().max((dtype.bits() / 8) as usize)
 }
 
+/// A fresh array of `dtype` and `dims` holding a copy of `bytes` (exactly its size;
+/// `name` for the error), copied without the GIL when large.
+fn copied_array<'py>(
+    py: Python<'py>,
+    name: &str,
+    bytes: &[u8],
+    dtype: DType,
+    dims: &[u64],
+) -> PyResult<Bound<'py, PyAny>> {
+    let (array, mut buf) = arrays::fresh(py, dtype, dims)?;
+    let dst = buf.as_mut_slice();
+    maybe_detach(py, dst.len(), || copy_exact(name, dst, bytes)).map(|()| array)
+}
+
 /// Copies (or decodes) the bytes of the dense tensor at `at`, called `name` (checked by
 /// [`dense_info`]), into `dst` (exactly its size).
 fn fill_dense(
@@ -285,9 +299,7 @@ fn dense_array<'py>(
         }
         // The bytes are already read (and gathered or swapped): copy them rather than
         // reading the tensor again.
-        let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
-        let dst = buf.as_mut_slice();
-        return maybe_detach(py, dst.len(), || copy_exact(name, dst, &bytes)).map(|()| array);
+        return copied_array(py, name, &bytes, dtype, &dims);
     }
     let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
     fill_dense(py, src, at, name, buf.as_mut_slice())?;
@@ -617,19 +629,15 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
         let at = self.position_of_any(src, name)?;
-        let record = &pytorch(src)?.records()[at];
-        let (bytes, borrowed) = pytorch(src)?.storage_bytes(record).or_raise()?;
+        let reader = pytorch(src)?;
+        let record = &reader.records()[at];
+        let (bytes, borrowed) = reader.storage_bytes(record).or_raise()?;
         let dims = [bytes.len() as u64];
         // Tensors of other types may share the storage: aligned for the strictest.
         if borrowed && !copy && lendable(&bytes, DType::Complex128, Lend::Torch) {
             return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
         }
-        let (array, mut buf) = arrays::fresh(py, DType::U8, &dims)?;
-        let dst = buf.as_mut_slice();
-        maybe_detach(py, dst.len(), || {
-            copy_exact(&record.storage.key, dst, &bytes)
-        })
-        .map(|()| array)
+        copied_array(py, &record.storage.key, &bytes, DType::U8, &dims)
     }
 
     /// Whether a safetensors file's header has `__metadata__`, even an empty one
