@@ -74,6 +74,13 @@ def test_bfloat16_round_trip():
     a = np.arange(10, dtype=np.float32).astype(ml_dtypes.bfloat16)
     out = packet.loads(packet.dumps(a))
     assert out.dtype == a.dtype and out.tobytes() == a.tobytes()
+    # The streaming writers hand the array's memory out as bytes (bfloat16 has no
+    # buffer format of its own) and write the same packet.
+    for f in (packet.write_stream, packet.dump):
+        buf = io.BytesIO()
+        f(a[::2], buf, check_integrity=True)
+        assert buf.getvalue() == bytes(packet.dumps(a[::2], check_integrity=True))
+    assert b"".join(packet.iter_dumps(a)) == bytes(packet.dumps(a))
 
 
 @pytest.mark.parametrize("alignment", [1, 8, 32, 64, 128, 4096])
@@ -259,6 +266,28 @@ def test_sparse_round_trip(fmt):
     np.testing.assert_array_equal(out.toarray(), dense)
     bundle = packet.loads(packet.dumps({"m": matrix, "x": np.ones(2)}))
     np.testing.assert_array_equal(bundle["m"].toarray(), dense)
+
+
+@pytest.mark.skipif(sparse is None, reason="scipy not installed")
+@pytest.mark.parametrize("fmt", ["coo", "csr", "csc"])
+@pytest.mark.parametrize("damage", ["index", "negative", "pointers"])
+def test_sparse_packets_with_bad_indices_are_malformed(fmt, damage):
+    dense = np.zeros((6, 5), np.float32)
+    dense[1, 2], dense[4, 0], dense[5, 4] = 1.5, -2.0, 7.0
+    matrix = getattr(sparse, f"{fmt}_matrix")(dense)
+    # Damage the parts in place, after scipy's checks, as a hostile sender could.
+    if fmt == "coo":
+        if damage == "pointers":
+            matrix.row[-1] = 6
+        else:
+            matrix.col[0] = 99 if damage == "index" else -1
+    elif damage == "pointers":
+        matrix.indptr[1], matrix.indptr[2] = matrix.indptr[2] + 1, matrix.indptr[1]
+    else:
+        matrix.indices[0] = 99 if damage == "index" else -1
+    data = packet.dumps(matrix)
+    with pytest.raises(tensorwire.MalformedError, match=f"sparse {fmt} packet"):
+        packet.loads(data)
 
 
 @pytest.mark.parametrize("strings", [["hello", "wörld", "", "🙂"], [], ["x" * 1000]])

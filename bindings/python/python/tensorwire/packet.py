@@ -75,10 +75,18 @@ def _make_sparse(fmt, shape, data, first, second):
         import scipy.sparse as sparse
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("scipy is required to decode sparse packets") from e
-    if fmt == "coo":
-        return sparse.coo_matrix((data, (first, second)), shape=shape)
-    maker = sparse.csr_matrix if fmt == "csr" else sparse.csc_matrix
-    return maker((data, first, second), shape=shape)
+    # scipy checks COO indices as it builds the matrix, but CSR/CSC indices and
+    # pointers only on a full check; scipy's kernels trust them, so an index out of
+    # range would read outside the arrays later.
+    try:
+        if fmt == "coo":
+            return sparse.coo_matrix((data, (first, second)), shape=shape)
+        maker = sparse.csr_matrix if fmt == "csr" else sparse.csc_matrix
+        matrix = maker((data, first, second), shape=shape)
+        matrix.check_format(full_check=True)
+    except ValueError as e:
+        raise _native.MalformedError(f"sparse {fmt} packet: {e}") from None
+    return matrix
 
 
 def _make_quantized(data, scales, zero_points, shape, code, scheme, group_size, axis):
@@ -213,7 +221,8 @@ def iter_dumps(tensor: Any, strict: bool = False,
         header, body, footer = _native.packet_dense_parts(array, bool(check_integrity), 64)
         yield memoryview(header)
         if body.nbytes:
-            yield memoryview(body).cast("B")
+            # As bytes: extension dtypes (bfloat16, float8) have no buffer format.
+            yield memoryview(_as_bytes_array(body))
         if footer:
             yield memoryview(footer)
     else:
