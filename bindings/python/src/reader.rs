@@ -327,8 +327,15 @@ fn component_array<'py>(
         comp.dtype
     };
     let count = comp.decoded_length() / dtype.size().unwrap_or(1).max(1) as u64;
+    // The tensor's shape when the bytes hold that many elements; packed ones
+    // (`f4_e2m1`: two per byte) come as their flat stored units.
     let dims: Vec<u64> = match dense_shape {
-        Some(shape) if comp.role == "data" => shape.to_vec(),
+        Some(shape)
+            if comp.role == "data"
+                && shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)) == Some(count) =>
+        {
+            shape.to_vec()
+        }
         _ => vec![count],
     };
     if !copy && comp.encoding == Encoding::Raw {

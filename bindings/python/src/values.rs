@@ -69,7 +69,14 @@ fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Value::Bool(b.is_true()));
     }
     if obj.is_instance_of::<PyInt>() {
-        return Ok(Value::Int(obj.extract::<i128>()?));
+        // Beyond i128 is beyond CBOR too; the writers name the range for the rest.
+        return match obj.extract::<i128>() {
+            Ok(i) => Ok(Value::Int(i)),
+            Err(_) => Err(Error::invalid(format!(
+                "integer {obj} is outside CBOR's 64-bit integers; store it as a float or a string"
+            )))
+            .or_raise(),
+        };
     }
     if let Ok(x) = obj.cast::<PyFloat>() {
         return Ok(Value::Float(x.value()));

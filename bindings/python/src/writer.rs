@@ -250,7 +250,11 @@ impl Writer {
         let roles: Vec<&str> = parts.iter().map(|(r, _)| r.as_str()).collect();
         let primary = primary_role(format, &roles).map(str::to_owned);
 
-        if format == "dense" {
+        // A dense tensor whose type tensorwire has a dtype for is written as that
+        // dtype; any other type (`f8_e8m0`, `f4_e2m1`, one of the user's own) is kept
+        // as the component's logical type, checked below as a reader will.
+        let known_type = r#type.map(str::parse::<DType>).and_then(Result::ok);
+        if format == "dense" && (r#type.is_none() || known_type.is_some()) {
             let [(role, data)] = parts.as_slice() else {
                 return Err(Error::invalid(format!(
                     "dense tensor `{name}` needs exactly one component, `data`"
@@ -264,19 +268,18 @@ impl Writer {
                 .or_raise();
             }
             let mut dtype = data.dtype;
-            if let Some(t) = r#type {
-                match t.parse::<DType>() {
-                    Ok(logical) if logical.storage().0 == data.dtype.storage().0 => {
-                        dtype = logical;
-                    }
-                    _ => {
-                        return Err(Error::invalid(format!(
-                            "type `{t}` does not fit `{name}`'s {} data",
-                            data.dtype
-                        )))
-                        .or_raise()
-                    }
+            if let Some(logical) = known_type {
+                let storage = logical.storage().0;
+                // bool bytes may come as uint8 (version 2 stores bool over u8).
+                let bool_bytes = logical == DType::Bool && data.dtype == DType::U8;
+                if storage != data.dtype.storage().0 && !bool_bytes {
+                    return Err(Error::invalid(format!(
+                        "type `{logical}` is stored as {storage}, but `{name}`'s data is {}",
+                        data.dtype
+                    )))
+                    .or_raise();
                 }
+                dtype = logical;
             }
             return self.add_dense(py, name, dtype, &shape, data.bytes(), attributes, opts);
         }

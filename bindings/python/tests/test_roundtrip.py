@@ -120,6 +120,23 @@ def test_bad_attributes(zt_path):
             w.write_numpy("x", np.zeros(2), attributes={"o": object()})
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_integer_attributes_are_exact_or_refused(tmp_path, version):
+    # CBOR holds integers in [-2**64, 2**64) exactly (ztensor rounds those outside
+    # int64 to floats); beyond that a clear error, never a silent rounding.
+    path = str(tmp_path / "ints.zt")
+    exact = {"a": 2**63, "b": 2**64 - 1, "c": -(2**63) - 1, "d": -(2**64), "l": [2**64 - 1]}
+    with tw.Writer(path, version=version) as w:
+        w.write_numpy("x", np.zeros(2), attributes=exact)
+        for v in (2**64, -(2**64) - 1, 2**200, -(2**200)):
+            with pytest.raises(tw.InvalidArgumentError, match="outside CBOR's 64-bit integers"):
+                w.write_numpy("y", np.zeros(2), attributes={"v": [v]})
+    with tw.Reader(path) as r:
+        got = r.metadata("x").attributes
+        assert got == exact and all(type(v) is int for k, v in got.items() if k != "l")
+        assert r.keys() == ["x"]
+
+
 def test_metadata(zt_path):
     with tw.Writer(zt_path) as w:
         w.write_numpy("a", np.zeros((2, 3), np.float32), compress=True, checksum="sha256")

@@ -96,3 +96,72 @@ def test_ztensor_2_reads_what_we_write(tmp_path):
                     np.testing.assert_array_equal(np.from_dlpack(t), want)
             checked, _ = src.verify(deep=True)
             assert checked >= (3 if file == path else 0)
+
+
+PACKED = {
+    # name: (type, shape, stored bytes): f4_e2m1 packs two elements per byte.
+    "f4_odd": ("f4_e2m1", [5], [0x21, 0x43, 0x05]),
+    "f4_even": ("f4_e2m1", [2, 3], [0x21, 0x43, 0xF5]),
+    "e8m0": ("f8_e8m0", [2, 2], [0, 1, 2, 0xFF]),
+    "own": ("acme.f6", [2], [7, 9]),
+}
+
+
+def _write_packed(path, version):
+    with tensorwire.Writer(path, version=version) as w:
+        for name, (kind, shape, stored) in PACKED.items():
+            if version == 1 and kind == "f4_e2m1":
+                continue
+            w.write(name, tensorwire.Tensor({"data": np.array(stored, np.uint8)}, shape=shape, type=kind))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_types_without_a_dtype_are_written_and_read_as_stored_bytes(tmp_path, version):
+    path = str(tmp_path / "packed.zt")
+    _write_packed(path, version)
+    with tensorwire.Reader(path) as r:
+        r.verify()
+        for name in r.keys():
+            kind, shape, stored = PACKED[name]
+            t = r.read(name)
+            assert (t.type, list(t.shape)) == (kind, shape)
+            data = t.components["data"]
+            assert data.dtype == np.uint8 and data.tobytes() == bytes(stored)
+            # One stored byte per element keeps the tensor's shape; packed ones are flat.
+            assert list(data.shape) == (shape if data.size == np.prod(shape) else [len(stored)])
+            if version == 2:
+                # A 1.x reader reads a type it does not know as its stored dtype.
+                with pytest.raises(tensorwire.UnsupportedError, match=kind):
+                    r.read_numpy(name)
+
+
+def test_writer_refuses_packed_bytes_a_reader_would_refuse(tmp_path):
+    path = str(tmp_path / "bad.zt")
+    cases = [
+        ("f4_e2m1", [7], [0x21, 0x43, 0x05], "needs 4 bytes"),
+        ("f4_e2m1", [5], [0x21, 0x43, 0x15], "high nibble"),
+        ("bool", [3], [0, 1, 2], "bool bytes"),
+    ]
+    for kind, shape, stored, message in cases:
+        with tensorwire.Writer(path, version=2) as w:
+            with pytest.raises(tensorwire.InvalidArgumentError, match=message):
+                w.write("x", tensorwire.Tensor({"data": np.array(stored, np.uint8)}, shape=shape, type=kind))
+    with tensorwire.Writer(path, version=2) as w:
+        w.write("b", tensorwire.Tensor({"data": np.array([1, 0], np.uint8)}, type="bool"))
+    with tensorwire.Reader(path) as r:
+        np.testing.assert_array_equal(r["b"], [True, False])
+    with pytest.raises(tensorwire.InvalidArgumentError, match="stored as f32"):
+        with tensorwire.Writer(path, version=2) as w:
+            w.write("x", tensorwire.Tensor({"data": np.zeros(4, np.uint8)}, type="float32"))
+
+
+def test_ztensor_2_reads_packed_types_we_write(tmp_path):
+    zt = _ztensor_2()
+    path = str(tmp_path / "packed.zt")
+    _write_packed(path, 2)
+    with zt.open(path) as src:
+        assert sorted(src.keys()) == sorted(PACKED)
+        for name, (kind, shape, stored) in PACKED.items():
+            assert list(src[name].shape) == shape
+            assert src[name]["data"].tobytes() == bytes(stored)
+        src.verify(deep=True)

@@ -38,6 +38,13 @@ def test_ztensor_reads_what_we_write(zt_path, compress, checksum):
     np.testing.assert_array_equal(t.components["values"], [1.0, 2.0])
 
 
+def test_ztensor_reads_integer_attributes_outside_int64_exactly(zt_path):
+    attrs = {"a": 2**63, "b": 2**64 - 1, "c": -(2**63) - 1, "d": -(2**64)}
+    with tw.Writer(zt_path) as w:
+        w.write_numpy("x", np.zeros(2), attributes=attrs)
+    assert ztensor.Reader(zt_path).metadata("x").attributes == attrs
+
+
 def test_ztensor_reads_logical_types_we_write(zt_path):
     ml = pytest.importorskip("ml_dtypes")
     f8 = np.array([0, 1, -1, 0.5], dtype=ml.float8_e4m3fn)

@@ -76,7 +76,8 @@ fn write_sample(path: &Path, checksum: Checksum) {
     w.set_attributes(BTreeMap::from([
         ("model".to_owned(), Value::Str("tiny".into())),
         ("layers".to_owned(), Value::Int(2)),
-    ]));
+    ]))
+    .unwrap();
     w.add_dense_with_attributes(
         "weight",
         DType::F32,

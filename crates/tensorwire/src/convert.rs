@@ -87,7 +87,7 @@ pub fn convert_source(
         ZtVersion::V1
     };
     let mut writer = ZtWriter::create_with_version(dst, version)?;
-    writer.set_attributes(source.attributes().clone());
+    writer.set_attributes(source.attributes().clone())?;
     let zt = source.as_any().downcast_ref::<ZtReader>();
     // Write in file order so the source is read sequentially.
     let mut order: Vec<usize> = (0..source.tensors().len()).collect();

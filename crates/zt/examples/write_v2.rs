@@ -120,7 +120,9 @@ impl File {
     fn attributes(&mut self, attrs: BTreeMap<String, Value>) {
         self.expected
             .insert("attributes".into(), tagged_map(&attrs));
-        self.writer.set_attributes(attrs);
+        self.writer
+            .set_attributes(attrs)
+            .expect("the fixture attributes fit a .zt 2 file");
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -635,7 +637,7 @@ pub fn write_seeds(dir: &Path) -> Result<usize> {
         for (g, group) in groups.into_iter().enumerate() {
             let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2)?;
             w.set_alignment(4096)?;
-            w.set_attributes(reader.attributes().clone());
+            w.set_attributes(reader.attributes().clone())?;
             for obj in group {
                 let options = WriteOptions {
                     compression: match obj.components[0].encoding {

@@ -466,7 +466,7 @@ fn value_into(v: &Value, out: &mut Vec<u8>) -> Result<()> {
             } else if let Ok(n) = u64::try_from(-1 - *i) {
                 head(1, n, out);
             } else {
-                return Err(Error::invalid(format!("integer {i} does not fit CBOR")));
+                return Err(crate::manifest::int_outside_cbor(*i));
             }
         }
         Value::Float(x) => float(*x, out),

@@ -193,15 +193,32 @@ fn read_attributes(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<BTreeMap
     }
 }
 
+/// The error for an integer CBOR cannot hold (outside [-2^64, 2^64)).
+pub(crate) fn int_outside_cbor(i: i128) -> Error {
+    Error::invalid(format!(
+        "integer {i} is outside CBOR's 64-bit integers (ztensor rounds such a value to a float); store it as a float or a string"
+    ))
+}
+
+/// Fails on the first integer in `v` that CBOR cannot hold, so a writer refuses
+/// such an attribute when it is given, not when the manifest is written.
+pub(crate) fn check_cbor_ints(v: &Value) -> Result<()> {
+    match v {
+        Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(i) => Err(int_outside_cbor(*i)),
+        Value::List(items) => items.iter().try_for_each(check_cbor_ints),
+        Value::Map(entries) => entries.iter().try_for_each(|(_, v)| check_cbor_ints(v)),
+        _ => Ok(()),
+    }
+}
+
 /// Converts a [`Value`] to CBOR for writing.
 pub(crate) fn value_to_cbor(v: &Value) -> Result<Cbor> {
     Ok(match v {
         Value::Null => Cbor::Null,
         Value::Bool(b) => Cbor::Bool(*b),
-        Value::Int(i) => Cbor::Integer(
-            ciborium::value::Integer::try_from(*i)
-                .map_err(|_| Error::invalid(format!("integer {i} does not fit CBOR")))?,
-        ),
+        Value::Int(i) => {
+            Cbor::Integer(ciborium::value::Integer::try_from(*i).map_err(|_| int_outside_cbor(*i))?)
+        }
         Value::Float(f) => Cbor::Float(*f),
         Value::Str(s) => Cbor::Text(s.clone()),
         Value::Bytes(b) => Cbor::Bytes(b.clone()),

@@ -292,9 +292,18 @@ impl<W: Write> ZtWriter<W> {
         self.align
     }
 
-    /// Sets the file-level attributes.
-    pub fn set_attributes(&mut self, attributes: BTreeMap<String, Value>) {
+    /// Sets the file-level attributes; fails (keeping the ones set before) on a value
+    /// the file cannot record: an integer outside CBOR's, or in version 2 a key
+    /// outside its name rules.
+    pub fn set_attributes(&mut self, attributes: BTreeMap<String, Value>) -> Result<()> {
+        for (key, value) in &attributes {
+            if self.version == ZtVersion::V2 {
+                manifest_v2::check_name(key, "attribute key", &Limits::default())?;
+            }
+            manifest::check_cbor_ints(value)?;
+        }
         self.manifest.attributes = attributes;
+        Ok(())
     }
 
     /// True when a tensor of that name has been written (or existed, when appending).
@@ -414,6 +423,9 @@ impl<W: Write> ZtWriter<W> {
         }
         if components.is_empty() {
             return Err(Error::invalid(format!("object `{name}` has no components")));
+        }
+        for value in attributes.iter().flat_map(BTreeMap::values) {
+            manifest::check_cbor_ints(value)?;
         }
         if self.version == ZtVersion::V2 {
             return self.add_object_v2(name, shape, layout, attributes, components, options);
@@ -609,8 +621,18 @@ impl<W: Write> ZtWriter<W> {
         };
         manifest_v2::check_object(&planned, self.offset).map_err(|e| match e {
             Error::Malformed { reason, .. } => Error::invalid(reason),
+            Error::SizeMismatch {
+                tensor,
+                expected,
+                found,
+            } => Error::invalid(format!(
+                "`{tensor}` needs {expected} bytes, the data has {found}"
+            )),
             other => other,
         })?;
+        for (c, data) in &parts {
+            check_content_v2(&planned, c, data)?;
+        }
         let mut written = Vec::with_capacity(parts.len());
         for (mut c, data) in parts {
             let mut digest = DigestState::new(options.checksum);
@@ -820,5 +842,31 @@ impl<W: Write> Write for CountingSink<'_, W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// The content rules a version 2 reader checks (`verify`), checked before a byte is
+/// written: `bool` bytes are 0 or 1, and an odd count of dense `f4_e2m1` elements
+/// leaves the last high nibble zero.
+fn check_content_v2(object: &Object, part: &Component, data: &[u8]) -> Result<()> {
+    let what = format!("{}/{}", object.name, part.role);
+    match part.logical_type.as_deref() {
+        Some("bool") => match data.iter().position(|&b| b > 1) {
+            Some(i) => Err(Error::invalid(format!(
+                "`{what}`: element {i} is {:#04x}; bool bytes must be 0x00 or 0x01",
+                data[i]
+            ))),
+            None => Ok(()),
+        },
+        Some("f4_e2m1")
+            if object.layout == Layout::Dense
+                && object.shape.numel()? % 2 == 1
+                && data.last().is_some_and(|b| b & 0xf0 != 0) =>
+        {
+            Err(Error::invalid(format!(
+                "`{what}`: an odd count of f4_e2m1 elements leaves the last high nibble unused; it must be zero"
+            )))
+        }
+        _ => Ok(()),
     }
 }

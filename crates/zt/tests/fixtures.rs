@@ -152,7 +152,8 @@ fn rewriting_a_fixture_reproduces_ztensors_bytes() {
         // Appended files were written in two sessions; the layout is the same as one.
         let reader = ZtReader::open(&path).unwrap();
         let mut w = ZtWriter::new(Vec::new()).unwrap();
-        w.set_attributes(TensorSource::attributes(&reader).clone());
+        w.set_attributes(TensorSource::attributes(&reader).clone())
+            .unwrap();
         let mut skip = false;
         for name in expected["write_order"].as_array().unwrap() {
             let name = name.as_str().unwrap();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use tensorwire_core::{Bytes, DType, Layout, Shape, TensorSource, Value};
 use tensorwire_zt::{
-    Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtWriter, ALIGNMENT,
+    Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter, ALIGNMENT,
 };
 
 /// Every dtype a `.zt` file can hold (all but the packet-only quantized types).
@@ -164,6 +164,54 @@ fn writer_refuses_bad_input() {
 }
 
 #[test]
+fn integer_attributes_are_exact_in_cbor_range_and_refused_beyond_it() {
+    let shape = Shape::new(vec![1]).unwrap();
+    let exact = [1i128 << 63, (1 << 64) - 1, -(1 << 63) - 1, -(1 << 64)];
+    let beyond = [1i128 << 64, -(1 << 64) - 1, i128::MAX, i128::MIN];
+    let map = |v: Value| BTreeMap::from([("v".to_owned(), Value::List(vec![v]))]);
+    for version in [ZtVersion::V1, ZtVersion::V2] {
+        let mut w = ZtWriter::with_version(Vec::new(), version).unwrap();
+        for (i, &v) in exact.iter().enumerate() {
+            let name = format!("t{i}");
+            w.add_dense_with_attributes(
+                &name,
+                DType::U8,
+                &shape,
+                &[0],
+                Some(map(Value::Int(v))),
+                WriteOptions::default(),
+            )
+            .unwrap();
+        }
+        w.set_attributes(map(Value::Int(exact[3]))).unwrap();
+        // Refused when given, so the file still finishes with what was accepted.
+        for &v in &beyond {
+            let err = w
+                .add_dense_with_attributes(
+                    "x",
+                    DType::U8,
+                    &shape,
+                    &[0],
+                    Some(map(Value::Int(v))),
+                    WriteOptions::default(),
+                )
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("outside CBOR's 64-bit integers"),
+                "{err}"
+            );
+            assert!(w.set_attributes(map(Value::Int(v))).is_err());
+        }
+        let r = ZtReader::from_bytes(Bytes::from(w.finish_into().unwrap())).unwrap();
+        for (i, &v) in exact.iter().enumerate() {
+            let obj = r.object(&format!("t{i}")).unwrap();
+            assert_eq!(obj.attributes, Some(map(Value::Int(v))), "{version:?}");
+        }
+        assert_eq!(TensorSource::attributes(&r), &map(Value::Int(exact[3])));
+    }
+}
+
+#[test]
 fn append_keeps_old_tensors_and_adds_new_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.zt");
@@ -171,7 +219,7 @@ fn append_keeps_old_tensors_and_adds_new_ones() {
     let mut w = ZtWriter::create(&path).unwrap();
     let mut attrs = BTreeMap::new();
     attrs.insert("k".to_owned(), Value::Str("v".into()));
-    w.set_attributes(attrs.clone());
+    w.set_attributes(attrs.clone()).unwrap();
     w.add_dense("a", DType::U8, &shape, &[1, 2, 3], WriteOptions::default())
         .unwrap();
     w.finish().unwrap();

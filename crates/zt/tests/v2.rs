@@ -290,7 +290,7 @@ fn rewriting_a_v2_fixture_reproduces_ztensors_bytes() {
         let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
         w.set_alignment(expected["align"].as_u64().unwrap())
             .unwrap();
-        w.set_attributes(reader.attributes().clone());
+        w.set_attributes(reader.attributes().clone()).unwrap();
         for name in expected["write_order"].as_array().unwrap() {
             let name = name.as_str().unwrap();
             let obj = reader.object(name).unwrap();
@@ -1463,6 +1463,74 @@ fn writer_refuses_what_the_reader_refuses() {
 }
 
 #[test]
+fn writer_keeps_types_without_a_dtype_and_checks_content_rules() {
+    let s = |d: &[u64]| Shape::new(d.to_vec()).unwrap();
+    let opts = WriteOptions::default();
+    let data = |logical, shape: &[u64], bytes: &'static [u8]| {
+        (
+            logical,
+            s(shape),
+            [ComponentData {
+                role: "data",
+                dtype: DType::U8,
+                logical_type: Some(logical),
+                data: bytes,
+            }],
+        )
+    };
+    // Accepted: f4_e2m1 packs two per byte (5 elements in 3 bytes, the last high
+    // nibble zero), f8_e8m0 one per byte, and a type of the user's own.
+    let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
+    for (i, (logical, shape, parts)) in [
+        data("f4_e2m1", &[5], &[0x21, 0x43, 0x05]),
+        data("f4_e2m1", &[2, 3], &[0x21, 0x43, 0xf5]),
+        data("f8_e8m0", &[4], &[0, 1, 2, 0xff]),
+        data("acme.f6", &[2], &[7, 9]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        w.add_object(&format!("t{i}"), &shape, Layout::Dense, None, &parts, opts)
+            .unwrap_or_else(|e| panic!("{logical}: {e}"));
+    }
+    let r = open(w.finish_into().unwrap()).unwrap();
+    assert_eq!(r.verify().unwrap(), 0);
+    assert_eq!(
+        r.component("t0", "data").unwrap().as_slice(),
+        &[0x21, 0x43, 0x05]
+    );
+    assert_eq!(
+        r.component("t1", "data").unwrap().as_slice(),
+        &[0x21, 0x43, 0xf5]
+    );
+    assert_eq!(
+        r.object("t3").unwrap().components[0]
+            .logical_type
+            .as_deref(),
+        Some("acme.f6")
+    );
+    // Refused before a byte is written, as invalid arguments: a wrong packed size,
+    // a used last nibble after an odd count, bool bytes other than 0 and 1.
+    let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
+    for (logical, shape, parts) in [
+        data("f4_e2m1", &[7], &[0x21, 0x43, 0x05]),
+        data("f4_e2m1", &[5], &[0x21, 0x43, 0x15]),
+        data("bool", &[3], &[0, 1, 2]),
+    ] {
+        let err = w
+            .add_object("x", &shape, Layout::Dense, None, &parts, opts)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument { .. }),
+            "{logical}: {err}"
+        );
+    }
+    w.add_dense("ok", DType::U8, &s(&[1]), &[9], opts).unwrap();
+    let r = open(w.finish_into().unwrap()).unwrap();
+    assert_eq!(r.objects().len(), 1);
+}
+
+#[test]
 fn identical_raw_parts_share_one_blob_in_files_and_streams() {
     let s = Shape::new(vec![4]).unwrap();
     let opts = WriteOptions {
@@ -1550,7 +1618,7 @@ fn writer_attributes_round_trip_exactly() {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
-    w.set_attributes(attrs.clone());
+    w.set_attributes(attrs.clone()).unwrap();
     w.add_dense_with_attributes(
         "t",
         DType::U8,
@@ -1570,8 +1638,7 @@ fn writer_attributes_round_trip_exactly() {
     let big: BTreeMap<String, Value> = [("x".to_owned(), Value::Int(1i128 << 64))]
         .into_iter()
         .collect();
-    w.set_attributes(big);
-    assert!(w.finish_into().is_err());
+    assert!(w.set_attributes(big).is_err());
 }
 
 /// Writes the `write_v2` example's files and has the real ztensor 2.x read them
