@@ -88,6 +88,19 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = reader.verify();
 
+    // A tensor reached again names an earlier one with the very same record.
+    let records = reader.records();
+    for &(at, first) in reader.same_objects() {
+        assert!(
+            first < at && at < records.len(),
+            "same object {at} -> {first}"
+        );
+        assert_eq!(
+            records[at], records[first],
+            "same object, different records"
+        );
+    }
+
     // The nested object names exactly the listed tensors, in order.
     if let Ok(tree) = reader.structure() {
         let leaves: Vec<_> = tree.tensor_names().into_iter().cloned().collect();

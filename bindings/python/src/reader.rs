@@ -593,6 +593,23 @@ impl Reader {
         node_to_py(py, &tree, tensor, dtype, &ordered_dict)
     }
 
+    /// `(name, first name)` for each tensor of a PyTorch checkpoint that is the same
+    /// pickled object as an earlier one, which `torch.load` returns as one object.
+    fn _pytorch_same_objects(&self) -> PyResult<Vec<(String, String)>> {
+        let reader = pytorch(self.src()?)?;
+        let tensors = reader.tensors();
+        Ok(reader
+            .same_objects()
+            .iter()
+            .map(|&(at, first)| {
+                (
+                    tensors[at].name.to_string(),
+                    tensors[first].name.to_string(),
+                )
+            })
+            .collect())
+    }
+
     /// How each tensor of a PyTorch checkpoint lies in its storage, in `keys()`
     /// order: `(storage key, storage bytes, saved location, view, storage offset,
     /// strides)`, where `view` is `None`, or for a legacy storage view the byte range

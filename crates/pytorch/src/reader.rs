@@ -1,6 +1,7 @@
 //! [`PtReader`]: a PyTorch checkpoint as a [`TensorSource`].
 
 use std::any::Any;
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -54,6 +55,9 @@ pub struct PtReader {
     input: Input,
     index: TensorIndex,
     records: Vec<TensorRecord>,
+    /// `(position, first position)` for each tensor that is the very object pickled
+    /// earlier under another name (memoized), in position order.
+    same_objects: Vec<(usize, usize)>,
     storages: NameMap<Arc<str>, StorageData>,
     attributes: BTreeMap<String, Value>,
     little_endian: bool,
@@ -377,7 +381,18 @@ impl PtReader {
         )?;
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
         let mut records = Vec::with_capacity(flat.tensors.len());
+        // One pickled object reached under several names is one arena record.
+        // (`NameMap` is the workspace's fast-hash map; here keyed by address.)
+        let mut first_of: NameMap<*const TensorRecord, usize> = NameMap::default();
+        let mut same_objects = Vec::new();
         for (name, record) in flat.tensors {
+            let position = records.len();
+            match first_of.entry(std::ptr::from_ref(record)) {
+                Entry::Occupied(first) => same_objects.push((position, *first.get())),
+                Entry::Vacant(slot) => {
+                    slot.insert(position);
+                }
+            }
             Error::check_limit(
                 "tensor name length",
                 name.len() as u64,
@@ -411,6 +426,7 @@ impl PtReader {
         Ok(PtReader {
             input,
             records,
+            same_objects,
             index,
             storages,
             attributes: flat.attributes,
@@ -471,6 +487,14 @@ impl PtReader {
     /// Every tensor's record, in the order of [`TensorSource::tensors`].
     pub fn records(&self) -> &[TensorRecord] {
         &self.records
+    }
+
+    /// `(position, first position)` for every tensor that is the same pickled object
+    /// as an earlier one (`{"embed": t, "lm_head": t}`: `torch.load` gives one tensor
+    /// object under both names), in position order. Tensors that merely share a
+    /// storage are not listed.
+    pub fn same_objects(&self) -> &[(usize, usize)] {
+        &self.same_objects
     }
 
     /// All of the stored storage that `record`'s tensor lies in (a legacy view's whole

@@ -163,6 +163,31 @@ fn every_fixture_reads_back_as_torch_saved_it() {
     assert!(checked >= 20, "{checked}");
 }
 
+/// `torch.load` of `views.pt` (ZIP and legacy) gives one tensor object under both
+/// `tied_a` and `tied_b` (`sd["tied_b"] is sd["tied_a"]`: pickled once, memoized); no
+/// other fixture has such a pair, though several share storages between tensors.
+#[test]
+fn tensors_pickled_once_under_two_names_are_one_object() {
+    for (path, want) in expectations() {
+        if want.get("error").is_some() {
+            continue;
+        }
+        let reader = PtReader::open(&path).unwrap();
+        let names: Vec<(&str, &str)> = reader
+            .same_objects()
+            .iter()
+            .map(|&(at, first)| (&*reader.tensors()[at].name, &*reader.tensors()[first].name))
+            .collect();
+        let file = path.file_name().unwrap().to_str().unwrap();
+        let expected: &[(&str, &str)] = if file.starts_with("views.") {
+            &[("tied_b", "tied_a")]
+        } else {
+            &[]
+        };
+        assert_eq!(names, expected, "{file}");
+    }
+}
+
 #[test]
 fn malicious_pickles_are_refused_naming_the_global() {
     let mut refused = 0;

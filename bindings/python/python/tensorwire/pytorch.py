@@ -107,12 +107,21 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             tensors = {name: _shared_torch(reader, tt, name) for name in reader.keys()}
         else:
             tensors = _restored_tensors(reader, restore or _keep, device_of, copy=mmap is False)
+        _same_objects_once(reader._pytorch_same_objects(), tensors)
         if flat:
             return tensors
         import torch
 
         return reader._pytorch_structure(
             tensors.__getitem__, lambda name: getattr(torch, name[len("torch."):]))
+
+
+def _same_objects_once(same, values):
+    """One object under every name of a tensor the checkpoint pickled once
+    (``{"embed": t, "lm_head": t}``), as ``torch.load`` gives it; ``same`` is
+    ``reader._pytorch_same_objects()``."""
+    for name, first in same:
+        values[name] = values[first]
 
 
 def _views_share_storages(reader):
@@ -216,7 +225,14 @@ def load_numpy(f, *, mmap=True, flat=True):
     memory. ``flat=False`` gives the checkpoint's own object, as for :func:`load`."""
     with open(f) as reader:
         names = reader.keys()
-        got = reader.read_numpy(names, copy=not mmap)
+        same = reader._pytorch_same_objects()
+        if same:
+            # A tensor pickled under several names is read (or copied) once.
+            again = {name for name, _ in same}
+            got = reader.read_numpy([n for n in names if n not in again], copy=not mmap)
+            _same_objects_once(same, got)
+        else:
+            got = reader.read_numpy(names, copy=not mmap)
         if not flat:
             return reader._pytorch_structure(got.__getitem__, str)  # dtypes by name
         return {name: got[name] for name in names}
