@@ -165,3 +165,14 @@ def test_ztensor_2_reads_packed_types_we_write(tmp_path):
             assert list(src[name].shape) == shape
             assert src[name]["data"].tobytes() == bytes(stored)
         src.verify(deep=True)
+    # The same tensors written by ztensor 2.x and by us (xxh3, its default): same bytes.
+    # (ztensor's canonical layout wants names in sorted order.)
+    theirs, ours = str(tmp_path / "theirs.zt"), str(tmp_path / "ours.zt")
+    with zt.Writer(theirs) as w:
+        for name, (kind, shape, stored) in sorted(PACKED.items()):
+            w.add(name, np.array(stored, np.uint8), shape=shape, dtype="u8", logical=kind)
+    with tensorwire.Writer(ours, version=2) as w:
+        for name, (kind, shape, stored) in sorted(PACKED.items()):
+            data = np.array(stored, np.uint8)
+            w.write(name, tensorwire.Tensor({"data": data}, shape=shape, type=kind), checksum="xxh3")
+    assert open(ours, "rb").read() == open(theirs, "rb").read()
