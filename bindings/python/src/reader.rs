@@ -452,43 +452,62 @@ fn read_into_one(
 }
 
 /// A [`Node`](tensorwire::pytorch::Node) as the Python object `torch.load` makes,
-/// with `tensor(name)` for each tensor and `dtype(name)` for each torch dtype.
+/// with `tensor(name)` for each tensor and `dtype(name)` for each torch dtype;
+/// `shared` holds the containers built so far that the tree holds in several places.
 fn node_to_py<'py>(
     py: Python<'py>,
     node: &tensorwire::pytorch::Node,
-    tensor: &Bound<'py, PyAny>,
-    dtype: &Bound<'py, PyAny>,
-    ordered_dict: &Bound<'py, PyAny>,
+    make: &NodeMakers<'_, 'py>,
+    shared: &mut std::collections::HashMap<u64, Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     use tensorwire::pytorch::Node;
-    let all = |items: &[Node]| -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut all = |items: &[Node]| -> PyResult<Vec<Bound<'py, PyAny>>> {
         items
             .iter()
-            .map(|n| node_to_py(py, n, tensor, dtype, ordered_dict))
+            .map(|n| node_to_py(py, n, make, shared))
             .collect()
     };
     Ok(match node {
-        Node::Tensor(name) => tensor.call1((&**name,))?,
-        Node::Dtype(name) => dtype.call1((*name,))?,
+        Node::Tensor(name) => make.tensor.call1((&**name,))?,
+        Node::Dtype(name) => make.dtype.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
         Node::Dict { items, ordered } => {
             let dict = if *ordered {
-                ordered_dict.call0()?
+                make.ordered_dict.call0()?
             } else {
                 PyDict::new(py).into_any()
             };
             for (key, value) in items {
                 dict.set_item(
-                    node_to_py(py, key, tensor, dtype, ordered_dict)?,
-                    node_to_py(py, value, tensor, dtype, ordered_dict)?,
+                    node_to_py(py, key, make, shared)?,
+                    node_to_py(py, value, make, shared)?,
                 )?;
             }
             dict
         }
+        // One Python object for every place of a container pickled once.
+        Node::Shared { id, node } => match shared.get(id) {
+            Some(built) => built.clone(),
+            None => {
+                let built = node_to_py(py, node, make, shared)?;
+                shared.insert(*id, built.clone());
+                built
+            }
+        },
     })
+}
+
+/// The callables [`node_to_py`] builds leaves and ordered dicts with.
+struct NodeMakers<'a, 'py> {
+    /// `tensor(name)`: the tensor (or array) of that flat name.
+    tensor: &'a Bound<'py, PyAny>,
+    /// `dtype(name)`: a torch dtype from its name.
+    dtype: &'a Bound<'py, PyAny>,
+    /// `collections.OrderedDict`.
+    ordered_dict: &'a Bound<'py, PyAny>,
 }
 
 #[pymethods]
@@ -590,7 +609,12 @@ impl Reader {
         let reader = pytorch(self.src()?)?;
         let tree = py.detach(|| reader.structure()).or_raise()?;
         let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
-        node_to_py(py, &tree, tensor, dtype, &ordered_dict)
+        let make = NodeMakers {
+            tensor,
+            dtype,
+            ordered_dict: &ordered_dict,
+        };
+        node_to_py(py, &tree, &make, &mut Default::default())
     }
 
     /// `(name, first name)` for each tensor of a PyTorch checkpoint that is the same

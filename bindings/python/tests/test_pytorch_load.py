@@ -154,6 +154,48 @@ def test_a_tensor_pickled_under_two_names_is_one_object_as_in_torch(path, want):
         assert _same_object_pairs(got) == _same_object_pairs(ref_flat)
 
 
+@pytest.mark.parametrize("name", ["shared.pt", "shared.legacy.pt"])
+def test_objects_pickled_once_are_one_object_in_every_place(name):
+    # Without torch: load_numpy's tree has the identities torch.load gives (below).
+    tree = pytorch.load_numpy(os.path.join(FIXTURES, name), flat=False)
+    assert tree["a"] is tree["b"] is tree["pair"][0] is tree["pair"][1]
+    assert tree["w"] is tree["a"][0] and tree["a"][1] is not tree["a"][0]
+    assert tree["opt"]["group"] is tree["opt"]["again"]
+    assert tree["opt"]["betas"] is tree["opt"]["group"]["betas"] == (0.9, 0.999)
+    flat = pytorch.load_numpy(os.path.join(FIXTURES, name))
+    assert flat["b.1"] is flat["a.1"] and flat["pair.1.0"] is flat["w"]
+
+
+def _identity_classes(obj):
+    """Every object (tensors and containers) of a tree, by place, grouped by identity:
+    the sorted list of place groups that are one object."""
+    places = {}
+
+    def walk(o, path):
+        places.setdefault(id(o), (o, []))[1].append(path)
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, path + (k,))
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, path + (i,))
+
+    walk(obj, ())
+    return sorted(sorted(p) for o, p in places.values()
+                  if len(p) > 1 and not isinstance(o, (int, float, str, bool, type(None))))
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", ["shared.pt", "shared.legacy.pt", "views.pt", "nested.pt",
+                                  "optimizer.pt", "module.legacy.pt"])
+@pytest.mark.parametrize("kwargs", [{}, {"mmap": False}, {"map_location": "cpu"}])
+def test_flat_false_has_torchs_identities(name, kwargs):
+    path = os.path.join(FIXTURES, name)
+    ref = torch.load(path, weights_only=True, **kwargs)
+    got = pytorch.load(path, flat=False, **kwargs)
+    assert _identity_classes(got) == _identity_classes(ref)
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_load_keeps_strides_and_shared_storages_like_torch():
     path = os.path.join(FIXTURES, "views.pt")

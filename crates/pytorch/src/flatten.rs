@@ -43,6 +43,15 @@ pub enum Node {
     Tuple(Vec<Node>),
     /// A set or frozenset.
     Set(Vec<Node>),
+    /// A container the checkpoint holds in more than one place (one list, dict,
+    /// tuple or set, pickled once and referenced again). Every place has the whole
+    /// tree; `torch.load` gives one object for all places with the same `id`.
+    Shared {
+        /// Tells shared containers apart (the same within one tree).
+        id: u64,
+        /// The container.
+        node: Box<Node>,
+    },
 }
 
 impl Node {
@@ -61,6 +70,7 @@ impl Node {
             Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
                 items.iter().for_each(|v| v.push_tensor_names(out))
             }
+            Node::Shared { node, .. } => node.push_tensor_names(out),
         }
     }
 }
@@ -102,7 +112,48 @@ fn root_name(arena: &Arena, root: Id) -> Arc<str> {
 /// The object from `root` as a [`Node`] tree, within the same bounds as [`flatten`]
 /// (which must have accepted it: tensor names are made the same way).
 pub fn structure(arena: &Arena, root: Id, max_depth: usize, max_nodes: u64) -> Result<Node> {
-    Walker::new(arena, max_depth, max_nodes, u64::MAX).node(root, root_name(arena, root), 0)
+    let mut walker = Walker::new(arena, max_depth, max_nodes, u64::MAX);
+    walker.shared = shared_containers(arena, root);
+    walker.node(root, root_name(arena, root), 0)
+}
+
+/// Which containers (by id) are reached from `root` more than once: an iterative walk
+/// that enters each container once, so its cost is linear in the objects.
+fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
+    let is_container = |id: Id| {
+        matches!(
+            arena.get(id),
+            Obj::List(_) | Obj::Set(_) | Obj::Tuple(_) | Obj::Dict { .. }
+        )
+    };
+    let mut seen = vec![false; arena.len()];
+    let mut shared = vec![false; arena.len()];
+    let mut stack = vec![root];
+    seen[root] = true;
+    while let Some(id) = stack.pop() {
+        let mut reach = |child: Id| {
+            if !is_container(child) {
+                return;
+            }
+            if seen[child] {
+                shared[child] = true;
+            } else {
+                seen[child] = true;
+                stack.push(child);
+            }
+        };
+        match arena.get(id) {
+            Obj::List(items) | Obj::Set(items) => items.iter().copied().for_each(&mut reach),
+            Obj::Tuple(span) => arena
+                .tuple_items(*span)
+                .iter()
+                .copied()
+                .for_each(&mut reach),
+            Obj::Dict { items, .. } => items.iter().for_each(|&(_, v)| reach(v)),
+            _ => {}
+        }
+    }
+    shared
 }
 
 struct Walker<'a> {
@@ -115,6 +166,9 @@ struct Walker<'a> {
     names: NameSet<Arc<str>>,
     /// Memo of [`Walker::holds_tensor`] per object.
     holds_tensor: Vec<Option<bool>>,
+    /// Per object, whether it is a container reached more than once (only for
+    /// [`structure`]; empty for [`flatten`]).
+    shared: Vec<bool>,
 }
 
 fn join(prefix: &str, key: &str) -> Arc<str> {
@@ -165,6 +219,7 @@ impl<'a> Walker<'a> {
             },
             names: NameSet::default(),
             holds_tensor: vec![None; arena.len()],
+            shared: Vec::new(),
         }
     }
 
@@ -309,7 +364,7 @@ impl<'a> Walker<'a> {
                 .map(|(i, &v)| child(walker, v, &|| Ok(join(&name, &i.to_string()))))
                 .collect()
         };
-        Ok(match arena.get(id) {
+        let node = match arena.get(id) {
             Obj::Tensor(_) => Node::Tensor(name),
             Obj::Storage(s) => {
                 return Err(Error::unsupported(format!(
@@ -333,6 +388,14 @@ impl<'a> Walker<'a> {
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
             Obj::Global(Global::Dtype(d)) => Node::Dtype(torch_dtype_name(*d)),
             _ => Node::Value(self.value_uncounted(id, depth)?),
+        };
+        Ok(if self.shared.get(id).copied().unwrap_or(false) {
+            Node::Shared {
+                id: id as u64,
+                node: Box::new(node),
+            }
+        } else {
+            node
         })
     }
 

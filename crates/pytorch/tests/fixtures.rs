@@ -164,8 +164,9 @@ fn every_fixture_reads_back_as_torch_saved_it() {
 }
 
 /// `torch.load` of `views.pt` (ZIP and legacy) gives one tensor object under both
-/// `tied_a` and `tied_b` (`sd["tied_b"] is sd["tied_a"]`: pickled once, memoized); no
-/// other fixture has such a pair, though several share storages between tensors.
+/// `tied_a` and `tied_b` (`sd["tied_b"] is sd["tied_a"]`: pickled once, memoized), and
+/// of `shared.pt` one list under `a`, `b` and in `pair`; no other fixture has such a
+/// pair, though several share storages between tensors.
 #[test]
 fn tensors_pickled_once_under_two_names_are_one_object() {
     for (path, want) in expectations() {
@@ -181,10 +182,78 @@ fn tensors_pickled_once_under_two_names_are_one_object() {
         let file = path.file_name().unwrap().to_str().unwrap();
         let expected: &[(&str, &str)] = if file.starts_with("views.") {
             &[("tied_b", "tied_a")]
+        } else if file.starts_with("shared.") {
+            &[
+                ("b.0", "a.0"),
+                ("b.1", "a.1"),
+                ("w", "a.0"),
+                ("pair.0.0", "a.0"),
+                ("pair.0.1", "a.1"),
+                ("pair.1.0", "a.0"),
+                ("pair.1.1", "a.1"),
+            ]
         } else {
             &[]
         };
         assert_eq!(names, expected, "{file}");
+    }
+}
+
+/// `shared.pt`: every place of a container pickled once is a `Node::Shared` with one
+/// id, holding the whole container (so the tensor names stay those of the flat view).
+#[test]
+fn containers_pickled_once_are_shared_nodes() {
+    use tensorwire_pytorch::Node;
+    for file in ["shared.pt", "shared.legacy.pt"] {
+        let reader = PtReader::open(dir().join(file)).unwrap();
+        let tree = reader.structure().unwrap();
+        let Node::Dict { items, .. } = &tree else {
+            panic!("{file}: {tree:?}")
+        };
+        let get = |items: &[(Node, Node)], key: &str| -> Node {
+            items
+                .iter()
+                .find(|(k, _)| *k == Node::Value(Value::Str(key.into())))
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("{file}: no `{key}`"))
+        };
+        let shared = |node: &Node| -> (u64, Node) {
+            match node {
+                Node::Shared { id, node } => (*id, (**node).clone()),
+                other => panic!("{file}: not shared: {other:?}"),
+            }
+        };
+        let (a_id, a) = shared(&get(items, "a"));
+        let (b_id, b) = shared(&get(items, "b"));
+        assert_eq!(a_id, b_id, "{file}");
+        // The first place names the tensors `a.*`, the second `b.*`.
+        assert_eq!(
+            a,
+            Node::List(vec![Node::Tensor("a.0".into()), Node::Tensor("a.1".into())])
+        );
+        assert_eq!(
+            b,
+            Node::List(vec![Node::Tensor("b.0".into()), Node::Tensor("b.1".into())])
+        );
+        let Node::Tuple(pair) = get(items, "pair") else {
+            panic!("{file}: pair")
+        };
+        assert!(pair.iter().all(|p| shared(p).0 == a_id), "{file}");
+        // Tensors are not wrapped: their identity comes from `same_objects`.
+        assert_eq!(get(items, "w"), Node::Tensor("w".into()));
+        let Node::Dict { items: opt, .. } = get(items, "opt") else {
+            panic!("{file}: opt")
+        };
+        let (group_id, group) = shared(&get(&opt, "group"));
+        assert_eq!(shared(&get(&opt, "again")).0, group_id);
+        let Node::Dict { items: group, .. } = group else {
+            panic!("{file}: group")
+        };
+        let (betas_id, _) = shared(&get(&opt, "betas"));
+        assert_eq!(shared(&get(&group, "betas")).0, betas_id);
+        assert_ne!(betas_id, group_id);
+        // Nothing else is shared.
+        assert!(!matches!(tree, Node::Shared { .. }));
     }
 }
 
