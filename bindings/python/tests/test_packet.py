@@ -270,19 +270,26 @@ def test_sparse_round_trip(fmt):
 
 @pytest.mark.skipif(sparse is None, reason="scipy not installed")
 @pytest.mark.parametrize("fmt", ["coo", "csr", "csc"])
-@pytest.mark.parametrize("damage", ["index", "negative", "pointers"])
+@pytest.mark.parametrize("damage", ["index", "negative", "pointers", "last_pointer_0", "first_pointer"])
 def test_sparse_packets_with_bad_indices_are_malformed(fmt, damage):
     dense = np.zeros((6, 5), np.float32)
     dense[1, 2], dense[4, 0], dense[5, 4] = 1.5, -2.0, 7.0
     matrix = getattr(sparse, f"{fmt}_matrix")(dense)
     # Damage the parts in place, after scipy's checks, as a hostile sender could.
     if fmt == "coo":
-        if damage == "pointers":
+        if damage in ("pointers", "last_pointer_0", "first_pointer"):
             matrix.row[-1] = 6
         else:
             matrix.col[0] = 99 if damage == "index" else -1
     elif damage == "pointers":
         matrix.indptr[1], matrix.indptr[2] = matrix.indptr[2] + 1, matrix.indptr[1]
+    elif damage == "last_pointer_0":
+        # scipy's own full check skips a matrix whose last pointer is 0, and its
+        # kernels then read past the emptied indices (a segfault in toarray()).
+        matrix.indptr[:] = 0
+        matrix.indptr[1] = 3
+    elif damage == "first_pointer":
+        matrix.indptr[0] = 1
     else:
         matrix.indices[0] = 99 if damage == "index" else -1
     data = packet.dumps(matrix)

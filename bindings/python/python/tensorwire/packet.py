@@ -70,17 +70,36 @@ _MAX_DIM = 0xFFFFFFFF
 _ASYNC_CHUNK = 8 << 20
 
 
+def _check_compressed(fmt, shape, indices, indptr):
+    """The CSR/CSC structure scipy's kernels trust: pointers from 0, never
+    decreasing, ending within the indices, and those indices inside the minor
+    dimension. scipy's own full check skips all of it when the last pointer is 0."""
+    minor = shape[1] if fmt == "csr" else shape[0]
+    # Signed, so a wrapped unsigned value shows up as a decrease.
+    ptr = np.asarray(indptr).astype(np.int64, copy=False)
+    if ptr[0] != 0:
+        raise ValueError(f"the first pointer is {ptr[0]}, not 0")
+    if ptr.size > 1 and (np.diff(ptr) < 0).any():
+        raise ValueError("the pointers decrease")
+    nnz = int(ptr[-1])
+    if nnz > len(indices):
+        raise ValueError(f"the last pointer is {nnz}, past the {len(indices)} indices")
+    used = np.asarray(indices[:nnz]).astype(np.int64, copy=False)
+    if nnz and (used.min() < 0 or used.max() >= minor):
+        raise ValueError(f"an index lies outside [0, {minor})")
+
+
 def _make_sparse(fmt, shape, data, first, second):
     try:
         import scipy.sparse as sparse
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("scipy is required to decode sparse packets") from e
-    # scipy checks COO indices as it builds the matrix, but CSR/CSC indices and
-    # pointers only on a full check; scipy's kernels trust them, so an index out of
-    # range would read outside the arrays later.
+    # scipy checks COO indices as it builds the matrix; CSR/CSC structure is checked
+    # here first, as scipy's kernels would read outside the arrays otherwise.
     try:
         if fmt == "coo":
             return sparse.coo_matrix((data, (first, second)), shape=shape)
+        _check_compressed(fmt, shape, first, second)
         maker = sparse.csr_matrix if fmt == "csr" else sparse.csc_matrix
         matrix = maker((data, first, second), shape=shape)
         matrix.check_format(full_check=True)
@@ -221,7 +240,7 @@ def iter_dumps(tensor: Any, strict: bool = False,
         header, body, footer = _native.packet_dense_parts(array, bool(check_integrity), 64)
         yield memoryview(header)
         if body.nbytes:
-            # As bytes: extension dtypes (bfloat16, float8) have no buffer format.
+            # As bytes: extension dtypes (bfloat16) have no buffer format.
             yield memoryview(_as_bytes_array(body))
         if footer:
             yield memoryview(footer)
