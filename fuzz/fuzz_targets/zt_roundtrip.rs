@@ -266,7 +266,9 @@ struct Expected {
 fuzz_target!(|input: Input| {
     let mut writer = ZtWriter::new(Vec::new()).expect("writer on a Vec");
     let file_attributes = attr_map(&input.file_attributes);
-    writer.set_attributes(file_attributes.clone());
+    writer
+        .set_attributes(file_attributes.clone())
+        .expect("generated attributes lie in CBOR's integer range");
     let mut expected: Vec<Expected> = Vec::new();
 
     for spec in input.tensors.iter().take(MAX_TENSORS) {

@@ -306,8 +306,10 @@ fn dense_array<'py>(
     Ok(array)
 }
 
-/// A component as a numpy array: a dense `data` component takes the object's shape,
-/// others are 1-D; the element type is the component's logical type when numpy has it.
+/// A component as a numpy array: a dense `data` component takes the object's shape
+/// when it holds one stored unit per element, others (and packed data such as
+/// `f4_e2m1`, two per byte) are 1-D; the element type is the component's logical type
+/// when numpy has it.
 fn component_array<'py>(
     py: Python<'py>,
     zt: &ZtReader,

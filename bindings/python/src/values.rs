@@ -72,8 +72,11 @@ fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         // Beyond i128 is beyond CBOR too; the writers name the range for the rest.
         return match obj.extract::<i128>() {
             Ok(i) => Ok(Value::Int(i)),
+            // Named by its size: printing a huge int is slow, and Python refuses
+            // past 4300 digits.
             Err(_) => Err(Error::invalid(format!(
-                "integer {obj} is outside CBOR's 64-bit integers; store it as a float or a string"
+                "an integer of {} bits is outside CBOR's 64-bit integers; store it as a float or a string",
+                obj.call_method0("bit_length")?
             )))
             .or_raise(),
         };

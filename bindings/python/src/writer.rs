@@ -250,11 +250,7 @@ impl Writer {
         let roles: Vec<&str> = parts.iter().map(|(r, _)| r.as_str()).collect();
         let primary = primary_role(format, &roles).map(str::to_owned);
 
-        // A dense tensor whose type tensorwire has a dtype for is written as that
-        // dtype; any other type (`f8_e8m0`, `f4_e2m1`, one of the user's own) is kept
-        // as the component's logical type, checked below as a reader will.
-        let known_type = r#type.map(str::parse::<DType>).and_then(Result::ok);
-        if format == "dense" && (r#type.is_none() || known_type.is_some()) {
+        if format == "dense" {
             let [(role, data)] = parts.as_slice() else {
                 return Err(Error::invalid(format!(
                     "dense tensor `{name}` needs exactly one component, `data`"
@@ -267,21 +263,51 @@ impl Writer {
                 )))
                 .or_raise();
             }
-            let mut dtype = data.dtype;
-            if let Some(logical) = known_type {
-                let storage = logical.storage().0;
-                // bool bytes may come as uint8 (version 2 stores bool over u8).
-                let bool_bytes = logical == DType::Bool && data.dtype == DType::U8;
-                if storage != data.dtype.storage().0 && !bool_bytes {
+            // A type tensorwire has a dtype for is written as that dtype. Any other
+            // (`f8_e8m0`, `f4_e2m1`, one of the user's own) is kept as the logical
+            // type of raw stored elements (below), checked there as a reader will.
+            match r#type.map(|t| (t, t.parse::<DType>())) {
+                None => {
+                    return self.add_dense(
+                        py,
+                        name,
+                        data.dtype,
+                        &shape,
+                        data.bytes(),
+                        attributes,
+                        opts,
+                    )
+                }
+                Some((_, Ok(logical))) => {
+                    let storage = logical.storage().0;
+                    // bool bytes may come as uint8 (version 2 stores bool over u8).
+                    let bool_bytes = logical == DType::Bool && data.dtype == DType::U8;
+                    if storage != data.dtype.storage().0 && !bool_bytes {
+                        return Err(Error::invalid(format!(
+                            "type `{logical}` is stored as {storage}, but `{name}`'s data is {}",
+                            data.dtype
+                        )))
+                        .or_raise();
+                    }
+                    return self.add_dense(
+                        py,
+                        name,
+                        logical,
+                        &shape,
+                        data.bytes(),
+                        attributes,
+                        opts,
+                    );
+                }
+                Some((t, Err(_))) if data.dtype != data.dtype.storage().0 => {
                     return Err(Error::invalid(format!(
-                        "type `{logical}` is stored as {storage}, but `{name}`'s data is {}",
+                        "type `{t}` needs `{name}`'s data as its stored elements, not {} (an array of a storage dtype such as uint8)",
                         data.dtype
                     )))
                     .or_raise();
                 }
-                dtype = logical;
+                Some((_, Err(_))) => {}
             }
-            return self.add_dense(py, name, dtype, &shape, data.bytes(), attributes, opts);
         }
 
         let logical: Vec<Option<String>> = parts

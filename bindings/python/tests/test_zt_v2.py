@@ -130,7 +130,8 @@ def test_types_without_a_dtype_are_written_and_read_as_stored_bytes(tmp_path, ve
             # One stored byte per element keeps the tensor's shape; packed ones are flat.
             assert list(data.shape) == (shape if data.size == np.prod(shape) else [len(stored)])
             if version == 2:
-                # A 1.x reader reads a type it does not know as its stored dtype.
+                # Version 2 refuses to view a logical type without a dtype; 1.x types
+                # are labels, so a 1.x file's elements read as their stored dtype.
                 with pytest.raises(tensorwire.UnsupportedError, match=kind):
                     r.read_numpy(name)
 
@@ -176,3 +177,29 @@ def test_ztensor_2_reads_packed_types_we_write(tmp_path):
             data = np.array(stored, np.uint8)
             w.write(name, tensorwire.Tensor({"data": data}, shape=shape, type=kind), checksum="xxh3")
     assert open(ours, "rb").read() == open(theirs, "rb").read()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_writer_refuses_types_it_would_have_to_drop(tmp_path, version):
+    ml = pytest.importorskip("ml_dtypes")
+    path = str(tmp_path / "refused.zt")
+    with tensorwire.Writer(path, version=version) as w:
+        # Data with a logical type of its own cannot take another one.
+        for data in (np.zeros(4, ml.float8_e4m3fn), np.zeros(2, np.complex64)):
+            with pytest.raises(tensorwire.InvalidArgumentError, match="stored elements"):
+                w.write("x", tensorwire.Tensor({"data": data}, type="f8_e8m0"))
+        # A dense tensor has one component, whatever its type.
+        parts = {"data": np.zeros(2, np.uint8), "scale": np.ones(1, np.float32)}
+        with pytest.raises(tensorwire.InvalidArgumentError, match="exactly one component"):
+            w.write("x", tensorwire.Tensor(parts, shape=[2], type="acme.f6"))
+        # 1.x holds one stored element per tensor element, so 3 bytes are not 5 f4_e2m1.
+        if version == 1:
+            data = np.array([0x21, 0x43, 0x05], np.uint8)
+            with pytest.raises(tensorwire.InvalidArgumentError, match="needs 5 bytes"):
+                w.write("x", tensorwire.Tensor({"data": data}, shape=[5], type="f4_e2m1"))
+        # A huge integer is named by its size (printing it would take seconds).
+        with pytest.raises(tensorwire.InvalidArgumentError, match="16610 bits"):
+            w.write_numpy("x", np.zeros(1), attributes={"v": 10**5000})
+        w.write_numpy("ok", np.zeros(1))
+    with tensorwire.Reader(path) as r:
+        assert r.keys() == ["ok"]

@@ -474,10 +474,7 @@ impl<W: Write> ZtWriter<W> {
                 .collect(),
         };
         planned.components.sort_by(|a, b| a.role.cmp(&b.role));
-        check_object(&planned, self.offset).map_err(|e| match e {
-            Error::Malformed { reason, .. } => Error::invalid(reason),
-            other => other,
-        })?;
+        check_object(&planned, self.offset).map_err(refused_argument)?;
         let mut written = Vec::with_capacity(components.len());
         for c in components {
             written.push(self.write_component(c, options)?);
@@ -619,17 +616,7 @@ impl<W: Write> ZtWriter<W> {
             attributes,
             components: parts.iter().map(|(c, _)| c.clone()).collect(),
         };
-        manifest_v2::check_object(&planned, self.offset).map_err(|e| match e {
-            Error::Malformed { reason, .. } => Error::invalid(reason),
-            Error::SizeMismatch {
-                tensor,
-                expected,
-                found,
-            } => Error::invalid(format!(
-                "`{tensor}` needs {expected} bytes, the data has {found}"
-            )),
-            other => other,
-        })?;
+        manifest_v2::check_object(&planned, self.offset).map_err(refused_argument)?;
         for (c, data) in &parts {
             check_content_v2(&planned, c, data)?;
         }
@@ -842,6 +829,22 @@ impl<W: Write> Write for CountingSink<'_, W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// What a reader's object check says of a planned object, as the writer's caller
+/// should hear it: an invalid argument, not a malformed file.
+fn refused_argument(e: Error) -> Error {
+    match e {
+        Error::Malformed { reason, .. } => Error::invalid(reason),
+        Error::SizeMismatch {
+            tensor,
+            expected,
+            found,
+        } => Error::invalid(format!(
+            "`{tensor}` needs {expected} bytes, the data has {found}"
+        )),
+        other => other,
     }
 }
 
