@@ -619,6 +619,18 @@ impl Reader {
         node_to_py(py, &tree, &make, &mut Default::default())
     }
 
+    /// Names of the tensors of a PyTorch checkpoint that share their storage or cover
+    /// only part of it (see `PtReader::partial_storages`).
+    fn _pytorch_partial_storages(&self) -> PyResult<Vec<String>> {
+        let reader = pytorch(self.src()?)?;
+        let tensors = reader.tensors();
+        Ok(reader
+            .partial_storages()
+            .into_iter()
+            .map(|at| tensors[at].name.to_string())
+            .collect())
+    }
+
     /// `(name, first name)` for each tensor of a PyTorch checkpoint that is the same
     /// pickled object as an earlier one, which `torch.load` returns as one object.
     fn _pytorch_same_objects(&self) -> PyResult<Vec<(String, String)>> {

@@ -489,6 +489,31 @@ impl PtReader {
         &self.records
     }
 
+    /// Positions of the tensors that do not have a storage to themselves: another
+    /// tensor (or storage view) lies on the same stored storage, or the tensor covers
+    /// only part of it. A view of just such a tensor's bytes is all of its storage,
+    /// as `torch.load` makes it; the others need their whole storage to match torch
+    /// (one storage for all its tensors, with their storage offsets).
+    pub fn partial_storages(&self) -> Vec<usize> {
+        let mut on_storage: NameMap<&str, u32> = NameMap::default();
+        for r in &self.records {
+            *on_storage.entry(&*r.storage.key).or_default() += 1;
+        }
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                let whole = r.storage.view.is_none()
+                    && match (r.byte_extent(), r.storage.nbytes()) {
+                        (Ok(extent), Ok(nbytes)) => extent == (0, nbytes),
+                        _ => false,
+                    };
+                !whole || on_storage[&*r.storage.key] > 1
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// `(position, first position)` for every tensor that is the same pickled object
     /// as an earlier one (`{"embed": t, "lm_head": t}`: `torch.load` gives one tensor
     /// object under both names), in position order. Tensors that merely share a

@@ -257,6 +257,61 @@ fn containers_pickled_once_are_shared_nodes() {
     }
 }
 
+/// `partial_storages` lists exactly the tensors whose storage (as torch saved it:
+/// `storage_key`, `storage_nbytes`) holds another tensor, or more than their bytes.
+#[test]
+fn partial_storages_are_those_torch_shares_or_covers_in_part() {
+    let mut seen_partial = 0;
+    for (path, want) in expectations() {
+        if want.get("error").is_some() {
+            continue;
+        }
+        let tensors = want["tensors"].as_array().unwrap();
+        let key = |t: &Json| t["storage_key"].as_str().unwrap().to_owned();
+        let expected: Vec<usize> = tensors
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                let dims = dims(&t["shape"]);
+                let strides = dims_of_i64(&t["strides"]);
+                let elem = t["dtype"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<DType>()
+                    .unwrap()
+                    .size()
+                    .unwrap() as u64;
+                let start = t["storage_offset"].as_u64().unwrap() * elem;
+                let end = if dims.contains(&0) {
+                    start
+                } else {
+                    let last: i64 = dims
+                        .iter()
+                        .zip(&strides)
+                        .map(|(&d, &s)| (d as i64 - 1) * s)
+                        .sum();
+                    (t["storage_offset"].as_u64().unwrap() + last as u64 + 1) * elem
+                };
+                let sharers = tensors.iter().filter(|u| key(u) == key(t)).count();
+                sharers > 1 || (start, end) != (0, t["storage_nbytes"].as_u64().unwrap())
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let reader = PtReader::open(&path).unwrap();
+        assert_eq!(reader.partial_storages(), expected, "{}", path.display());
+        seen_partial += expected.len();
+    }
+    assert!(seen_partial >= 10, "{seen_partial}");
+}
+
+fn dims_of_i64(json: &Json) -> Vec<i64> {
+    json.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect()
+}
+
 #[test]
 fn malicious_pickles_are_refused_naming_the_global() {
     let mut refused = 0;

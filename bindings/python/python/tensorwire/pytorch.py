@@ -101,10 +101,16 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     restore, device_of = _restore_location(map_location)
     with open(f) as reader:
         if restore is None and mmap is not False and _views_share_storages(reader):
-            # Every tensor a view of the map, as fast as it gets: tensors of one
-            # storage share its mapped bytes.
+            # Every tensor a view of the map, as fast as it gets: a tensor with a
+            # storage to itself is a view of just its bytes, which is all of its
+            # storage. Tensors that share a storage or cover part of one are set on
+            # that whole storage, so their storages and offsets are torch's too.
             tt = _torch_interop()
-            tensors = {name: _shared_torch(reader, tt, name) for name in reader.keys()}
+            partial = reader._pytorch_partial_storages()
+            on_storages = (_restored_tensors(reader, _keep, None, copy=False, only=set(partial))
+                           if partial else {})
+            tensors = {name: on_storages[name] if name in on_storages
+                       else _shared_torch(reader, tt, name) for name in reader.keys()}
         else:
             tensors = _restored_tensors(reader, restore or _keep, device_of, copy=mmap is False)
         _same_objects_once(reader._pytorch_same_objects(), tensors)
@@ -176,12 +182,13 @@ def _default_restore(storage, location):
     return default_restore_location(storage, location)
 
 
-def _restored_tensors(reader, restore, device_of, copy):
+def _restored_tensors(reader, restore, device_of, copy, only=None):
     """``{name: torch tensor}``, each storage passed once through ``restore`` (a
     zero-copy view of the map unless ``copy``, or unless the bytes cannot be lent to
     torch) and its tensors set on the result, as ``torch.load`` rebuilds them: legacy
     storage views are slices of their restored root storage. A storage that
-    ``device_of`` sends to the "meta" device is not read (it holds no data there)."""
+    ``device_of`` sends to the "meta" device is not read (it holds no data there).
+    ``only`` (a set of names) limits it to those tensors."""
     tt = _torch_interop()
     torch = tt.torch
     restored = {}
@@ -190,6 +197,8 @@ def _restored_tensors(reader, restore, device_of, copy):
     tensors = {}
     for name, (key, nbytes, saved, view, offset, strides) in zip(
             reader.keys(), reader._pytorch_storages()):
+        if only is not None and name not in only:
+            continue
         storage = restored.get(key)
         if storage is None and device_of is not None and device_of(saved) == "meta":
             storage = restored[key] = torch.UntypedStorage(nbytes, device="meta")
