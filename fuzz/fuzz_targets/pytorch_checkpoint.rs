@@ -88,6 +88,14 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = reader.verify();
 
+    // Partial storages are listed once each, in order, within the tensors.
+    let partial = reader.partial_storages();
+    assert!(
+        partial.windows(2).all(|w| w[0] < w[1]) && partial.iter().all(|&at| at < names.len()),
+        "partial storages {partial:?} of {} tensors",
+        names.len()
+    );
+
     // A tensor reached again names an earlier one with the very same record.
     let records = reader.records();
     for &(at, first) in reader.same_objects() {

@@ -1,7 +1,6 @@
 //! [`PtReader`]: a PyTorch checkpoint as a [`TensorSource`].
 
 use std::any::Any;
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -381,18 +380,14 @@ impl PtReader {
         )?;
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
         let mut records = Vec::with_capacity(flat.tensors.len());
-        // One pickled object reached under several names is one arena record.
-        // (`NameMap` is the workspace's fast-hash map; here keyed by address.)
-        let mut first_of: NameMap<*const TensorRecord, usize> = NameMap::default();
-        let mut same_objects = Vec::new();
+        // One pickled object reached under several names is one arena record: the
+        // same address (sorted, so no hashing on the open path).
+        let same_objects = same_keys(
+            flat.tensors
+                .iter()
+                .map(|(_, record)| std::ptr::from_ref::<TensorRecord>(record)),
+        );
         for (name, record) in flat.tensors {
-            let position = records.len();
-            match first_of.entry(std::ptr::from_ref(record)) {
-                Entry::Occupied(first) => same_objects.push((position, *first.get())),
-                Entry::Vacant(slot) => {
-                    slot.insert(position);
-                }
-            }
             Error::check_limit(
                 "tensor name length",
                 name.len() as u64,
@@ -495,23 +490,26 @@ impl PtReader {
     /// as `torch.load` makes it; the others need their whole storage to match torch
     /// (one storage for all its tensors, with their storage offsets).
     pub fn partial_storages(&self) -> Vec<usize> {
-        let mut on_storage: NameMap<&str, u32> = NameMap::default();
-        for r in &self.records {
-            *on_storage.entry(&*r.storage.key).or_default() += 1;
+        let n = self.records.len();
+        let mut whole = Vec::with_capacity(n);
+        // A storage is known by where its bytes start in the input: the tensor's
+        // start less its offset into the storage (distinct records, distinct starts).
+        let mut storage_starts = Vec::with_capacity(n);
+        for (r, info) in self.records.iter().zip(self.index.infos()) {
+            let extent = r.byte_extent().ok();
+            let nbytes = r.storage.nbytes().ok();
+            whole.push(
+                r.storage.view.is_none()
+                    && extent.is_some_and(|(start, end)| start == 0 && Some(end) == nbytes),
+            );
+            storage_starts.push(info.offset - extent.map_or(0, |(start, _)| start));
         }
-        self.records
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| {
-                let whole = r.storage.view.is_none()
-                    && match (r.byte_extent(), r.storage.nbytes()) {
-                        (Ok(extent), Ok(nbytes)) => extent == (0, nbytes),
-                        _ => false,
-                    };
-                !whole || on_storage[&*r.storage.key] > 1
-            })
-            .map(|(i, _)| i)
-            .collect()
+        let mut shared = vec![false; n];
+        for (at, first) in same_keys(storage_starts) {
+            shared[at] = true;
+            shared[first] = true;
+        }
+        (0..n).filter(|&i| shared[i] || !whole[i]).collect()
     }
 
     /// `(position, first position)` for every tensor that is the same pickled object
@@ -700,4 +698,17 @@ impl TensorSource for PtReader {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// `(position, first position)` for each key equal to an earlier one, in position
+/// order: a sort, not a hash map (this runs on every open).
+fn same_keys<K: Ord + Copy>(keys: impl IntoIterator<Item = K>) -> Vec<(usize, usize)> {
+    let mut sorted: Vec<(K, usize)> = keys.into_iter().zip(0..).collect();
+    sorted.sort_unstable();
+    let mut pairs: Vec<(usize, usize)> = sorted
+        .chunk_by(|a, b| a.0 == b.0)
+        .flat_map(|group| group[1..].iter().map(move |&(_, at)| (at, group[0].1)))
+        .collect();
+    pairs.sort_unstable();
+    pairs
 }

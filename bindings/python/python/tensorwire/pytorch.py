@@ -107,10 +107,12 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             # that whole storage, so their storages and offsets are torch's too.
             tt = _torch_interop()
             partial = reader._pytorch_partial_storages()
-            on_storages = (_restored_tensors(reader, _keep, None, copy=False, only=set(partial))
-                           if partial else {})
-            tensors = {name: on_storages[name] if name in on_storages
-                       else _shared_torch(reader, tt, name) for name in reader.keys()}
+            if partial:
+                on_storages = _restored_tensors(reader, _keep, None, copy=False, only=set(partial))
+                tensors = {name: on_storages[name] if name in on_storages
+                           else _shared_torch(reader, tt, name) for name in reader.keys()}
+            else:
+                tensors = {name: _shared_torch(reader, tt, name) for name in reader.keys()}
         else:
             tensors = _restored_tensors(reader, restore or _keep, device_of, copy=mmap is False)
         _same_objects_once(reader._pytorch_same_objects(), tensors)
