@@ -499,6 +499,12 @@ fn node_to_py<'py>(
                 built
             }
         },
+        other => {
+            return Err(Error::unsupported(format!(
+                "a checkpoint object this binding cannot build: {other:?}"
+            )))
+            .or_raise()
+        }
     })
 }
 

@@ -579,6 +579,50 @@ def test_legacy_storage_views_are_slices_of_their_root(tmp_path):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_a_legacy_storage_view_shares_its_root_storage(tmp_path):
+    """A tensor on a legacy root storage and one on a view of it (elements 4..10)
+    share a storage, as in torch; neither has a storage to itself."""
+    import collections
+    import pickle
+    import struct
+
+    root, view = object(), object()
+
+    class Tensor:
+        def __init__(self, storage, size):
+            self.args = (storage, 0, (size,), (1,), False, collections.OrderedDict())
+
+        def __reduce__(self):
+            return (torch._utils._rebuild_tensor_v2, self.args)
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if obj is root:
+                return ("storage", torch.FloatStorage, "0", "cpu", 12, None)
+            if obj is view:
+                return ("storage", torch.FloatStorage, "0", "cpu", 12, ("5", 4, 6))
+            return None
+
+    f = io.BytesIO()
+    sys_info = dict(protocol_version=1001, little_endian=True,
+                    type_sizes=dict(short=2, int=4, long=4))
+    for header in (0x1950A86A20F9469CFC6C, 1001, sys_info):
+        pickle.dump(header, f, protocol=2)
+    Pickler(f, protocol=2).dump({"a": Tensor(root, 12), "b": Tensor(view, 6)})
+    pickle.dump(["0"], f, protocol=2)
+    f.write(struct.pack("<q", 12) + np.arange(12, dtype=np.float32).tobytes())
+    path = tmp_path / "views.legacy.pt"
+    path.write_bytes(f.getvalue())
+    ref = torch.load(path, weights_only=True)
+    assert ref["b"].tolist() == list(range(4, 10))
+    with pytorch.open(str(path)) as r:
+        assert r._pytorch_partial_storages() == ["a", "b"]
+    got = pytorch.load(path)
+    assert got["b"].tolist() == list(range(4, 10))
+    assert got["b"].untyped_storage().data_ptr() == got["a"].untyped_storage().data_ptr() + 16
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_load_keeps_torch_strides_and_sharing_for_every_dtype(tmp_path):
     """Zero-copy tensors of types numpy lacks (bfloat16, float8) keep their strides
     and shared storages too, and every tensor keeps torch's own strides, also the free

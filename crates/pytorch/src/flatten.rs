@@ -22,6 +22,7 @@ pub const ROOT_TENSOR_NAME: &str = "tensor";
 /// The checkpoint object as `torch.load` builds it: containers keep their types and
 /// key order, tensors are named as in the flat view ([`flatten`]).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Node {
     /// A tensor, by its name among the reader's tensors.
     Tensor(Arc<str>),

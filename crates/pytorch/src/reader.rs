@@ -486,14 +486,15 @@ impl PtReader {
 
     /// Positions of the tensors that do not have a storage to themselves: another
     /// tensor (or storage view) lies on the same stored storage, or the tensor covers
-    /// only part of it. A view of just such a tensor's bytes is all of its storage,
-    /// as `torch.load` makes it; the others need their whole storage to match torch
-    /// (one storage for all its tensors, with their storage offsets).
+    /// only part of it. For a tensor not listed, a view of just its bytes is all of
+    /// its storage, as `torch.load` makes it; the listed ones need their whole
+    /// storage to match torch (one storage for all its tensors, with their offsets).
     pub fn partial_storages(&self) -> Vec<usize> {
         let n = self.records.len();
         let mut whole = Vec::with_capacity(n);
-        // A storage is known by where its bytes start in the input: the tensor's
-        // start less its offset into the storage (distinct records, distinct starts).
+        // A stored storage is known by where its bytes start in the input: the
+        // tensor's start less its offset into its storage and, for a legacy storage
+        // view, less the view's start in its root (distinct records, distinct starts).
         let mut storage_starts = Vec::with_capacity(n);
         for (r, info) in self.records.iter().zip(self.index.infos()) {
             let extent = r.byte_extent().ok();
@@ -502,7 +503,9 @@ impl PtReader {
                 r.storage.view.is_none()
                     && extent.is_some_and(|(start, end)| start == 0 && Some(end) == nbytes),
             );
-            storage_starts.push(info.offset - extent.map_or(0, |(start, _)| start));
+            let into_root = extent.map_or(0, |(start, _)| start)
+                + r.storage.window().map_or(0, |(start, _)| start);
+            storage_starts.push(info.offset.saturating_sub(into_root));
         }
         let mut shared = vec![false; n];
         for (at, first) in same_keys(storage_starts) {
