@@ -364,7 +364,7 @@ fn check_zstd_length(stored: &[u8], declared: u64, what: &str) -> Result<()> {
 }
 
 /// Fails unless every byte is 0 or 1 (`index` is the element number of `bytes[0]`).
-fn check_bool(bytes: &[u8], index: u64, what: &str) -> Result<()> {
+pub(crate) fn check_bool(bytes: &[u8], index: u64, what: &str) -> Result<()> {
     match bytes.iter().position(|&b| b > 1) {
         None => Ok(()),
         Some(i) => Err(Error::Decode {
@@ -377,6 +377,28 @@ fn check_bool(bytes: &[u8], index: u64, what: &str) -> Result<()> {
             ),
         }),
     }
+}
+
+/// Fails when `part` of `obj` is dense `f4_e2m1` data of an odd element count whose
+/// last byte (`last`) uses the spare high nibble, which must be zero.
+pub(crate) fn check_f4_tail(
+    obj: &Object,
+    part: &Component,
+    last: Option<u8>,
+    what: &str,
+) -> Result<()> {
+    if part.logical_type.as_deref() == Some("f4_e2m1")
+        && obj.layout == Layout::Dense
+        && obj.shape.numel()? % 2 == 1
+        && last.is_some_and(|b| b & 0xf0 != 0)
+    {
+        return Err(Error::Decode {
+            tensor: what.to_owned(),
+            encoding: "f4_e2m1".to_owned(),
+            reason: "the unused high nibble after an odd element count is not zero".to_owned(),
+        });
+    }
+    Ok(())
 }
 
 fn require_dense(obj: &Object) -> Result<()> {
@@ -817,18 +839,7 @@ impl ZtReader {
                     let _ = self.cell(oi, ci).set(());
                     checked += 1;
                 }
-                if c.logical_type.as_deref() == Some("f4_e2m1")
-                    && obj.layout == Layout::Dense
-                    && obj.shape.numel()? % 2 == 1
-                    && last.is_some_and(|b| b & 0xf0 != 0)
-                {
-                    return Err(Error::Decode {
-                        tensor: what,
-                        encoding: "f4_e2m1".to_owned(),
-                        reason: "the unused high nibble after an odd element count is not zero"
-                            .to_owned(),
-                    });
-                }
+                check_f4_tail(obj, c, last, &what)?;
             }
         }
         Ok(checked)

@@ -9,7 +9,7 @@ use tensorwire_core::{align_up, DType, Error, Layout, Limits, Result, Shape, Val
 
 use crate::digest::{Checksum, DigestState};
 use crate::manifest::{self, Component, Encoding, Manifest, Object};
-use crate::reader::{check_object, ZtReader, ZtVersion};
+use crate::reader::{check_bool, check_f4_tail, check_object, ZtReader, ZtVersion};
 use crate::{manifest_v2, seekable};
 use crate::{
     ALIGNMENT, MAGIC, MAGIC_V2, V2_ALIGNMENT, V2_CANONICAL_ALIGNMENT, V2_MAX_MANIFEST,
@@ -618,7 +618,7 @@ impl<W: Write> ZtWriter<W> {
         };
         manifest_v2::check_object(&planned, self.offset).map_err(refused_argument)?;
         for (c, data) in &parts {
-            check_content_v2(&planned, c, data)?;
+            check_content_v2(&planned, c, data).map_err(refused_argument)?;
         }
         let mut written = Vec::with_capacity(parts.len());
         for (mut c, data) in parts {
@@ -844,6 +844,7 @@ fn refused_argument(e: Error) -> Error {
         } => Error::invalid(format!(
             "`{tensor}` needs {expected} bytes, the data has {found}"
         )),
+        Error::Decode { tensor, reason, .. } => Error::invalid(format!("`{tensor}`: {reason}")),
         other => other,
     }
 }
@@ -853,23 +854,8 @@ fn refused_argument(e: Error) -> Error {
 /// leaves the last high nibble zero.
 fn check_content_v2(object: &Object, part: &Component, data: &[u8]) -> Result<()> {
     let what = format!("{}/{}", object.name, part.role);
-    match part.logical_type.as_deref() {
-        Some("bool") => match data.iter().position(|&b| b > 1) {
-            Some(i) => Err(Error::invalid(format!(
-                "`{what}`: element {i} is {:#04x}; bool bytes must be 0x00 or 0x01",
-                data[i]
-            ))),
-            None => Ok(()),
-        },
-        Some("f4_e2m1")
-            if object.layout == Layout::Dense
-                && object.shape.numel()? % 2 == 1
-                && data.last().is_some_and(|b| b & 0xf0 != 0) =>
-        {
-            Err(Error::invalid(format!(
-                "`{what}`: an odd count of f4_e2m1 elements leaves the last high nibble unused; it must be zero"
-            )))
-        }
-        _ => Ok(()),
+    if part.logical_type.as_deref() == Some("bool") {
+        check_bool(data, 0, &what)?;
     }
+    check_f4_tail(object, part, data.last().copied(), &what)
 }
