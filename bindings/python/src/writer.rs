@@ -266,18 +266,8 @@ impl Writer {
             // A type tensorwire has a dtype for is written as that dtype. Any other
             // (`f8_e8m0`, `f4_e2m1`, one of the user's own) is kept as the logical
             // type of raw stored elements (below), checked there as a reader will.
-            match r#type.map(|t| (t, t.parse::<DType>())) {
-                None => {
-                    return self.add_dense(
-                        py,
-                        name,
-                        data.dtype,
-                        &shape,
-                        data.bytes(),
-                        attributes,
-                        opts,
-                    )
-                }
+            let dtype = match r#type.map(|t| (t, t.parse::<DType>())) {
+                None => Some(data.dtype),
                 Some((_, Ok(logical))) => {
                     let storage = logical.storage().0;
                     // bool bytes may come as uint8 (version 2 stores bool over u8).
@@ -289,15 +279,7 @@ impl Writer {
                         )))
                         .or_raise();
                     }
-                    return self.add_dense(
-                        py,
-                        name,
-                        logical,
-                        &shape,
-                        data.bytes(),
-                        attributes,
-                        opts,
-                    );
+                    Some(logical)
                 }
                 Some((t, Err(_))) if data.dtype != data.dtype.storage().0 => {
                     return Err(Error::invalid(format!(
@@ -306,7 +288,10 @@ impl Writer {
                     )))
                     .or_raise();
                 }
-                Some((_, Err(_))) => {}
+                Some((_, Err(_))) => None,
+            };
+            if let Some(dtype) = dtype {
+                return self.add_dense(py, name, dtype, &shape, data.bytes(), attributes, opts);
             }
         }
 
