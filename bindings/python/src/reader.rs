@@ -314,7 +314,7 @@ fn component_array<'py>(
     py: Python<'py>,
     zt: &ZtReader,
     name: &str,
-    dense_shape: Option<&[u64]>,
+    dense_shape: Option<&tensorwire::Shape>,
     comp: &Component,
     copy: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -332,11 +332,8 @@ fn component_array<'py>(
     // The tensor's shape when the bytes hold that many elements; packed ones
     // (`f4_e2m1`: two per byte) come as their flat stored units.
     let dims: Vec<u64> = match dense_shape {
-        Some(shape)
-            if comp.role == "data"
-                && shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)) == Some(count) =>
-        {
-            shape.to_vec()
+        Some(shape) if comp.role == "data" && shape.numel().ok() == Some(count) => {
+            shape.dims().to_vec()
         }
         _ => vec![count],
     };
@@ -928,7 +925,7 @@ impl Reader {
         match zt(src) {
             Some(z) => {
                 let obj = z.object(name).or_raise()?;
-                let dense = (obj.layout == Layout::Dense).then(|| obj.shape.dims());
+                let dense = (obj.layout == Layout::Dense).then_some(&obj.shape);
                 for c in &obj.components {
                     out.set_item(&c.role, component_array(py, z, name, dense, c, copy)?)?;
                 }
