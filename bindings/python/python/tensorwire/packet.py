@@ -101,11 +101,9 @@ def _make_sparse(fmt, shape, data, first, second):
             return sparse.coo_matrix((data, (first, second)), shape=shape)
         _check_compressed(fmt, shape, first, second)
         maker = sparse.csr_matrix if fmt == "csr" else sparse.csc_matrix
-        matrix = maker((data, first, second), shape=shape)
-        matrix.check_format(full_check=True)
+        return maker((data, first, second), shape=shape)
     except ValueError as e:
         raise _native.MalformedError(f"sparse {fmt} packet: {e}") from None
-    return matrix
 
 
 def _make_quantized(data, scales, zero_points, shape, code, scheme, group_size, axis):
