@@ -34,6 +34,13 @@ fn expectations() -> Vec<(PathBuf, Json)> {
     out
 }
 
+/// The expectations of the checkpoints that read (not the malicious ones).
+fn readable() -> impl Iterator<Item = (PathBuf, Json)> {
+    expectations()
+        .into_iter()
+        .filter(|(_, want)| want.get("error").is_none())
+}
+
 /// The data bytes of a little-endian, C-order `.npy` file.
 fn npy_data(path: &Path) -> Vec<u8> {
     let raw = std::fs::read(path).unwrap();
@@ -150,10 +157,7 @@ fn reader_is_mapped(reader: &PtReader) -> bool {
 #[test]
 fn every_fixture_reads_back_as_torch_saved_it() {
     let mut checked = 0;
-    for (path, want) in expectations() {
-        if want.get("error").is_some() {
-            continue;
-        }
+    for (path, want) in readable() {
         let mapped = PtReader::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         check_source(&path, &mapped, &want);
         let ranged = PtReader::open_ranged(&path, &Limits::default()).unwrap();
@@ -169,10 +173,7 @@ fn every_fixture_reads_back_as_torch_saved_it() {
 /// pair, though several share storages between tensors.
 #[test]
 fn tensors_pickled_once_under_two_names_are_one_object() {
-    for (path, want) in expectations() {
-        if want.get("error").is_some() {
-            continue;
-        }
+    for (path, _) in readable() {
         let reader = PtReader::open(&path).unwrap();
         let names: Vec<(&str, &str)> = reader
             .same_objects()
@@ -262,10 +263,7 @@ fn containers_pickled_once_are_shared_nodes() {
 #[test]
 fn partial_storages_are_those_torch_shares_or_covers_in_part() {
     let mut seen_partial = 0;
-    for (path, want) in expectations() {
-        if want.get("error").is_some() {
-            continue;
-        }
+    for (path, want) in readable() {
         let tensors = want["tensors"].as_array().unwrap();
         let key = |t: &Json| t["storage_key"].as_str().unwrap().to_owned();
         let expected: Vec<usize> = tensors
@@ -273,7 +271,7 @@ fn partial_storages_are_those_torch_shares_or_covers_in_part() {
             .enumerate()
             .filter(|(_, t)| {
                 let dims = dims(&t["shape"]);
-                let strides = dims_of_i64(&t["strides"]);
+                let strides = self::dims(&t["strides"]);
                 let elem = t["dtype"]
                     .as_str()
                     .unwrap()
@@ -285,12 +283,8 @@ fn partial_storages_are_those_torch_shares_or_covers_in_part() {
                 let end = if dims.contains(&0) {
                     start
                 } else {
-                    let last: i64 = dims
-                        .iter()
-                        .zip(&strides)
-                        .map(|(&d, &s)| (d as i64 - 1) * s)
-                        .sum();
-                    (t["storage_offset"].as_u64().unwrap() + last as u64 + 1) * elem
+                    let last: u64 = dims.iter().zip(&strides).map(|(&d, &s)| (d - 1) * s).sum();
+                    (t["storage_offset"].as_u64().unwrap() + last + 1) * elem
                 };
                 let sharers = tensors.iter().filter(|u| key(u) == key(t)).count();
                 sharers > 1 || (start, end) != (0, t["storage_nbytes"].as_u64().unwrap())
@@ -302,14 +296,6 @@ fn partial_storages_are_those_torch_shares_or_covers_in_part() {
         seen_partial += expected.len();
     }
     assert!(seen_partial >= 10, "{seen_partial}");
-}
-
-fn dims_of_i64(json: &Json) -> Vec<i64> {
-    json.as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect()
 }
 
 #[test]
@@ -346,10 +332,7 @@ fn dtypes_cover_every_torch_storage_type() {
 
 #[test]
 fn every_structure_names_the_flat_tensors_in_order() {
-    for (path, want) in expectations() {
-        if want.get("error").is_some() {
-            continue;
-        }
+    for (path, _) in readable() {
         let reader = PtReader::open(&path).unwrap();
         let tree = reader.structure().unwrap();
         let names: Vec<_> = reader.tensors().iter().map(|t| &t.name).collect();
@@ -415,10 +398,7 @@ fn the_nested_structure_is_what_torch_saved() {
 #[test]
 fn every_tensor_lies_in_its_whole_storage_at_its_stored_offset() {
     let mut checked = 0;
-    for (path, want) in expectations() {
-        if want.get("error").is_some() {
-            continue;
-        }
+    for (path, _) in readable() {
         let mapped = PtReader::open(&path).unwrap();
         let ranged = PtReader::open_ranged(&path, &Limits::default()).unwrap();
         for reader in [&mapped, &ranged] {
