@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_packet import fmt  # µs below 1 ms, else ms  # noqa: E402
 from timing import medians_ms  # noqa: E402
+from zip_local import data_start  # noqa: E402
 
 
 def floor(path: str, plan):
@@ -107,17 +108,13 @@ def npz_header_floor(path: str, plan):
     with zipfile.ZipFile(path) as z:
         heads = {i.filename[: -len(".npy")]: i.header_offset for i in z.infolist()}
     steps = [(n, heads[n], dt, c, s) for n, _, dt, c, s in plan]
-    local = struct.Struct("<4s22xHH").unpack_from
 
     def run():
         with open(path, "rb") as f:
             m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         out = {}
         for n, head, dt, c, s in steps:
-            magic, name_len, extra_len = local(m, head)
-            if magic != b"PK\x03\x04":
-                raise ValueError(f"no local header at {head}")
-            npy = head + 30 + name_len + extra_len
+            npy = data_start(m, head)
             if m[npy + 6] == 1:
                 (hlen,) = struct.unpack_from("<H", m, npy + 8)
                 start = npy + 10 + hlen

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_packet import fmt  # µs below 1 ms, else ms  # noqa: E402
 from timing import medians_ms  # noqa: E402
 from make_checkpoint import make_tensors  # noqa: E402
+from zip_local import data_start  # noqa: E402
 
 
 def write_checkpoints(data: str, layers: int, vocab: int) -> tuple[str, str]:
@@ -96,18 +97,12 @@ def zip_header_floor(path: str, entries):
     z = zipfile.ZipFile(path)
     by_key = {i.filename.rsplit("/", 1)[1]: i.header_offset for i in z.infolist() if "/data/" in i.filename}
     plan = [(n, by_key[str(i)], dt, int(np.prod(s)), s) for i, (n, _, dt, s) in enumerate(entries)]
-    unpack = struct.Struct("<4s22xHH").unpack_from
 
     def zh():
         with open(path, "rb") as f:
             m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        out = {}
-        for n, head, dt, count, s in plan:
-            magic, name_len, extra_len = unpack(m, head)
-            if magic != b"PK\x03\x04":
-                raise ValueError(f"no local header at {head}")
-            out[n] = np.frombuffer(m, dt, count, head + 30 + name_len + extra_len).reshape(s)
-        return out
+        return {n: np.frombuffer(m, dt, count, data_start(m, head)).reshape(s)
+                for n, head, dt, count, s in plan}
 
     return zh
 
