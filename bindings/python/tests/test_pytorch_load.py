@@ -125,6 +125,15 @@ def test_load_reads_what_torch_saved(path, want):
             assert _torch_bytes(g) == want_bytes, t["name"]
 
 
+def _torch_load_or_skip(path, **kwargs):
+    """torch.load(weights_only=True), or a skip for the fixtures torch refuses
+    (protocol 4/5 framing, v3 legacy storages)."""
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except Exception as e:
+        pytest.skip(f"torch.load cannot read it: {type(e).__name__}")
+
+
 def _same_object_pairs(tree):
     """(name, first name) of every tensor reached again in a (flat) dict."""
     first = {}
@@ -135,10 +144,7 @@ def _same_object_pairs(tree):
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.parametrize("path,want", _fixtures(errors=False))
 def test_a_tensor_pickled_under_two_names_is_one_object_as_in_torch(path, want):
-    try:
-        ref = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # protocol 4/5 framing, v3 legacy storages: torch refuses
-        pytest.skip(f"torch.load cannot read it: {type(e).__name__}")
+    ref = _torch_load_or_skip(path, map_location="cpu")
     ref_flat = ref if isinstance(ref, dict) and all(
         isinstance(v, torch.Tensor) for v in ref.values()) else None
     for kwargs in ({}, {"mmap": False}, {"map_location": "cpu"},
@@ -202,10 +208,7 @@ def test_storages_and_offsets_are_torchs(path, want):
     """Every tensor's storage (size, which tensors share it) and storage offset are
     torch's, on the zero-copy path too: tensors of one storage are set on one
     UntypedStorage, and a re-save writes each storage once."""
-    try:
-        ref = torch.load(path, weights_only=True, mmap=want["format"] == "pytorch-zip")
-    except Exception as e:  # protocol 4/5 framing, v3 legacy storages: torch refuses
-        pytest.skip(f"torch.load cannot read it: {type(e).__name__}")
+    ref = _torch_load_or_skip(path, mmap=want["format"] == "pytorch-zip")
     if not isinstance(ref, dict):
         ref = {"tensor": ref}
     ref = _flat_tensors(ref)
@@ -538,14 +541,37 @@ def _tensors_in(obj):
             yield from _tensors_in(v)
 
 
+def _write_legacy(path, obj, storage_ids, storages):
+    """A legacy-format checkpoint of `obj`, pickled with `storage_ids` ({id(stand-in):
+    persistent id tuple}) for its storage stand-ins, then `storages` [(key, numel,
+    raw bytes)] in that order, as torch < 1.6 lays them out."""
+    import pickle
+    import struct
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, stand_in):
+            # ('storage', type, key, location, numel, (view key, first, count) or None)
+            return storage_ids.get(id(stand_in))
+
+    f = io.BytesIO()
+    sys_info = dict(protocol_version=1001, little_endian=True,
+                    type_sizes=dict(short=2, int=4, long=4))
+    for header in (0x1950A86A20F9469CFC6C, 1001, sys_info):
+        pickle.dump(header, f, protocol=2)
+    Pickler(f, protocol=2).dump(obj)
+    pickle.dump([key for key, _, _ in storages], f, protocol=2)
+    for _, numel, raw in storages:
+        f.write(struct.pack("<q", numel) + raw)
+    path.write_bytes(f.getvalue())
+    return path
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_legacy_storage_views_are_slices_of_their_root(tmp_path):
     """A legacy storage view that starts mid-element of the tensor's type (an int16
     tensor on a byte storage view at byte 1, which torch writes for no real model
     but reads) is read from that byte by every path, as torch reads it."""
     import collections
-    import pickle
-    import struct
 
     storage = object()
 
@@ -554,21 +580,10 @@ def test_legacy_storage_views_are_slices_of_their_root(tmp_path):
             return (torch._utils._rebuild_tensor_v3,
                     (storage, 0, (2,), (1,), False, collections.OrderedDict(), torch.int16))
 
-    class Pickler(pickle.Pickler):
-        def persistent_id(self, obj):
-            # ('storage', type, key, location, numel, (view key, first, count))
-            return ("storage", torch.ByteStorage, "0", "cpu", 8, ("1", 1, 4)) if obj is storage else None
-
-    f = io.BytesIO()
-    sys_info = dict(protocol_version=1001, little_endian=True,
-                    type_sizes=dict(short=2, int=4, long=4))
-    for header in (0x1950A86A20F9469CFC6C, 1001, sys_info):
-        pickle.dump(header, f, protocol=2)
-    Pickler(f, protocol=2).dump({"t": Tensor()})
-    pickle.dump(["0"], f, protocol=2)
-    f.write(struct.pack("<q", 8) + bytes(range(8)))
-    path = tmp_path / "view.legacy.pt"
-    path.write_bytes(f.getvalue())
+    path = _write_legacy(
+        tmp_path / "view.legacy.pt", {"t": Tensor()},
+        {id(storage): ("storage", torch.ByteStorage, "0", "cpu", 8, ("1", 1, 4))},
+        [("0", 8, bytes(range(8)))])
     want = torch.load(path, weights_only=True)["t"]
     assert want.tolist() == [0x0201, 0x0403]
     for map_location in (None, "cpu", {"cpu": "cpu"}, lambda s, loc: s):
@@ -583,8 +598,6 @@ def test_a_legacy_storage_view_shares_its_root_storage(tmp_path):
     """A tensor on a legacy root storage and one on a view of it (elements 4..10)
     share a storage, as in torch; neither has a storage to itself."""
     import collections
-    import pickle
-    import struct
 
     root, view = object(), object()
 
@@ -595,24 +608,11 @@ def test_a_legacy_storage_view_shares_its_root_storage(tmp_path):
         def __reduce__(self):
             return (torch._utils._rebuild_tensor_v2, self.args)
 
-    class Pickler(pickle.Pickler):
-        def persistent_id(self, obj):
-            if obj is root:
-                return ("storage", torch.FloatStorage, "0", "cpu", 12, None)
-            if obj is view:
-                return ("storage", torch.FloatStorage, "0", "cpu", 12, ("5", 4, 6))
-            return None
-
-    f = io.BytesIO()
-    sys_info = dict(protocol_version=1001, little_endian=True,
-                    type_sizes=dict(short=2, int=4, long=4))
-    for header in (0x1950A86A20F9469CFC6C, 1001, sys_info):
-        pickle.dump(header, f, protocol=2)
-    Pickler(f, protocol=2).dump({"a": Tensor(root, 12), "b": Tensor(view, 6)})
-    pickle.dump(["0"], f, protocol=2)
-    f.write(struct.pack("<q", 12) + np.arange(12, dtype=np.float32).tobytes())
-    path = tmp_path / "views.legacy.pt"
-    path.write_bytes(f.getvalue())
+    path = _write_legacy(
+        tmp_path / "views.legacy.pt", {"a": Tensor(root, 12), "b": Tensor(view, 6)},
+        {id(root): ("storage", torch.FloatStorage, "0", "cpu", 12, None),
+         id(view): ("storage", torch.FloatStorage, "0", "cpu", 12, ("5", 4, 6))},
+        [("0", 12, np.arange(12, dtype=np.float32).tobytes())])
     ref = torch.load(path, weights_only=True)
     assert ref["b"].tolist() == list(range(4, 10))
     with pytorch.open(str(path)) as r:
