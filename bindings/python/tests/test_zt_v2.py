@@ -107,12 +107,14 @@ PACKED = {
 }
 
 
-def _write_packed(path, version):
+def _write_packed(path, version, checksum="none"):
+    """PACKED in name order (as ztensor's canonical layout wants), f4_e2m1 in v2 only."""
     with tensorwire.Writer(path, version=version) as w:
-        for name, (kind, shape, stored) in PACKED.items():
+        for name, (kind, shape, stored) in sorted(PACKED.items()):
             if version == 1 and kind == "f4_e2m1":
                 continue
-            w.write(name, tensorwire.Tensor({"data": np.array(stored, np.uint8)}, shape=shape, type=kind))
+            data = np.array(stored, np.uint8)
+            w.write(name, tensorwire.Tensor({"data": data}, shape=shape, type=kind), checksum=checksum)
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -172,10 +174,7 @@ def test_ztensor_2_reads_packed_types_we_write(tmp_path):
     with zt.Writer(theirs) as w:
         for name, (kind, shape, stored) in sorted(PACKED.items()):
             w.add(name, np.array(stored, np.uint8), shape=shape, dtype="u8", logical=kind)
-    with tensorwire.Writer(ours, version=2) as w:
-        for name, (kind, shape, stored) in sorted(PACKED.items()):
-            data = np.array(stored, np.uint8)
-            w.write(name, tensorwire.Tensor({"data": data}, shape=shape, type=kind), checksum="xxh3")
+    _write_packed(ours, 2, checksum="xxh3")
     assert open(ours, "rb").read() == open(theirs, "rb").read()
 
 
