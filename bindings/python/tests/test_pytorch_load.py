@@ -689,3 +689,47 @@ def test_dotted_name_collisions_are_refused_naming_the_name(tmp_path):
         name = "fc.weight" if "fc" in state else "layer"
         with pytest.raises(tw.UnsupportedError, match=f"dotted name `{name}`"):
             pytorch.load(path)
+
+
+def _amplifying_zip(path, copies):
+    """A ZIP checkpoint {"notes": [s] * copies} where s is one memoized 1 MiB str:
+    about 1 MiB on disk, copies MiB once every reference is copied."""
+    import struct
+    import zipfile
+
+    text = b"x" * (1 << 20)
+    pkl = (b"\x80\x02}(X\x05\x00\x00\x00notes](X" + struct.pack("<I", len(text)) + text
+           + b"q\x00" + b"h\x00" * (copies - 1) + b"eu.")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("amp/data.pkl", pkl)
+        z.writestr("amp/version", "3\n")
+
+
+def test_a_small_pickle_cannot_ask_for_huge_copies(tmp_path):
+    """One str referenced 50 000 times would be 50 GiB once copied: every entry
+    point refuses it with a limit error instead of running out of memory."""
+    path = tmp_path / "amp.pt"
+    _amplifying_zip(path, 50_000)
+    for load in (lambda: tw.Reader(str(path)), lambda: pytorch.load(path),
+                 lambda: pytorch.load(path, flat=False), lambda: pytorch.open(path)):
+        with pytest.raises(tw.LimitExceededError, match="text copied"):
+            load()
+    _amplifying_zip(path, 3)
+    assert len(pytorch.load(path, flat=False)["notes"]) == 3
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_a_long_list_shared_under_several_keys_loads_as_torch_loads_it(tmp_path):
+    """A 20 000-float history kept under five keys: torch loads it, and so do we, as
+    one list object in the nested view."""
+    history = [float(i) for i in range(20_000)]
+    state = {"w": torch.arange(4.0), **{f"loss_{k}": history for k in range(5)}}
+    path = tmp_path / "history.pt"
+    torch.save(state, path)
+    with tw.Reader(str(path)) as r:
+        assert all(r.attributes[f"loss_{k}"] == history for k in range(5))
+    nested = pytorch.load(path, flat=False)
+    want = torch.load(path, weights_only=True)
+    assert nested["loss_0"] == want["loss_0"]
+    assert all(nested[f"loss_{k}"] is nested["loss_0"] for k in range(5))
+    assert torch.equal(nested["w"], want["w"])

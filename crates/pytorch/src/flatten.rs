@@ -86,17 +86,12 @@ pub struct Flat<'a> {
 }
 
 /// Walks the object from `root`. `max_depth` bounds nesting (and so cycles);
-/// `max_nodes` bounds the nodes visited (shared sub-objects are visited once per
-/// reference, so a small pickle cannot expand into a huge tree); `max_tensors` bounds
-/// the tensors.
-pub fn flatten(
-    arena: &Arena,
-    root: Id,
-    max_depth: usize,
-    max_nodes: u64,
-    max_tensors: u64,
-) -> Result<Flat<'_>> {
-    let mut walker = Walker::new(arena, max_depth, max_nodes, max_tensors);
+/// `max_tensors` bounds the tensors. Shared sub-objects are visited (and their
+/// values copied) once per reference, so the nodes visited and the text copied
+/// have budgets in proportion to the arena ([`Budget`]): a small pickle cannot
+/// expand into a huge tree.
+pub fn flatten(arena: &Arena, root: Id, max_depth: usize, max_tensors: u64) -> Result<Flat<'_>> {
+    let mut walker = Walker::new(arena, max_depth, max_tensors);
     walker.visit(root, root_name(arena, root), 0)?;
     Ok(walker.flat)
 }
@@ -112,8 +107,8 @@ fn root_name(arena: &Arena, root: Id) -> Arc<str> {
 
 /// The object from `root` as a [`Node`] tree, within the same bounds as [`flatten`]
 /// (which must have accepted it: tensor names are made the same way).
-pub fn structure(arena: &Arena, root: Id, max_depth: usize, max_nodes: u64) -> Result<Node> {
-    let mut walker = Walker::new(arena, max_depth, max_nodes, u64::MAX);
+pub fn structure(arena: &Arena, root: Id, max_depth: usize) -> Result<Node> {
+    let mut walker = Walker::new(arena, max_depth, u64::MAX);
     walker.shared = shared_containers(arena, root);
     walker.node(root, root_name(arena, root), 0)
 }
@@ -157,12 +152,33 @@ fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
     shared
 }
 
+/// What one walk may visit and copy. Shared sub-objects are walked once per
+/// reference, so both grow with the sharing, not with the pickle: each budget is a
+/// multiple of what the arena holds, with a floor that no real checkpoint's
+/// metadata reaches.
+struct Budget {
+    /// Object nodes visited.
+    nodes: u64,
+    /// Bytes of text copied into names, metadata strings and bytes.
+    text_bytes: u64,
+}
+
+impl Budget {
+    fn of(arena: &Arena) -> Budget {
+        Budget {
+            nodes: (arena.len() as u64).saturating_mul(4).max(1 << 20),
+            text_bytes: arena.text_bytes().saturating_mul(8).max(64 << 20),
+        }
+    }
+}
+
 struct Walker<'a> {
     arena: &'a Arena,
     max_depth: usize,
-    max_nodes: u64,
     max_tensors: u64,
+    budget: Budget,
     nodes: u64,
+    text_bytes: u64,
     flat: Flat<'a>,
     names: NameSet<Arc<str>>,
     /// Memo of [`Walker::holds_tensor`] per object.
@@ -207,13 +223,14 @@ fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
 }
 
 impl<'a> Walker<'a> {
-    fn new(arena: &'a Arena, max_depth: usize, max_nodes: u64, max_tensors: u64) -> Self {
+    fn new(arena: &'a Arena, max_depth: usize, max_tensors: u64) -> Self {
         Walker {
             arena,
             max_depth,
-            max_nodes,
             max_tensors,
+            budget: Budget::of(arena),
             nodes: 0,
+            text_bytes: 0,
             flat: Flat {
                 tensors: Vec::new(),
                 attributes: Default::default(),
@@ -229,8 +246,34 @@ impl<'a> Walker<'a> {
         Error::check_limit(
             "checkpoint object nodes visited",
             self.nodes,
-            self.max_nodes,
+            self.budget.nodes,
         )
+    }
+
+    /// Counts `text` (a name or value about to be kept) against the text budget.
+    fn copy<T: AsRef<[u8]> + ?Sized>(&mut self, text: &T) -> Result<()> {
+        self.text_bytes = self.text_bytes.saturating_add(text.as_ref().len() as u64);
+        Error::check_limit(
+            "checkpoint text copied into names and values, in bytes",
+            self.text_bytes,
+            self.budget.text_bytes,
+        )
+    }
+
+    /// `prefix.key`, counted against the text budget.
+    fn join(&mut self, prefix: &str, key: &str) -> Result<Arc<str>> {
+        let name = join(prefix, key);
+        self.copy(&*name)?;
+        Ok(name)
+    }
+
+    /// [`child_name`], counted against the text budget.
+    fn child_name(&mut self, prefix: &str, key: Id) -> Result<Arc<str>> {
+        let name = child_name(self.arena, prefix, key)?;
+        if !prefix.is_empty() {
+            self.copy(&*name)?;
+        }
+        Ok(name)
     }
 
     fn too_deep(&self, name: &str) -> Error {
@@ -310,20 +353,22 @@ impl<'a> Walker<'a> {
             ))),
             Obj::Dict { items, .. } if self.holds_tensor(id, depth)? => {
                 for &(k, v) in items {
-                    let child = child_name(self.arena, &name, k)?;
+                    let child = self.child_name(&name, k)?;
                     self.visit(v, child, depth + 1)?;
                 }
                 Ok(())
             }
             Obj::List(items) | Obj::Set(items) if self.holds_tensor(id, depth)? => {
                 for (i, &v) in items.iter().enumerate() {
-                    self.visit(v, join(&name, &i.to_string()), depth + 1)?;
+                    let child = self.join(&name, &i.to_string())?;
+                    self.visit(v, child, depth + 1)?;
                 }
                 Ok(())
             }
             Obj::Tuple(span) if self.holds_tensor(id, depth)? => {
                 for (i, &v) in self.arena.tuple_items(*span).iter().enumerate() {
-                    self.visit(v, join(&name, &i.to_string()), depth + 1)?;
+                    let child = self.join(&name, &i.to_string())?;
+                    self.visit(v, child, depth + 1)?;
                 }
                 Ok(())
             }
@@ -349,9 +394,9 @@ impl<'a> Walker<'a> {
         self.count()?;
         let arena = self.arena;
         // A child, named (`name`) only when it holds a tensor.
-        let child = |walker: &mut Self, item: Id, name: &dyn Fn() -> Result<Arc<str>>| {
+        let child = |walker: &mut Self, item: Id, name: &dyn Fn(&mut Self) -> Result<Arc<str>>| {
             let name = if walker.holds_tensor(item, depth + 1)? {
-                name()?
+                name(walker)?
             } else {
                 "".into()
             };
@@ -362,7 +407,7 @@ impl<'a> Walker<'a> {
             items
                 .iter()
                 .enumerate()
-                .map(|(i, &v)| child(walker, v, &|| Ok(join(&name, &i.to_string()))))
+                .map(|(i, &v)| child(walker, v, &|w| w.join(&name, &i.to_string())))
                 .collect()
         };
         let node = match arena.get(id) {
@@ -378,7 +423,7 @@ impl<'a> Walker<'a> {
                     .iter()
                     .map(|&(k, v)| {
                         let key = Node::Value(self.value_uncounted(k, depth + 1)?);
-                        let value = child(self, v, &|| child_name(arena, &name, k))?;
+                        let value = child(self, v, &|w| w.child_name(&name, k))?;
                         Ok((key, value))
                     })
                     .collect::<Result<_>>()?,
@@ -423,8 +468,14 @@ impl<'a> Walker<'a> {
                 ))
             }
             Obj::Float(f) => Value::Float(*f),
-            Obj::Str(s) => Value::Str(s.to_string()),
-            Obj::Bytes(b) => Value::Bytes(b.to_vec()),
+            Obj::Str(s) => {
+                self.copy(&**s)?;
+                Value::Str(s.to_string())
+            }
+            Obj::Bytes(b) => {
+                self.copy(&**b)?;
+                Value::Bytes(b.to_vec())
+            }
             Obj::List(items) | Obj::Set(items) => Value::List(
                 items
                     .iter()
@@ -442,10 +493,9 @@ impl<'a> Walker<'a> {
                 items
                     .iter()
                     .map(|&(k, v)| {
-                        Ok((
-                            key_text(self.arena, k)?.into_owned(),
-                            self.value(v, depth + 1)?,
-                        ))
+                        let key = key_text(self.arena, k)?.into_owned();
+                        self.copy(&key)?;
+                        Ok((key, self.value(v, depth + 1)?))
                     })
                     .collect::<Result<_>>()?,
             ),

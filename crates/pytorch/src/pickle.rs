@@ -44,6 +44,9 @@ impl Default for PickleLimits {
     }
 }
 
+/// The text budget of a small pickle (see [`Arena::alloc`]).
+const MIN_TEXT_BUDGET: usize = 1 << 20;
+
 /// One value built by a pickle.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Obj {
@@ -116,6 +119,16 @@ impl Obj {
             _ => 0,
         }
     }
+
+    /// Bytes of a str or bytes object (0 for anything else): what the arena's text
+    /// budget counts.
+    fn text_len(&self) -> usize {
+        match self {
+            Obj::Str(s) => s.len(),
+            Obj::Bytes(b) | Obj::WideInt(b) => b.len(),
+            _ => 0,
+        }
+    }
 }
 
 /// Which of its arena's storages an [`Obj::Storage`] is. Only the machine makes
@@ -156,16 +169,21 @@ pub struct Arena {
     /// Items held by the containers made so far (see [`Obj::slots`]).
     slots: usize,
     max_objects: usize,
+    /// Bytes of every str and bytes object made so far (see [`Obj::text_len`]).
+    text_bytes: usize,
+    max_text_bytes: usize,
 }
 
 impl Arena {
-    fn new(max_objects: usize) -> Arena {
+    fn new(max_objects: usize, max_text_bytes: usize) -> Arena {
         Arena {
             objects: vec![Obj::None, Obj::Bool(true), Obj::Bool(false)],
             storages: Vec::new(),
             tuple_items: Vec::new(),
             slots: 0,
             max_objects,
+            text_bytes: 0,
+            max_text_bytes,
         }
     }
 
@@ -185,13 +203,20 @@ impl Arena {
         self.objects.len()
     }
 
+    /// Bytes held by the str and bytes objects (what copying every text once costs).
+    pub fn text_bytes(&self) -> u64 {
+        self.text_bytes as u64
+    }
+
     /// True when only the shared constants exist.
     pub fn is_empty(&self) -> bool {
         self.objects.len() <= 3
     }
 
-    /// Adds an object, failing past the object limit or when the items of all
-    /// containers made so far pass it too.
+    /// Adds an object, failing past the object limit, when the items of all
+    /// containers made so far pass it too, or when the text made so far passes its
+    /// own limit (calls such as `_codecs.encode` copy text, so a small pickle could
+    /// otherwise make far more of it than it holds).
     pub fn alloc(&mut self, obj: Obj) -> Result<Id> {
         Error::check_limit(
             "pickle object count",
@@ -199,6 +224,12 @@ impl Arena {
             self.max_objects as u64,
         )?;
         self.charge(obj.slots())?;
+        self.text_bytes = self.text_bytes.saturating_add(obj.text_len());
+        Error::check_limit(
+            "pickle text bytes (str and bytes objects)",
+            self.text_bytes as u64,
+            self.max_text_bytes as u64,
+        )?;
         self.objects.push(obj);
         Ok(self.objects.len() - 1)
     }
@@ -267,7 +298,13 @@ pub fn unpickle(
     limits: &PickleLimits,
     persistent: &mut dyn PersistentLoad,
 ) -> Result<Unpickled> {
-    let mut arena = Arena::new(limits.max_objects);
+    // Text read from the pickle is at most twice its bytes once decoded (latin-1 to
+    // UTF-8); calls that copy text (`_codecs.encode`, `bytearray`) may add as much
+    // again. Anything past that is amplification.
+    let mut arena = Arena::new(
+        limits.max_objects,
+        data.len().saturating_mul(4).max(MIN_TEXT_BUDGET),
+    );
     // Torch pickles make about one object per 7.5 bytes; reserving one per 6 avoids
     // regrowing (objects are 32 bytes, so this is at most about 5× the pickle).
     arena
@@ -1252,6 +1289,37 @@ mod tests {
                 Obj::Str("café".into()),
                 Obj::Str("café".into())
             ]
+        );
+    }
+
+    /// A pickle that copies one large str again and again through a call (here
+    /// `_codecs.encode`) makes few objects but much text: the text budget refuses
+    /// it at a few times the pickle's size.
+    #[test]
+    fn copying_text_through_calls_is_bounded() {
+        let text = "x".repeat(1 << 18);
+        let mut data = b"\x80\x02X".to_vec();
+        data.extend((text.len() as u32).to_le_bytes());
+        data.extend(text.as_bytes());
+        data.extend(b"q\x00c_codecs\nencode\nq\x01");
+        let call = b"h\x01h\x00X\x06\x00\x00\x00latin1\x86R0";
+        // Three copies fit the 1 MiB floor (with the text itself); forty do not.
+        let mut few = data.clone();
+        few.extend(call.repeat(3));
+        few.extend(b"N.");
+        run(&few).unwrap();
+        data.extend(call.repeat(40));
+        data.extend(b"N.");
+        let err = run(&data).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::LimitExceeded {
+                    what: "pickle text bytes (str and bytes objects)",
+                    ..
+                }
+            ),
+            "{err}"
         );
     }
 

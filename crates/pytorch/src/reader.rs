@@ -155,12 +155,6 @@ fn check_leaves(node: &Node, index: &TensorIndex) -> Result<()> {
     Ok(())
 }
 
-/// How many object nodes walking the object may visit: shared sub-objects are
-/// visited once per reference, so a small pickle cannot expand into a huge tree.
-fn node_budget(arena: &Arena) -> u64 {
-    (arena.len() as u64).saturating_mul(4).max(1 << 16)
-}
-
 /// The folder (with its trailing `/`) that holds `data.pkl`: torch names it after the
 /// file's stem or `archive`, so it is found rather than assumed.
 fn archive_prefix<'a>(names: impl Iterator<Item = &'a str>) -> Result<String> {
@@ -371,13 +365,7 @@ impl PtReader {
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {
-        let flat = flatten(
-            arena,
-            root,
-            limits.max_depth,
-            node_budget(arena),
-            limits.max_tensors,
-        )?;
+        let flat = flatten(arena, root, limits.max_depth, limits.max_tensors)?;
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
         let mut records = Vec::with_capacity(flat.tensors.len());
         // One pickled object reached under several names is one arena record: the
@@ -450,12 +438,7 @@ impl PtReader {
             }
             None => legacy::parse(&self.input, &limits, self.limits.max_metadata_bytes)?.object,
         };
-        let tree = structure(
-            &object.arena,
-            object.root,
-            self.limits.max_depth,
-            node_budget(&object.arena),
-        )?;
+        let tree = structure(&object.arena, object.root, self.limits.max_depth)?;
         check_leaves(&tree, &self.index)?;
         Ok(tree)
     }

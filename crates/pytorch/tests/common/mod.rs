@@ -69,6 +69,41 @@ pub struct Storage<'a> {
 
 /// A legacy checkpoint `{name: tensor}` with the storages in the given order.
 pub fn legacy(tensors: &[Tensor<'_>], storages: &[Storage<'_>]) -> Vec<u8> {
+    let mut object = Pickle::new();
+    object.op(b"}(");
+    for t in tensors {
+        object.str(t.name);
+        tensor(&mut object, t);
+    }
+    object.op(b"u");
+    legacy_with_object(object.stop(), storages)
+}
+
+/// Pushes `t` (its name aside) as torch pickles a tensor.
+pub fn tensor(object: &mut Pickle, t: &Tensor<'_>) {
+    object
+        .global("torch._utils", "_rebuild_tensor_v2")
+        .op(b"(")
+        .op(b"(")
+        .str("storage")
+        .global("torch", "FloatStorage")
+        .str(t.key)
+        .str("cpu")
+        .int(t.storage_numel as i64)
+        .op(b"Nt")
+        .op(b"Q")
+        .int(t.offset as i64)
+        .ints(&t.shape)
+        .ints(&t.strides)
+        .op(b"\x89")
+        .global("collections", "OrderedDict")
+        .op(b")R")
+        .op(b"tR");
+}
+
+/// A legacy checkpoint whose object is the pickle `object` (protocol header and
+/// `STOP` included), with the storages in the given order.
+pub fn legacy_with_object(object: Vec<u8>, storages: &[Storage<'_>]) -> Vec<u8> {
     let mut out = Pickle::new()
         .op(b"\x8a\x0a")
         .op(&[0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19])
@@ -84,31 +119,7 @@ pub fn legacy(tensors: &[Tensor<'_>], storages: &[Storage<'_>]) -> Vec<u8> {
             .op(b"u")
             .stop(),
     );
-    let mut object = Pickle::new();
-    object.op(b"}(");
-    for t in tensors {
-        object
-            .str(t.name)
-            .global("torch._utils", "_rebuild_tensor_v2")
-            .op(b"(")
-            .op(b"(")
-            .str("storage")
-            .global("torch", "FloatStorage")
-            .str(t.key)
-            .str("cpu")
-            .int(t.storage_numel as i64)
-            .op(b"Nt")
-            .op(b"Q")
-            .int(t.offset as i64)
-            .ints(&t.shape)
-            .ints(&t.strides)
-            .op(b"\x89")
-            .global("collections", "OrderedDict")
-            .op(b")R")
-            .op(b"tR");
-    }
-    object.op(b"u");
-    out.extend(object.stop());
+    out.extend(object);
     let mut keys = Pickle::new();
     keys.op(b"(");
     for s in storages {
