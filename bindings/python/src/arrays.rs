@@ -13,6 +13,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
+use tensorwire::core::strided::row_major_strides;
 use tensorwire::core::{AlignedBuf, Owner};
 use tensorwire::{Bytes, DType, Error, Shape};
 
@@ -62,6 +63,24 @@ pub fn npy_dims(dims: &[u64]) -> PyResult<Vec<npy_intp>> {
             npy_intp::try_from(d).map_err(|_| Error::Overflow {
                 what: "dimension as npy_intp",
             })
+        })
+        .collect::<Result<_, _>>()
+        .or_raise()
+}
+
+/// Row-major byte strides of `dims` as torch gives a new tensor (a dimension of
+/// size 0 counts as 1 for those before it): numpy's own choice for an empty array
+/// is 0, and `torch.from_numpy` would keep that.
+fn c_strides(dims: &[u64], dtype: DType) -> PyResult<Vec<npy_intp>> {
+    let elem = (dtype.bits() / 8).max(1);
+    row_major_strides(dims)
+        .into_iter()
+        .map(|s| {
+            s.checked_mul(elem)
+                .and_then(|b| npy_intp::try_from(b).ok())
+                .ok_or(Error::Overflow {
+                    what: "stride as npy_intp",
+                })
         })
         .collect::<Result<_, _>>()
         .or_raise()
@@ -321,14 +340,14 @@ unsafe fn array_over<'py>(
     let descr = dtypes::descr(py, dtype)?;
     let mut npy = npy_dims(dims)?;
     let nd = ndim(&npy)?;
-    let mut strides = strides.map(<[npy_intp]>::to_vec);
-    let strides_ptr = strides
-        .as_mut()
-        .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+    let mut strides = match strides {
+        Some(s) => s.to_vec(),
+        None => c_strides(dims, dtype)?,
+    };
     // SAFETY: `data` points at every byte the layout reaches, valid while `base` lives
-    // (the caller's promise); NULL strides mean C order, otherwise `strides` has one
-    // entry per dimension (numpy copies it). `PyArray_NewFromDescr` steals the
-    // descriptor reference handed over with `into_ptr`.
+    // (the caller's promise); `strides` has one entry per dimension (numpy copies
+    // it). `PyArray_NewFromDescr` steals the descriptor reference handed over with
+    // `into_ptr`.
     let array = unsafe {
         let raw = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -336,7 +355,7 @@ unsafe fn array_over<'py>(
             descr.into_ptr().cast::<PyArray_Descr>(),
             nd,
             npy.as_mut_ptr(),
-            strides_ptr,
+            strides.as_mut_ptr(),
             data.cast::<c_void>(),
             flags,
             std::ptr::null_mut(),
@@ -569,7 +588,6 @@ pub fn fresh<'py>(
     dtype: DType,
     dims: &[u64],
 ) -> PyResult<(Bound<'py, PyAny>, FreshBuf)> {
-    let descr = dtypes::descr(py, dtype)?;
     let nbytes = tensorwire::Shape::new(dims.to_vec())
         .and_then(|s| s.byte_len(dtype))
         .and_then(|n| {
@@ -578,6 +596,20 @@ pub fn fresh<'py>(
             })
         })
         .or_raise()?;
+    if nbytes == 0 {
+        // numpy allocates empty arrays with zero strides; torch gives a new empty
+        // tensor row-major ones, and `torch.from_numpy` keeps what numpy has. An
+        // array over an empty aligned buffer takes ours.
+        let empty = AlignedBuf::zeroed(0).or_raise()?.into_bytes();
+        let data = empty.as_ptr().cast_mut();
+        let base = Bound::new(py, BytesOwner { bytes: empty })?;
+        let flags = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED;
+        // SAFETY: the array has no element, so nothing is ever read or written
+        // through `data`, which is non-null, 64-aligned and kept alive by `base`.
+        let array = unsafe { array_over(py, data, flags, dtype, dims, None, base.into_any())? };
+        return Ok((array, FreshBuf { ptr: data, len: 0 }));
+    }
+    let descr = dtypes::descr(py, dtype)?;
     let mut npy = npy_dims(dims)?;
     let nd = ndim(&npy)?;
     // SAFETY: `PyArray_Empty` allocates a C-ordered array of `dims` and steals the
