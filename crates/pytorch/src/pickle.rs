@@ -44,8 +44,8 @@ impl Default for PickleLimits {
     }
 }
 
-/// The text budget of a small pickle (see [`Arena::alloc`]).
-const MIN_TEXT_BUDGET: usize = 1 << 20;
+/// The container-item and text budgets of a small pickle (see [`Arena::alloc`]).
+const MIN_AMPLIFICATION_BUDGET: usize = 1 << 20;
 
 /// One value built by a pickle.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,6 +168,7 @@ pub struct Arena {
     tuple_items: Vec<Id>,
     /// Items held by the containers made so far (see [`Obj::slots`]).
     slots: usize,
+    max_slots: usize,
     max_objects: usize,
     /// Bytes of every str and bytes object made so far (see [`Obj::text_len`]).
     text_bytes: usize,
@@ -175,12 +176,13 @@ pub struct Arena {
 }
 
 impl Arena {
-    fn new(max_objects: usize, max_text_bytes: usize) -> Arena {
+    fn new(max_objects: usize, max_slots: usize, max_text_bytes: usize) -> Arena {
         Arena {
             objects: vec![Obj::None, Obj::Bool(true), Obj::Bool(false)],
             storages: Vec::new(),
             tuple_items: Vec::new(),
             slots: 0,
+            max_slots,
             max_objects,
             text_bytes: 0,
             max_text_bytes,
@@ -240,7 +242,7 @@ impl Arena {
         Error::check_limit(
             "pickle container items",
             self.slots as u64,
-            self.max_objects as u64,
+            self.max_slots as u64,
         )
     }
 
@@ -298,12 +300,17 @@ pub fn unpickle(
     limits: &PickleLimits,
     persistent: &mut dyn PersistentLoad,
 ) -> Result<Unpickled> {
-    // Text read from the pickle is at most twice its bytes once decoded (latin-1 to
-    // UTF-8); calls that copy text (`_codecs.encode`, `bytearray`) may add as much
-    // again. Anything past that is amplification.
+    // Each container item takes at least one opcode byte, and text read from the
+    // pickle is at most twice its bytes once decoded (latin-1 to UTF-8); calls that
+    // copy containers (`torch.Size(list)`) or text (`_codecs.encode`, `bytearray`)
+    // may add as much again. Anything past that is amplification.
     let mut arena = Arena::new(
         limits.max_objects,
-        data.len().saturating_mul(4).max(MIN_TEXT_BUDGET),
+        data.len()
+            .saturating_mul(4)
+            .max(MIN_AMPLIFICATION_BUDGET)
+            .min(limits.max_objects),
+        data.len().saturating_mul(4).max(MIN_AMPLIFICATION_BUDGET),
     );
     // Torch pickles make about one object per 7.5 bytes; reserving one per 6 avoids
     // regrowing (objects are 32 bytes, so this is at most about 5× the pickle).
@@ -416,7 +423,9 @@ struct Memo {
     len: usize,
 }
 
-/// How far past the dense part a key may land and still extend it.
+/// How far past the dense part a key may land and still extend it; also how many
+/// slots the dense part may hold beyond twice its entries, so that keys spread
+/// out on purpose cannot grow it far past what the pickle filled.
 const MEMO_DENSE_SLACK: u64 = 1 << 12;
 
 impl Memo {
@@ -439,7 +448,10 @@ impl Memo {
         let dense_len = self.dense.len() as u64;
         let slot = if key < dense_len {
             &mut self.dense[key as usize]
-        } else if key < dense_len + MEMO_DENSE_SLACK && self.sparse.is_empty() {
+        } else if key < dense_len + MEMO_DENSE_SLACK
+            && key < 2 * self.len as u64 + MEMO_DENSE_SLACK
+            && self.sparse.is_empty()
+        {
             if key == dense_len {
                 // The usual case (picklers number entries 0, 1, 2, …): one push.
                 self.dense.push(None);
@@ -1250,6 +1262,27 @@ mod tests {
         assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
     }
 
+    /// Keys just inside the dense part's reach, one after another, would each
+    /// extend it by 4 095 empty slots (64 KiB): 20 000 such 5-byte opcodes asked
+    /// for 1.3 GB. The dense part now stays within twice its entries plus the slack.
+    #[test]
+    fn spread_out_memo_keys_do_not_grow_the_dense_part() {
+        let mut memo = Memo::with_capacity(0);
+        let keys: Vec<u64> = (1..=20_000u64).map(|i| i * MEMO_DENSE_SLACK - 1).collect();
+        for (i, &key) in keys.iter().enumerate() {
+            assert!(memo.put(key, i, usize::MAX));
+        }
+        assert!(
+            memo.dense.len() as u64 <= 2 * memo.len as u64 + MEMO_DENSE_SLACK,
+            "{} dense slots for {} entries",
+            memo.dense.len(),
+            memo.len
+        );
+        for (i, &key) in keys.iter().enumerate() {
+            assert_eq!(memo.get(key), Some(i));
+        }
+    }
+
     #[test]
     fn memo_keys_in_order_out_of_order_and_far_apart() {
         let mut memo = Memo::with_capacity(2);
@@ -1289,6 +1322,28 @@ mod tests {
                 Obj::Str("café".into()),
                 Obj::Str("café".into())
             ]
+        );
+    }
+
+    /// With the default limits, the container-item budget follows the pickle's size:
+    /// a 16 KB pickle copying a 1 000-item list 2 000 times is refused.
+    #[test]
+    fn container_items_are_bounded_by_the_pickle_size() {
+        let mut data = b"\x80\x02]q\x00(".to_vec();
+        data.extend(std::iter::repeat_n(&b"K\x01"[..], 1000).flatten());
+        data.extend(b"ectorch\nSize\nq\x01");
+        data.extend(b"h\x01h\x00\x85R0".repeat(2000));
+        data.extend(b"N.");
+        let err = run(&data).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::LimitExceeded {
+                    what: "pickle container items",
+                    ..
+                }
+            ),
+            "{err}"
         );
     }
 

@@ -301,6 +301,18 @@ impl ZipDirectory {
         let dir = find_directory(input)?;
         Error::check_limit("zip record count", dir.entries, max_entries)?;
         let central = input.read_meta(dir.offset, dir.size)?;
+        // Each record takes at least its fixed part: a count the directory cannot
+        // hold is refused before anything is reserved for it.
+        if dir.entries.saturating_mul(CENTRAL_LEN as u64) > central.len() as u64 {
+            return Err(bad(
+                dir.offset,
+                format!(
+                    "{} records cannot fit a central directory of {} bytes",
+                    dir.entries,
+                    central.len()
+                ),
+            ));
+        }
         let mut entries = Vec::with_capacity(dir.entries as usize);
         let mut by_name =
             NameMap::with_capacity_and_hasher(dir.entries as usize, Default::default());

@@ -151,3 +151,16 @@ fn indices_past_the_directory_are_errors() {
     assert!(directory.located(&foreign[0]).is_err());
     assert!(directory.into_archive(foreign).is_err());
 }
+
+#[test]
+fn a_record_count_the_directory_cannot_hold_is_refused_up_front() {
+    // An end record declaring 65 535 records in a 0-byte central directory.
+    let mut eocd = 0x0605_4b50u32.to_le_bytes().to_vec();
+    eocd.extend([0u8; 4]);
+    eocd.extend(u16::MAX.to_le_bytes());
+    eocd.extend(u16::MAX.to_le_bytes());
+    eocd.extend([0u8; 10]);
+    let input = Input::mapped(tensorwire_core::Bytes::from(eocd));
+    let err = ZipDirectory::read(&input, 1 << 20, 1 << 10).unwrap_err();
+    assert!(err.to_string().contains("cannot fit"), "{err}");
+}
