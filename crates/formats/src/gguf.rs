@@ -644,7 +644,9 @@ fn read_value(
             let n = usize::try_from(count).map_err(|_| Error::Overflow {
                 what: "array length as usize",
             })?;
-            let mut items = Vec::with_capacity(n);
+            // Nested arrays each reserve before their items are read: reserve a
+            // bounded part, and let a longer array grow as its items arrive.
+            let mut items = Vec::with_capacity(n.min(MAX_RESERVED_ITEMS));
             for _ in 0..n {
                 items.push(read_value(c, item_type, item_at, depth, max_depth)?);
             }
@@ -653,6 +655,9 @@ fn read_value(
         other => return Err(unknown_value_type(type_at, other)),
     })
 }
+
+/// Most items reserved for one metadata array before its items are read.
+const MAX_RESERVED_ITEMS: usize = 1 << 12;
 
 /// Smallest key-value pair: an empty key (8), the type (4) and a one-byte value.
 const MIN_KV_BYTES: u64 = 8 + 4 + 1;

@@ -26,7 +26,7 @@ use tensorwire_core::{
     AlignedBuf, Attributes, Bytes, DType, Dims, Error, Layout, Limits, Result, Shape, StridedView,
     TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
-use tensorwire_pytorch::zip::{read_entry, Method, ZipArchive, ZipEntry};
+use tensorwire_pytorch::zip::{read_entry_prefix, Method, ZipArchive, ZipEntry};
 use tensorwire_pytorch::Input;
 use tensorwire_range::RangeFile;
 
@@ -615,8 +615,15 @@ impl NumpyReader {
         let (npy, borrowed) = match &record.location {
             // Inputs are always maps (see `from_bytes`), so stored members borrow.
             Location::Mapped(npy) => (npy.clone(), true),
+            // Inflated up to the array's end: bytes after it (numpy ignores them) are
+            // never decompressed.
             Location::Deflated(entry) => (
-                read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?,
+                read_entry_prefix(
+                    &self.input,
+                    entry,
+                    h.data_offset.saturating_add(h.nbytes),
+                    self.limits.max_decoded_bytes,
+                )?,
                 false,
             ),
         };

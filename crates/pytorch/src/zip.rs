@@ -634,34 +634,65 @@ pub fn read_entry(input: &Input, entry: &ZipEntry, max_bytes: u64, meta: bool) -
     };
     match entry.method {
         Method::Stored => Ok(raw),
+        Method::Deflated => inflate(&raw, entry, entry.size, max_bytes),
+    }
+}
+
+/// The first `len` bytes of a record's data (`len` at most its size), inflated when
+/// it is deflated: only as much of the stream as those bytes need, so a small
+/// array followed by a long run of padding costs the array, not the record.
+pub fn read_entry_prefix(
+    input: &Input,
+    entry: &ZipEntry,
+    len: u64,
+    max_bytes: u64,
+) -> Result<Bytes> {
+    if len > entry.size {
+        return Err(Error::OutOfBounds {
+            tensor: entry.name.to_string(),
+            offset: 0,
+            length: len,
+            limit: entry.size,
+        });
+    }
+    match entry.method {
+        Method::Stored => input.read(entry.data_offset, len),
         Method::Deflated => {
-            Error::check_limit("decompressed zip record size", entry.size, max_bytes)?;
-            let len = usize::try_from(entry.size).map_err(|_| Error::Overflow {
-                what: "zip record size as usize",
-            })?;
-            let mut out = AlignedBuf::zeroed(len)?;
-            let decode_error = |reason: String| Error::Decode {
-                tensor: entry.name.to_string(),
-                encoding: "deflate".into(),
-                reason,
-            };
-            let mut state =
-                miniz_oxide::inflate::stream::InflateState::new(miniz_oxide::DataFormat::Raw);
-            let result = miniz_oxide::inflate::stream::inflate(
-                &mut state,
-                &raw,
-                out.as_mut_slice(),
-                miniz_oxide::MZFlush::Finish,
-            );
-            match result.status {
-                Ok(miniz_oxide::MZStatus::StreamEnd) if result.bytes_written == len => {
-                    Ok(out.into_bytes())
-                }
-                Ok(_) => Err(decode_error(format!(
-                    "inflated to a size other than the declared {len} bytes"
-                ))),
-                Err(e) => Err(decode_error(format!("{e:?}"))),
-            }
+            let raw = input.read(entry.data_offset, entry.compressed_size)?;
+            inflate(&raw, entry, len, max_bytes)
         }
+    }
+}
+
+/// Inflates the first `len` bytes of `entry`'s deflated stream `raw`; when `len` is
+/// the record's size, the stream must end there.
+fn inflate(raw: &[u8], entry: &ZipEntry, len: u64, max_bytes: u64) -> Result<Bytes> {
+    Error::check_limit("decompressed zip record size", len, max_bytes)?;
+    let whole = len == entry.size;
+    let len = usize::try_from(len).map_err(|_| Error::Overflow {
+        what: "zip record size as usize",
+    })?;
+    let mut out = AlignedBuf::zeroed(len)?;
+    let decode_error = |reason: String| Error::Decode {
+        tensor: entry.name.to_string(),
+        encoding: "deflate".into(),
+        reason,
+    };
+    let mut state = miniz_oxide::inflate::stream::InflateState::new(miniz_oxide::DataFormat::Raw);
+    let flush = if whole {
+        miniz_oxide::MZFlush::Finish
+    } else {
+        miniz_oxide::MZFlush::None
+    };
+    let result = miniz_oxide::inflate::stream::inflate(&mut state, raw, out.as_mut_slice(), flush);
+    let full = result.bytes_written == len;
+    match result.status {
+        Ok(miniz_oxide::MZStatus::StreamEnd) if full => Ok(out.into_bytes()),
+        Ok(_) | Err(miniz_oxide::MZError::Buf) if full && !whole => Ok(out.into_bytes()),
+        Ok(_) | Err(miniz_oxide::MZError::Buf) => Err(decode_error(format!(
+            "inflated to a size other than the declared {} bytes",
+            entry.size
+        ))),
+        Err(e) => Err(decode_error(format!("{e:?}"))),
     }
 }

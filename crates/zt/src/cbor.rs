@@ -33,6 +33,11 @@ pub(crate) type Len = Option<u64>;
 
 const BREAK: u8 = 0xff;
 
+/// Most items reserved for one container before its items are read: the declared
+/// count of each nested container only bounds the bytes left, which all of them
+/// would otherwise reserve at once.
+pub(crate) const MAX_RESERVED_ITEMS: u64 = 1 << 12;
+
 /// A cursor over CBOR bytes.
 pub(crate) struct Decoder<'a> {
     input: &'a [u8],
@@ -227,10 +232,12 @@ impl<'a> Decoder<'a> {
         self.header(5, "expected a map")
     }
 
-    /// Capacity to reserve for `n` declared items: never more than the bytes left.
+    /// Capacity to reserve for `n` declared items: never more than the bytes left,
+    /// nor than [`MAX_RESERVED_ITEMS`] (containers nested inside one another each
+    /// reserve before any item is read; a larger one grows as its items arrive).
     pub(crate) fn capacity(&self, len: Len) -> usize {
         let remaining = (self.input.len() - self.pos) as u64;
-        len.unwrap_or(0).min(remaining) as usize
+        len.unwrap_or(0).min(remaining).min(MAX_RESERVED_ITEMS) as usize
     }
 
     /// Calls `each` for every element of a container of `len` (definite or not).

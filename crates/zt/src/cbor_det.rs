@@ -12,7 +12,7 @@
 
 use tensorwire_core::{Error, Result, Value};
 
-use crate::cbor::{f16_to_f64, CborError};
+use crate::cbor::{f16_to_f64, CborError, MAX_RESERVED_ITEMS};
 
 type DetResult<T> = std::result::Result<T, CborError>;
 
@@ -159,9 +159,10 @@ impl<'a> Det<'a> {
         Ok(n)
     }
 
-    /// Capacity to reserve for `n` declared items: never more than the bytes left.
+    /// Capacity to reserve for `n` declared items: never more than the bytes left,
+    /// nor than [`MAX_RESERVED_ITEMS`] (see [`crate::cbor`]).
     pub(crate) fn capacity(&self, n: u64) -> usize {
-        n.min(self.remaining() as u64) as usize
+        n.min(self.remaining() as u64).min(MAX_RESERVED_ITEMS) as usize
     }
 
     /// Reads one map key at `depth`: its text when it is a text string, `None` when it
