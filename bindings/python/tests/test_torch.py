@@ -88,6 +88,23 @@ def test_write_torch_non_contiguous_and_requires_grad(zt_path):
         assert torch.equal(r.read_torch("t"), base.detach().T)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_empty_tensors_with_zero_strides_are_written(zt_path, dtype):
+    """torch.from_numpy of a fresh empty numpy array has stride (0,), and torch cannot
+    view such a tensor as bytes: writing it must not need to."""
+    t = torch.empty(0, dtype=dtype).as_strided((0,), (0,))
+    from tensorwire.formats import torch as st_torch
+    with tw.Writer(zt_path) as w:
+        w.write_torch("e", t)
+    with tw.Reader(zt_path) as r:
+        got = r.read_torch("e")
+        assert got.dtype == dtype and got.shape == (0,)
+    if dtype.is_complex and dtype == torch.complex128:
+        return  # safetensors has no complex128
+    data = st_torch.save({"e": t})
+    assert st_torch.load(data)["e"].shape == (0,)
+
+
 def test_read_into_torch(zt_path):
     data = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(4, dtype=np.int64)}
     with tw.Writer(zt_path) as w:

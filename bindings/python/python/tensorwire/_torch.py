@@ -107,14 +107,12 @@ def torch_to_bytes(tensor):
         if not shape:
             raise TypeError(f"a 0-d {tensor.dtype} tensor has no safetensors shape")
         shape[-1] *= shape_scale
-    flat = t.reshape(-1)
-    if flat.dtype.is_complex:
-        flat = torch.view_as_real(flat).reshape(-1)
-    return flat.view(torch.uint8).numpy(), name, shape
+    return torch_dst_bytes(t), name, shape
 
 
 def torch_dst_bytes(dst):
-    """A CPU, contiguous torch tensor's memory as a uint8 numpy array."""
+    """A CPU, contiguous torch tensor's memory as a uint8 numpy array (empty for an
+    empty tensor, whatever its strides: torch cannot view one with stride 0)."""
     if dst.numel() == 0:
         return np.empty(0, np.uint8)
     flat = dst.reshape(-1)
