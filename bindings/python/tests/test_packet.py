@@ -6,6 +6,7 @@ import json
 import mmap
 import pathlib
 import socket
+import struct
 import sys
 
 import numpy as np
@@ -295,6 +296,42 @@ def test_sparse_packets_with_bad_indices_are_malformed(fmt, damage):
     data = packet.dumps(matrix)
     with pytest.raises(tensorwire.MalformedError, match=f"sparse {fmt} packet"):
         packet.loads(data)
+
+
+def _sparse_packet(flag, shape, parts):
+    """A tenso v4 sparse packet (float32 values) of `shape` over packed `parts`."""
+    out = b"TNSO" + bytes([4]) + struct.pack("<H", flag) + bytes([0, len(shape), 0])
+    out += b"".join(struct.pack("<I", d) for d in shape)
+    for part in parts:
+        packed = bytes(packet.dumps(part))
+        out += struct.pack("<I", len(packed)) + packed
+    return out
+
+
+@pytest.mark.parametrize("flag", [0x08, 0x20, 0x40], ids=["coo", "csr", "csc"])
+@pytest.mark.parametrize("shape", [[], [2], [2, 2, 2]], ids=str)
+def test_sparse_packets_that_are_not_matrices_are_malformed(flag, shape):
+    """tenso writes a 1-D scipy array as a sparse packet it cannot read back; such
+    packets are refused by every reader with a clear error (once an IndexError)."""
+    parts = [np.array([1, 2], np.float32), np.array([0, 1], np.int64),
+             np.array([0, 1] if flag == 0x08 else [0, 1, 2], np.int64)]
+    data = _sparse_packet(flag, shape, parts)
+    with pytest.raises(tensorwire.MalformedError, match="2-D matrices"):
+        packet.loads(data)
+    with pytest.raises(tensorwire.MalformedError, match="2-D matrices"):
+        list(packet.read_stream(io.BytesIO(data)))
+
+
+@pytest.mark.skipif(sparse is None or not hasattr(sparse, "csr_array"),
+                    reason="scipy with sparse arrays not installed")
+def test_one_dimensional_sparse_arrays_are_not_written():
+    for make in (sparse.csr_array, sparse.coo_array):
+        try:
+            vector = make(np.array([1.0, 0.0, 2.0]))
+        except (TypeError, ValueError):
+            continue  # this scipy builds 2-D arrays only
+        with pytest.raises(tensorwire.InvalidArgumentError, match="2-D matrices"):
+            packet.dumps(vector)
 
 
 @pytest.mark.parametrize("strings", [["hello", "wörld", "", "🙂"], [], ["x" * 1000]])

@@ -690,6 +690,14 @@ pub(crate) fn check_sparse_parts(
 ) -> std::result::Result<(), String> {
     let names = format.part_names();
     let [(_, n), (idx_dtype, idx_len), (ptr_dtype, ptr_len)] = parts;
+    // tenso rebuilds every sparse packet as a 2-D scipy matrix: it writes a 1-D
+    // `csr_array` but cannot read it back, so neither is such a packet written here.
+    if shape.ndim() != 2 {
+        return Err(format!(
+            "sparse {} packets hold 2-D matrices, not shape {shape}",
+            format.name()
+        ));
+    }
     if !is_index(idx_dtype) || !is_index(ptr_dtype) {
         return Err(format!(
             "sparse {} parts `{}`/`{}` must be integers, not {idx_dtype}/{ptr_dtype}",
@@ -706,7 +714,7 @@ pub(crate) fn check_sparse_parts(
             "sparse {} has {n} values but {idx_len} indices",
             format.name()
         )),
-        SparseFormat::Csr | SparseFormat::Csc if shape.ndim() == 2 => {
+        SparseFormat::Csr | SparseFormat::Csc => {
             let major = shape.dims()[usize::from(format == SparseFormat::Csc)];
             if major.checked_add(1) != Some(ptr_len) {
                 return Err(format!(
@@ -716,7 +724,7 @@ pub(crate) fn check_sparse_parts(
             }
             Ok(())
         }
-        _ => Ok(()),
+        SparseFormat::Coo => Ok(()),
     }
 }
 
