@@ -150,6 +150,57 @@ def test_convert_refuses_what_safetensors_cannot_hold(tmp_path):
     assert not os.path.exists(dst)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_raw_types_survive_a_trip_through_zt(tmp_path, version):
+    """safetensors' F4 / F8_E8M0 go to .zt as raw bytes that remember their layout,
+    and come back under their own types; GGUF blocks, which safetensors cannot hold,
+    are refused on the way back as they are from the GGUF file itself."""
+    src = os.path.join(SAFETENSORS, "raw_types.safetensors")
+    zt, back = str(tmp_path / "raw.zt"), str(tmp_path / "back.safetensors")
+    tensorwire.convert(src, zt, zt_version=version)
+    tensorwire.convert(zt, back)
+    with open(src, "rb") as a, open(back, "rb") as b:
+        assert a.read() == b.read()
+    blocks = str(tmp_path / "blocks.zt")
+    tensorwire.convert(os.path.join(GGUF, "quantized.gguf"), blocks, zt_version=version)
+    with pytest.raises(tensorwire.UnsupportedError, match="gguf:"):
+        tensorwire.convert(blocks, str(tmp_path / "blocks.safetensors"))
+    assert not os.path.exists(tmp_path / "blocks.safetensors")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_zt_logical_types_without_a_dtype_are_kept_or_refused(tmp_path, version):
+    """A .zt tensor typed f8_e8m0 or with a user's own type keeps its type when
+    converted to .zt (either version); to safetensors, f8_e8m0 becomes F8_E8M0 and a
+    type safetensors lacks is refused, never written as its storage integers."""
+    src = str(tmp_path / "typed.zt")
+    with tensorwire.Writer(src, version=version) as w:
+        w.write("e8", tensorwire.Tensor({"data": np.arange(6, dtype=np.uint8)}, shape=[2, 3],
+                                        type="f8_e8m0"))
+        w.write("mine", tensorwire.Tensor({"data": np.arange(4, dtype=np.uint16)}, shape=[4],
+                                          type="my_type"))
+    for out_version in (1, 2):
+        dst = str(tmp_path / f"out{out_version}.zt")
+        tensorwire.convert(src, dst, zt_version=out_version)
+        with tensorwire.Reader(dst) as r:
+            assert {k: r.metadata(k).type for k in r.keys()} == {"e8": "f8_e8m0",
+                                                                 "mine": "my_type"}
+            assert r.read("e8").components["data"].tobytes() == bytes(range(6))
+    st = str(tmp_path / "typed.safetensors")
+    with pytest.raises(tensorwire.UnsupportedError, match="my_type"):
+        tensorwire.convert(src, st)
+    assert not os.path.exists(st)
+    only_e8 = str(tmp_path / "e8.zt")
+    with tensorwire.Writer(only_e8, version=version) as w:
+        w.write("e8", tensorwire.Tensor({"data": np.arange(6, dtype=np.uint8)}, shape=[2, 3],
+                                        type="f8_e8m0"))
+    tensorwire.convert(only_e8, st)
+    with tensorwire.Reader(st) as r:
+        assert r.metadata("e8").attributes == {"safetensors.dtype": "F8_E8M0",
+                                               "safetensors.shape": [2, 3]}
+        assert r.read_numpy("e8").tobytes() == bytes(range(6))
+
+
 def test_gguf_reads_what_the_gguf_package_reads():
     gguf = pytest.importorskip("gguf")
     for name in ["plain.gguf", "quantized.gguf"]:

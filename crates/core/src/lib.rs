@@ -26,7 +26,9 @@ pub use crate::error::{Error, Result};
 pub use crate::index::{NameMap, NameSet, TensorIndex};
 pub use crate::limits::Limits;
 pub use crate::shape::{Dims, Shape, MAX_NDIM};
-pub use crate::source::{Attributes, Layout, TensorInfo, TensorSource, TensorView};
+pub use crate::source::{
+    Attributes, Layout, TensorInfo, TensorSource, TensorView, SOURCE_LAYOUT_KEY,
+};
 pub use crate::strided::StridedView;
 pub use crate::value::Value;
 

@@ -12,6 +12,11 @@ use crate::shape::Shape;
 use crate::strided::StridedView;
 use crate::value::Value;
 
+/// The tensor attribute under which a dense tensor records that its bytes are another
+/// format's type, kept as raw `u8` (`gguf:Q4_0`, `safetensors:F4`): what `convert`
+/// writes into `.zt` for a [`Layout::Other`] tensor, so the layout survives.
+pub const SOURCE_LAYOUT_KEY: &str = "tensorwire.layout";
+
 /// How a tensor's elements are laid out in its components.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -81,6 +86,17 @@ pub struct TensorInfo {
     pub encoding: Option<String>,
     /// Per-tensor metadata.
     pub attributes: Attributes,
+}
+
+impl TensorInfo {
+    /// The layout of the tensor's bytes: [`Self::layout`], or for a dense tensor that
+    /// records another format's layout under [`SOURCE_LAYOUT_KEY`], that layout.
+    pub fn source_layout(&self) -> Layout {
+        match (&self.layout, self.attributes.get(SOURCE_LAYOUT_KEY)) {
+            (Layout::Dense, Some(Value::Str(name))) => Layout::Other(name.clone()),
+            (layout, _) => layout.clone(),
+        }
+    }
 }
 
 /// Per-tensor metadata: a map shared (not copied) between the tensors that have the

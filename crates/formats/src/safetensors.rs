@@ -909,10 +909,14 @@ pub fn write_source(
 ) -> Result<u64> {
     let mut entries = Vec::with_capacity(source.tensors().len());
     for info in source.tensors() {
-        let dtype = StDType::of_info(info.dtype, &info.layout).ok_or_else(|| {
+        // A `.zt` tensor converted from safetensors' raw types keeps its layout in an
+        // attribute: it goes back under its own type (one from GGUF is refused).
+        let dtype = StDType::of_info(info.dtype, &info.source_layout()).ok_or_else(|| {
             Error::unsupported(format!(
                 "writing {} {} tensor `{}` to safetensors",
-                info.layout, info.dtype, info.name
+                info.source_layout(),
+                info.dtype,
+                info.name
             ))
         })?;
         let shape = match info.attributes.get("safetensors.shape") {

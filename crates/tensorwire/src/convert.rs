@@ -2,12 +2,8 @@
 
 use std::path::Path;
 
-use tensorwire_core::{Error, Layout, Result, TensorSource, Value};
+use tensorwire_core::{Error, Layout, Result, TensorSource, Value, SOURCE_LAYOUT_KEY};
 use tensorwire_zt::{Checksum, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter};
-
-/// The tensor attribute under which `.zt` output records the layout of a tensor
-/// written as raw bytes (`gguf:Q4_0`, `safetensors:F4`).
-pub const SOURCE_LAYOUT_KEY: &str = "tensorwire.layout";
 
 /// The format [`convert`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,8 +69,17 @@ pub fn convert_source(
         Some(f) => f,
         None => OutputFormat::from_path(dst)?,
     };
+    let zt = source.as_any().downcast_ref::<ZtReader>();
     if format == OutputFormat::Safetensors {
-        tensorwire_formats::safetensors::save_source(source, dst, progress)?;
+        match zt {
+            Some(zt) => {
+                let typed = ZtAsSafetensors::new(zt)?;
+                tensorwire_formats::safetensors::save_source(&typed, dst, progress)?;
+            }
+            None => {
+                tensorwire_formats::safetensors::save_source(source, dst, progress)?;
+            }
+        }
         return Ok(source.tensors().len());
     }
     let write = WriteOptions {
@@ -88,7 +93,6 @@ pub fn convert_source(
     };
     let mut writer = ZtWriter::create_with_version(dst, version)?;
     writer.set_attributes(source.attributes().clone())?;
-    let zt = source.as_any().downcast_ref::<ZtReader>();
     // Write in file order so the source is read sequentially.
     let mut order: Vec<usize> = (0..source.tensors().len()).collect();
     order.sort_by_key(|&at| source.read_order(at));
@@ -96,7 +100,15 @@ pub fn convert_source(
     let total = source.tensors().len();
     let mut done_bytes = 0u64;
     for (i, info) in infos.enumerate() {
-        if info.layout == Layout::Dense {
+        let opaque = match zt {
+            Some(zt) => zt.opaque_type(&info.name)?.is_some(),
+            None => false,
+        };
+        if let (true, Some(zt)) = (opaque, zt) {
+            // A type tensorwire has no dtype for (`f8_e8m0`, a user's type): its view
+            // would be the storage elements, so the object is copied as it is.
+            writer.copy_object(zt, &info.name, write)?;
+        } else if info.layout == Layout::Dense {
             let view = source.view(&info.name)?;
             writer.add_dense_with_attributes(
                 &info.name,
@@ -132,4 +144,85 @@ pub fn convert_source(
     }
     writer.finish()?;
     Ok(total)
+}
+
+/// A `.zt` source as safetensors output sees it: a dense tensor whose logical type is
+/// `f8_e8m0` (one byte per element, which tensorwire has no dtype for) is listed as
+/// safetensors' raw `F8_E8M0`, as a [`tensorwire_formats::SafetensorsReader`] lists
+/// it; any other type without a dtype is refused rather than written as its storage.
+struct ZtAsSafetensors<'a> {
+    zt: &'a ZtReader,
+    infos: Vec<tensorwire_core::TensorInfo>,
+    /// Per tensor, whether it is read as its `data` component's bytes.
+    raw: Vec<bool>,
+}
+
+impl<'a> ZtAsSafetensors<'a> {
+    fn new(zt: &'a ZtReader) -> Result<Self> {
+        let mut infos = zt.tensors().to_vec();
+        let mut raw = vec![false; infos.len()];
+        for (info, raw) in infos.iter_mut().zip(&mut raw) {
+            let Some(logical) = zt.opaque_type(&info.name)? else {
+                continue;
+            };
+            let data = zt.object(&info.name)?.component("data");
+            if logical != "f8_e8m0" || data.is_none_or(|d| d.dtype != tensorwire_core::DType::U8) {
+                return Err(Error::unsupported(format!(
+                    "writing tensor `{}` of .zt logical type `{logical}` to safetensors \
+                     (convert to .zt to keep it)",
+                    info.name
+                )));
+            }
+            let dims = info
+                .shape
+                .dims()
+                .iter()
+                .map(|&d| Value::Int(d.into()))
+                .collect();
+            let attributes = info.attributes.make_mut();
+            attributes.insert("safetensors.shape".to_owned(), Value::List(dims));
+            attributes.insert("safetensors.dtype".to_owned(), Value::Str("F8_E8M0".into()));
+            info.layout = Layout::Other("safetensors:F8_E8M0".to_owned());
+            info.dtype = tensorwire_core::DType::U8;
+            info.shape = tensorwire_core::Shape::new(vec![info.shape.numel()?])?;
+            *raw = true;
+        }
+        Ok(ZtAsSafetensors { zt, infos, raw })
+    }
+}
+
+impl TensorSource for ZtAsSafetensors<'_> {
+    fn format(&self) -> &'static str {
+        self.zt.format()
+    }
+
+    fn tensors(&self) -> &[tensorwire_core::TensorInfo] {
+        &self.infos
+    }
+
+    fn attributes(&self) -> &std::collections::BTreeMap<String, Value> {
+        self.zt.attributes()
+    }
+
+    fn position(&self, name: &str) -> Result<usize> {
+        self.zt.position(name)
+    }
+
+    fn view_at(&self, position: usize) -> Result<tensorwire_core::TensorView> {
+        if !self.raw.get(position).copied().unwrap_or(false) {
+            return self.zt.view_at(position);
+        }
+        let info = &self.infos[position];
+        let bytes = self.zt.component(&info.name, "data")?;
+        tensorwire_core::TensorView::new(&info.name, info.dtype, info.shape.clone(), bytes, false)
+    }
+
+    fn read_order(&self, position: usize) -> (usize, u64) {
+        self.zt.read_order(position)
+    }
+
+    /// The `.zt` reader underneath (this view of it is not `'static`).
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.zt.as_any()
+    }
 }

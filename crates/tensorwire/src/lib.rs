@@ -43,11 +43,10 @@ pub use tensorwire_shm as shm;
 pub use tensorwire_zt as zt;
 
 pub use tensorwire_core::{
-    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView, Value,
+    Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView,
+    Value, SOURCE_LAYOUT_KEY,
 };
 
-pub use crate::convert::{
-    convert, convert_source, ConvertOptions, OutputFormat, SOURCE_LAYOUT_KEY,
-};
+pub use crate::convert::{convert, convert_source, ConvertOptions, OutputFormat};
 pub use crate::sharded::ShardedSource;
 pub use crate::sniff::{open, open_bytes, open_with, sniff, FileFormat, OpenOptions};

@@ -265,6 +265,29 @@ impl ZtReader {
         self.decode_to(oi, ci, comp, &stored, dst)
     }
 
+    /// The logical type of a dense tensor's `data` when tensorwire has no dtype for it
+    /// over that storage (`f8_e8m0`, `f4_e2m1`, a user's own type): such a tensor's
+    /// view (version 1) gives the storage elements, and only a copy of the whole
+    /// object ([`crate::ZtWriter::copy_object`]) keeps the type. `None` for every
+    /// other tensor.
+    pub fn opaque_type(&self, name: &str) -> Result<Option<&str>> {
+        let obj = self.object(name)?;
+        let Some(data) = obj
+            .component("data")
+            .filter(|_| obj.layout == Layout::Dense)
+        else {
+            return Ok(None);
+        };
+        let opaque = match self.version {
+            ZtVersion::V2 => !manifest_v2::can_interpret(data),
+            _ => data
+                .logical_type
+                .as_deref()
+                .is_some_and(|t| t.parse::<DType>().ok() != Some(data.logical_dtype())),
+        };
+        Ok(opaque.then(|| data.logical_type.as_deref().unwrap_or_default()))
+    }
+
     /// For a version 2 dense tensor: fails unless tensorwire can interpret the
     /// logical type of its `data` (unregistered ones, `f8_e8m0` and `f4_e2m1` are
     /// refused; their bytes stay readable through [`ZtReader::component`]).
