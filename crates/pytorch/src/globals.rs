@@ -102,6 +102,12 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         }
         ("torch", "Size") => Some(Global::Size),
         ("torch", "device") => Some(Global::Device),
+        ("torch", dtype) if UNSUPPORTED_TORCH_DTYPES.contains(&dtype) => {
+            // A dtype object is data, not code: say what is missing.
+            return Err(Error::unsupported(format!(
+                "tensors of torch.{dtype}, which tensorwire has no dtype for"
+            )));
+        }
         ("torch", dtype) => torch_dtype(dtype).map(Global::Dtype),
         ("collections", "OrderedDict") => Some(Global::OrderedDict),
         ("_codecs", "encode") => Some(Global::CodecsEncode),
@@ -114,6 +120,39 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         offset,
     })
 }
+
+/// torch dtypes that tensorwire cannot represent: a checkpoint naming one is
+/// `Unsupported`, not refused as unsafe.
+const UNSUPPORTED_TORCH_DTYPES: &[&str] = &[
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+    "complex32",
+    "chalf",
+    "qint8",
+    "quint8",
+    "qint32",
+    "quint4x2",
+    "quint2x4",
+    "bits1x8",
+    "bits2x4",
+    "bits4x2",
+    "bits8",
+    "bits16",
+    "uint1",
+    "uint2",
+    "uint3",
+    "uint4",
+    "uint5",
+    "uint6",
+    "uint7",
+    "int1",
+    "int2",
+    "int3",
+    "int4",
+    "int5",
+    "int6",
+    "int7",
+];
 
 /// The dtype a `torch.<name>` global names.
 fn torch_dtype(name: &str) -> Option<DType> {
@@ -357,5 +396,29 @@ pub fn build(arena: &Arena, target: Id, _state: Id, offset: u64) -> Result<()> {
             offset,
             format!("pickle: BUILD on a {}", other.kind()),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_without_a_tensorwire_dtype_are_unsupported_not_unsafe() {
+        for name in ["float8_e8m0fnu", "float4_e2m1fn_x2", "complex32"] {
+            let err = resolve("torch", name, 7).unwrap_err();
+            assert!(
+                matches!(&err, Error::Unsupported { .. }) && err.to_string().contains(name),
+                "{err}"
+            );
+        }
+        assert!(matches!(
+            resolve("torch", "float8_e4m3fn", 0),
+            Ok(Global::Dtype(DType::F8E4M3Fn))
+        ));
+        assert!(matches!(
+            resolve("torch", "load", 3),
+            Err(Error::RefusedGlobal { offset: 3, .. })
+        ));
     }
 }
