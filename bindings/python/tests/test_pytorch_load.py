@@ -767,3 +767,12 @@ def test_deflated_records_read_as_the_stored_ones(tmp_path):
                         assert got[k].stride() == w.stride(), (name, kw, k)
                     raw = [t.contiguous().reshape(-1).view(torch.uint8) for t in (got[k], w)]
                     assert got[k].dtype == w.dtype and torch.equal(*raw), (name, kw, k)
+
+
+@pytest.mark.skipif(torch is None or not hasattr(torch, "float8_e8m0fnu"),
+                    reason="torch with float8_e8m0fnu is not installed")
+def test_torch_dtypes_without_a_tensorwire_dtype_are_unsupported(tmp_path):
+    path = tmp_path / "e8m0.pt"
+    torch.save({"scales": torch.ones(4, dtype=torch.float8_e8m0fnu)}, path)
+    with pytest.raises(tw.UnsupportedError, match="float8_e8m0fnu"):
+        pytorch.load(path)
