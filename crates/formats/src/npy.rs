@@ -249,8 +249,13 @@ impl<'a> Parser<'a> {
             Some(b'(') => {
                 self.at += 1;
                 let mut dims = Dims::default();
+                let mut trailing_comma = false;
                 loop {
                     if self.peek() == Some(b')') {
+                        // `(2)` is the int 2 in Python, not a shape: numpy refuses it.
+                        if dims.len() == 1 && !trailing_comma {
+                            return Err(self.error("a one-dimensional shape needs its comma: `(n,)`"));
+                        }
                         self.at += 1;
                         return Ok(Literal::Tuple(dims));
                     }
@@ -258,6 +263,7 @@ impl<'a> Parser<'a> {
                         return Err(self.error("shape has too many dimensions"));
                     }
                     dims.push(self.integer()?);
+                    trailing_comma = self.peek() == Some(b',');
                     match self.peek() {
                         Some(b',') => self.at += 1,
                         Some(b')') => {}
@@ -996,6 +1002,8 @@ mod tests {
             "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}",
             "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}",
             "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)} trailing",
+            // `(1)` is an int in Python, so numpy refuses the header.
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (1)}",
             "{'descr: '<f4'",
             "[]",
         ];

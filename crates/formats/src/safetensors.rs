@@ -382,16 +382,24 @@ fn parse_header(header: &[u8], limits: &Limits) -> Result<(Vec<HeaderEntry>, Opt
     json.expect(b'{', "expected `{`").map_err(syntax)?;
     let mut entries = Vec::new();
     let mut metadata = None;
+    let mut seen_metadata = false;
     let mut first = true;
     while json.more(b'}', first).map_err(syntax)? {
         first = false;
         let name = json.string().map_err(syntax)?;
         json.expect(b':', "expected `:`").map_err(syntax)?;
         if name == METADATA_KEY {
-            if metadata.is_some() {
+            if seen_metadata {
                 return Err(malformed("`__metadata__` appears twice"));
             }
-            metadata = Some(parse_metadata(&mut json)?);
+            seen_metadata = true;
+            json.ws();
+            if json.peek() == Some(b'n') {
+                // `null`, which the safetensors package reads as no metadata.
+                json.skip_value(0).map_err(syntax)?;
+            } else {
+                metadata = Some(parse_metadata(&mut json)?);
+            }
             continue;
         }
         Error::check_limit("tensor count", entries.len() as u64 + 1, limits.max_tensors)?;
@@ -1106,6 +1114,16 @@ mod tests {
         assert!(message(three, &[1]).contains("`data_offsets` must be [begin, end]"));
         assert!(message(r#"{"__metadata__":{"k":1}}"#, &[]).contains("value of `k`"));
         assert!(message(r#"{"__metadata__":[]}"#, &[]).contains("object of strings"));
+        assert!(message(r#"{"__metadata__":nul}"#, &[]).contains("invalid JSON header"));
+        let null_twice = r#"{"__metadata__":null,"__metadata__":{}}"#;
+        assert!(message(null_twice, &[]).contains("appears twice"));
+        // `null` is no metadata, as the safetensors package reads it.
+        let null = open(
+            r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+            &[7],
+        )
+        .unwrap();
+        assert!(!null.has_metadata() && null.tensors().len() == 1);
         assert!(message(
             r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} x"#,
             &[1]
