@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use tensorwire::Layout;
 
 use crate::output::{gb_per_s, human_bytes};
 
@@ -39,7 +38,7 @@ pub fn run(args: &Args) -> Result<()> {
         let mut views = Vec::with_capacity(src.tensors().len());
         stats = Stats::default();
         for t in src.tensors() {
-            if t.layout != Layout::Dense {
+            if !crate::verify::has_dense_view(src.as_ref(), t).map_err(at_path)? {
                 stats.skipped += 1;
                 continue;
             }
@@ -87,7 +86,11 @@ pub fn run(args: &Args) -> Result<()> {
         gb_per_s(stats.bytes, copy),
     )?;
     if stats.skipped > 0 {
-        writeln!(out, "skipped {} non-dense tensors", stats.skipped)?;
+        writeln!(
+            out,
+            "skipped {} tensors without a dense view (non-dense layouts, types without a dtype)",
+            stats.skipped
+        )?;
     }
     Ok(())
 }

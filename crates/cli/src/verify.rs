@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use tensorwire::zt::ZtReader;
-use tensorwire::Layout;
+use tensorwire::{Layout, TensorInfo, TensorSource};
 
 /// Arguments of `tensorwire verify`.
 #[derive(Debug, clap::Args)]
@@ -32,6 +32,22 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// Whether `info` reads as a dense view of typed elements: a dense tensor, unless it
+/// is a `.zt` tensor whose logical type has no tensorwire dtype (`f4_e2m1`, a user's
+/// type), whose bytes are read as its components instead.
+pub(crate) fn has_dense_view(
+    src: &dyn TensorSource,
+    info: &TensorInfo,
+) -> tensorwire::Result<bool> {
+    if info.layout != Layout::Dense {
+        return Ok(false);
+    }
+    match src.as_any().downcast_ref::<ZtReader>() {
+        Some(zt) => Ok(zt.opaque_type(&info.name)?.is_none()),
+        None => Ok(true),
+    }
+}
+
 /// Checks digests, then reads every tensor; returns (digests checked, tensors that
 /// could not be read, tensors).
 fn check(path: &Path) -> tensorwire::Result<(usize, usize, usize)> {
@@ -40,7 +56,7 @@ fn check(path: &Path) -> tensorwire::Result<(usize, usize, usize)> {
     let zt = src.as_any().downcast_ref::<ZtReader>();
     let mut unchecked = 0usize;
     for t in src.tensors() {
-        if t.layout == Layout::Dense {
+        if has_dense_view(src.as_ref(), t)? {
             src.view(&t.name)?;
         } else if let Some(zt) = zt {
             for c in &zt.object(&t.name)?.components {

@@ -395,6 +395,51 @@ fn verify_counts_tensors_and_digests() {
 }
 
 #[test]
+fn verify_and_bench_read_types_without_a_dtype_as_their_components() {
+    // ztensor 2.1.2's fixture holds `f4_e2m1` and `f8_e8m0` tensors, which have no
+    // tensorwire dtype: verify reads their bytes, bench skips them.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zt/v2/dtypes.zt");
+    let o = tw([OsStr::new("verify"), path.as_os_str()]);
+    assert_exit(&o, 0);
+    assert!(stdout(&o).starts_with("ok: "), "{}", stdout(&o));
+    let o = tw([
+        OsStr::new("bench"),
+        path.as_os_str(),
+        OsStr::new("--repeat"),
+        OsStr::new("1"),
+    ]);
+    assert_exit(&o, 0);
+    assert!(
+        stdout(&o).contains("tensors without a dense view"),
+        "{}",
+        stdout(&o)
+    );
+    // They convert to .zt 2 with their types, and are refused for 1.x, which stores
+    // f4_e2m1 one value per byte, with a message that says so.
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = dir.path().join("v2.zt");
+    let o = tw([
+        OsStr::new("convert"),
+        path.as_os_str(),
+        v2.as_os_str(),
+        OsStr::new("--zt-version"),
+        OsStr::new("2"),
+    ]);
+    assert_exit(&o, 0);
+    let o = tw([OsStr::new("verify"), v2.as_os_str()]);
+    assert_exit(&o, 0);
+    let v1 = dir.path().join("v1.zt");
+    let o = tw([OsStr::new("convert"), path.as_os_str(), v1.as_os_str()]);
+    assert_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("between .zt versions"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!v1.exists());
+}
+
+#[test]
 fn verify_fails_on_a_flipped_byte_in_a_checksummed_blob() {
     let dir = tempfile::tempdir().unwrap();
     let path = sample(dir.path(), Checksum::Crc32c);

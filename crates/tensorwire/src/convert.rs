@@ -101,12 +101,19 @@ pub fn convert_source(
     let mut done_bytes = 0u64;
     for (i, info) in infos.enumerate() {
         let opaque = match zt {
-            Some(zt) => zt.opaque_type(&info.name)?.is_some(),
-            None => false,
+            Some(zt) => zt.opaque_type(&info.name)?,
+            None => None,
         };
-        if let (true, Some(zt)) = (opaque, zt) {
+        if let (Some(logical), Some(zt)) = (opaque, zt) {
             // A type tensorwire has no dtype for (`f8_e8m0`, a user's type): its view
             // would be the storage elements, so the object is copied as it is.
+            if logical == "f4_e2m1" && zt.version() != version {
+                return Err(Error::unsupported(format!(
+                    "converting f4_e2m1 tensor `{}` between .zt versions (version 2 packs \
+                     two values per byte, 1.x stores one): keep the source's version",
+                    info.name
+                )));
+            }
             writer.copy_object(zt, &info.name, write)?;
         } else if info.layout == Layout::Dense {
             let view = source.view(&info.name)?;
@@ -169,7 +176,7 @@ impl<'a> ZtAsSafetensors<'a> {
             if logical != "f8_e8m0" || data.is_none_or(|d| d.dtype != tensorwire_core::DType::U8) {
                 return Err(Error::unsupported(format!(
                     "writing tensor `{}` of .zt logical type `{logical}` to safetensors \
-                     (convert to .zt to keep it)",
+                     (convert to .zt of the same version to keep it)",
                     info.name
                 )));
             }
