@@ -78,7 +78,15 @@ impl MappedFile {
 
     /// Maps an open file in `mode`.
     pub fn from_file(file: &File, mode: MapMode) -> Result<MappedFile> {
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(Error::invalid(if meta.is_dir() {
+                "a directory, not a tensor file"
+            } else {
+                "not a regular file (a pipe, socket or device): tensor files are mapped"
+            }));
+        }
+        let len = meta.len();
         if len == 0 {
             return Ok(MappedFile {
                 inner: Inner::Empty,

@@ -99,6 +99,14 @@ pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     if shards::sniff(head) {
         return Ok(FileFormat::ShardIndex);
     }
+    if head.is_empty() {
+        // Every format starts with a magic or a header length.
+        return Err(Error::Truncated {
+            offset: 0,
+            needed: 8,
+            available: 0,
+        });
+    }
     Err(Error::UnknownFormat {
         head: head.iter().take(16).copied().collect(),
     })
@@ -272,7 +280,16 @@ mod tests {
             sniff(b"PK\x05\x06...."),
             Err(Error::UnknownFormat { .. })
         ));
-        assert!(matches!(sniff(b""), Err(Error::UnknownFormat { .. })));
+        assert!(matches!(
+            sniff(b""),
+            Err(Error::Truncated { available: 0, .. })
+        ));
+        // Directories and other non-files are named as such, not as a device error.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let err = open(dir).err().expect("a directory does not open");
+        assert!(err.to_string().contains("a directory"), "{err}");
+        let err = open("/dev/null").err().expect("a device does not open");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
     }
 
     #[test]
