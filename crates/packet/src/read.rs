@@ -1,5 +1,7 @@
 //! Decoding packets of every kind.
 
+use std::cell::Cell;
+
 use tensorwire_core::{
     align_up, AlignedBuf, Bytes, DType, Error, NameSet, Result, Shape, TensorView,
 };
@@ -44,8 +46,21 @@ pub fn decode_packet(input: &Bytes) -> Result<Packet> {
 /// checked against the input and `limits` before it is used; dense bodies, bundle
 /// members and sparse parts borrow `input`; XXH3 footers are verified.
 pub fn decode_packet_with(input: &Bytes, limits: &PacketLimits) -> Result<Packet> {
+    decode_counting_digests(input, limits).map(|(packet, _)| packet)
+}
+
+/// [`decode_packet_with`], also returning how many integrity footers it checked (one
+/// per packet, nested ones included, that carries one).
+pub(crate) fn decode_counting_digests(
+    input: &Bytes,
+    limits: &PacketLimits,
+) -> Result<(Packet, usize)> {
     Error::check_limit("packet length", input.len() as u64, limits.max_packet_bytes)?;
-    let reader = Reader { input, limits };
+    let reader = Reader {
+        input,
+        limits,
+        digests: Cell::new(0),
+    };
     let (packet, end) = reader.packet(0, input.len(), 0)?;
     if end != input.len() {
         return Err(Error::malformed(
@@ -53,7 +68,7 @@ pub fn decode_packet_with(input: &Bytes, limits: &PacketLimits) -> Result<Packet
             format!("{} bytes after the end of the packet", input.len() - end),
         ));
     }
-    Ok(packet)
+    Ok((packet, reader.digests.get()))
 }
 
 /// The header fields every packet starts with.
@@ -71,6 +86,8 @@ struct Head {
 struct Reader<'a> {
     input: &'a Bytes,
     limits: &'a PacketLimits,
+    /// Integrity footers checked so far.
+    digests: Cell<usize>,
 }
 
 fn truncated(offset: usize, needed: usize, available: usize) -> Error {
@@ -290,6 +307,7 @@ impl Reader<'_> {
                 found: format!("{hash:016x}"),
             });
         }
+        self.digests.set(self.digests.get() + 1);
         Ok(at + 8)
     }
 

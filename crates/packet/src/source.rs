@@ -9,7 +9,7 @@ use tensorwire_core::{
 };
 
 use crate::codec::PacketLimits;
-use crate::read::decode_packet_with;
+use crate::read::decode_counting_digests;
 use crate::value::{Packet, RaggedFraming};
 
 /// The name a single-packet source gives its tensor (and the prefix of the parts of a
@@ -33,6 +33,8 @@ pub struct PacketSource {
     index: TensorIndex,
     views: Vec<TensorView>,
     attributes: BTreeMap<String, Value>,
+    /// Integrity footers checked when the packet was opened.
+    digests: usize,
 }
 
 struct Builder<'a> {
@@ -193,7 +195,7 @@ impl Builder<'_> {
 impl PacketSource {
     /// Decodes `bytes` (exactly one packet of any kind).
     pub fn from_bytes(bytes: Bytes, limits: &PacketLimits) -> Result<PacketSource> {
-        let packet = decode_packet_with(&bytes, limits)?;
+        let (packet, digests) = decode_counting_digests(&bytes, limits)?;
         let mut b = Builder {
             input: &bytes,
             index: TensorIndex::default(),
@@ -217,6 +219,7 @@ impl PacketSource {
             index,
             views,
             attributes,
+            digests,
         })
     }
 
@@ -248,6 +251,12 @@ impl TensorSource for PacketSource {
             .get(position)
             .cloned()
             .ok_or_else(|| Error::no_tensor_at(position))
+    }
+
+    /// The integrity footers (XXH3-64), all checked when the packet was opened: a
+    /// source exists only if they matched.
+    fn verify(&self) -> Result<usize> {
+        Ok(self.digests)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -209,4 +209,11 @@ fn every_fixture_opens_as_a_source() {
     let src = PacketSource::from_bytes(Bytes::from_vec(file), &PacketLimits::default()).unwrap();
     let names: Vec<&str> = src.tensors().iter().map(|t| &*t.name).collect();
     assert_eq!(names, ["w.data", "w.indices", "w.indptr", "x"]);
+    // `verify` counts the integrity footers open checked: one per packet with one.
+    let open = |name: &str| {
+        let file = std::fs::read(dir.join(format!("{name}.tnso"))).unwrap();
+        PacketSource::from_bytes(Bytes::from_vec(file), &PacketLimits::default()).unwrap()
+    };
+    assert_eq!(open("worked_example_integrity").verify().unwrap(), 1);
+    assert_eq!(open("bundle_nested").verify().unwrap(), 0);
 }
