@@ -9,14 +9,8 @@ use anyhow::Result;
 
 use crate::output::{gb_per_s, human_bytes};
 
-/// Arguments of `tensorwire bench`.
-///
-/// Each repetition opens the file afresh, then times (1) the open plus a view of every
-/// dense tensor (zero-copy for raw tensors, so this reads almost none of the data;
-/// compressed tensors are decoded) and (2) a copy of every dense tensor's bytes into
-/// a fresh `Vec` (this reads all of the data). The median of the repetitions is
-/// printed. The page cache is not dropped: after the first repetition the file is
-/// usually in memory.
+/// Arguments of `tensorwire bench` (what it measures is its `--help`, on the
+/// subcommand in `main.rs`).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The tensor file.

@@ -31,7 +31,8 @@ pub struct Args {
         value_parser = clap::value_parser!(i32).range(1..=22),
     )]
     compress: Option<Option<i32>>,
-    /// Digest recorded for every stored blob.
+    /// Digest recorded for every stored blob of `.zt` output (xxh3 needs
+    /// `--zt-version 2`; 1.x records crc32c or sha256).
     #[arg(
         long,
         default_value = "none",
@@ -50,7 +51,7 @@ pub struct Args {
 /// Output formats `--format` accepts.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum FormatArg {
-    /// `.zt` 1.2.
+    /// `.zt` (version 1.2, or 2 with `--zt-version 2`).
     Zt,
     /// safetensors.
     Safetensors,

@@ -25,7 +25,12 @@ Exit status:
      data, malformed structure)
   2  usage error, I/O error, unrecognised or unsupported format";
 
-/// Inspect, convert, verify and benchmark tensor files (.zt).
+/// Inspect, convert, verify and benchmark tensor files.
+///
+/// Reads .zt (1.x and 2), PyTorch checkpoints (.pt/.pth/.bin, ZIP and legacy),
+/// safetensors (and sharded *.index.json), GGUF (and splits), .npy/.npz and tenso
+/// packets (.tnso), recognised by their bytes, not their extension. Writes .zt and
+/// .safetensors.
 #[derive(Debug, Parser)]
 #[command(name = "tensorwire", version, after_help = EXIT_CODES)]
 struct Cli {
@@ -45,6 +50,13 @@ enum Command {
     #[command(after_help = EXIT_CODES)]
     Verify(verify::Args),
     /// Time opening a file, viewing every tensor and copying every tensor.
+    ///
+    /// Each repetition opens the file afresh, then times (1) the open plus a view of
+    /// every tensor (zero-copy for raw tensors, so this reads almost none of the data:
+    /// its GB/s is not a read speed; compressed tensors are decoded) and (2) a copy
+    /// of every tensor's bytes into fresh memory (this reads all of the data). The
+    /// median of the repetitions is printed. The page cache is not dropped: after the
+    /// first repetition the file is usually in memory.
     #[command(after_help = EXIT_CODES)]
     Bench(bench::Args),
 }
