@@ -98,6 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
         checksum: args.checksum,
     };
 
+    remove_on_interrupt(tensorwire::core::temporary_sibling(&args.dst)?)?;
     let start = Instant::now();
     let src = tensorwire::open(&args.src)?;
     let total_bytes: u64 = src.tensors().iter().map(|t| t.nbytes).sum();
@@ -133,6 +134,24 @@ pub fn run(args: &Args) -> Result<()> {
         write!(out, "; file is {}", human_bytes(n))?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// On SIGINT, SIGTERM or SIGHUP, removes `tmp` (the file the output is written to
+/// until it is renamed into place) and exits as the signal would (128 + its number):
+/// an interrupted conversion leaves no hidden partial file behind. The destination
+/// is never touched, and a finished output was renamed away from `tmp` already.
+fn remove_on_interrupt(tmp: PathBuf) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("tensorwire-interrupt".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                let _ = fs::remove_file(&tmp);
+                std::process::exit(128 + signal);
+            }
+        })?;
     Ok(())
 }
 

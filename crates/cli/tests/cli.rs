@@ -809,3 +809,56 @@ fn a_shard_index_inspects_and_converts_as_one_checkpoint() {
     assert_eq!(merged_doc["tensor_count"], 7);
     assert_eq!(merged_doc["total_bytes"], doc["total_bytes"]);
 }
+
+#[test]
+fn an_interrupted_convert_leaves_no_partial_file() {
+    // 32 MiB of incompressible floats at zstd level 19 takes seconds: long enough to
+    // interrupt once the temporary output exists.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big.npy");
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        8 << 20
+    )
+    .into_bytes();
+    header.resize(117, b' ');
+    header.push(b'\n');
+    npy.extend((header.len() as u16).to_le_bytes());
+    npy.extend(header);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    npy.extend((0..8u32 << 20).flat_map(|_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state as u32).to_le_bytes()
+    }));
+    fs::write(&src, npy).unwrap();
+    let dst = dir.path().join("big.zt");
+    let mut child = Command::new(BIN)
+        .args([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()])
+        .arg("--compress=19")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // `tensorwire::core::temporary_sibling` of the destination, in the child.
+    let tmp = dst.with_file_name(format!(".big.zt.tmp-{}", child.id()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !tmp.exists() && std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            panic!("convert ended before it could be interrupted");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(tmp.exists(), "no temporary output appeared");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    assert!(!tmp.exists(), "the temporary output was left behind");
+    assert!(!dst.exists());
+}

@@ -32,6 +32,20 @@ pub use crate::source::{
 pub use crate::strided::StridedView;
 pub use crate::value::Value;
 
+/// The name a file written atomically to `path` has until it is renamed into place:
+/// `.NAME.tmp-PID` in the same folder (so on the same file system, where the rename
+/// is atomic). The writers of every format use it, and `tensorwire convert` removes
+/// it when interrupted.
+pub fn temporary_sibling(path: &std::path::Path) -> Result<std::path::PathBuf> {
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| Error::invalid(format!("not a file path: {}", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file_name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    Ok(path.with_file_name(tmp_name))
+}
+
 /// Rounds `offset` up to the next multiple of `align` (a power of two or any non-zero
 /// value), returning `None` on overflow.
 pub fn align_up(offset: u64, align: u64) -> Option<u64> {

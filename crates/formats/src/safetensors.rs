@@ -863,18 +863,13 @@ fn write_atomically(
     path: &Path,
     write: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
 ) -> Result<u64> {
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| Error::invalid(format!("not a file path: {}", path.display())))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
+    let tmp = tensorwire_core::temporary_sibling(path)?;
     let result = (|| {
         let file = std::fs::File::create(&tmp)?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         let written = write(&mut out)?;
-        out.into_inner().map_err(|e| e.into_error())?;
+        // On disk before it takes the name, as `.zt` output is.
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)?;
         Ok(written)
     })();

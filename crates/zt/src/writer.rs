@@ -148,14 +148,10 @@ impl ZtWriter<BufWriter<File>> {
     /// temporary name and renamed into place by [`ZtWriter::finish`].
     pub fn create_with_version(path: impl AsRef<Path>, version: ZtVersion) -> Result<Self> {
         let path = path.as_ref().to_owned();
-        let file_name = path
-            .file_name()
-            .ok_or_else(|| Error::invalid(format!("not a file path: {}", path.display())))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(file_name);
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        let file = File::create(&tmp).map_err(|e| Error::from(e).with_path(&tmp))?;
+        let tmp = tensorwire_core::temporary_sibling(&path)?;
+        // Named by the destination: the temporary name means nothing to the caller
+        // (a missing folder is the destination's).
+        let file = File::create(&tmp).map_err(|e| Error::from(e).with_path(&path))?;
         let mut w = ZtWriter::start(BufWriter::with_capacity(1 << 20, file), version)?;
         w.target = Target::Create { tmp, path };
         Ok(w)
