@@ -68,6 +68,12 @@ impl From<FormatArg> for OutputFormat {
 
 /// Runs the command.
 pub fn run(args: &Args) -> Result<()> {
+    if args.dst.is_dir() {
+        bail!(
+            "{} is a directory: give the output file's name",
+            args.dst.display()
+        );
+    }
     if same_file(&args.src, &args.dst)? {
         bail!(
             "refusing to overwrite the source: {} and {} are the same file",

@@ -386,6 +386,23 @@ fn convert_to_an_unsupported_extension_fails_without_writing() {
 }
 
 #[test]
+fn convert_takes_extensions_in_any_case_and_refuses_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let upper = dir.path().join("OUT.ZT");
+    let o = tw([OsStr::new("convert"), src.as_os_str(), upper.as_os_str()]);
+    assert_exit(&o, 0);
+    assert!(ZtReader::open(&upper).is_ok());
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        dir.path().as_os_str(),
+    ]);
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("is a directory"), "{}", stderr(&o));
+}
+
+#[test]
 fn verify_counts_tensors_and_digests() {
     let dir = tempfile::tempdir().unwrap();
     let path = sample(dir.path(), Checksum::None);

@@ -21,7 +21,8 @@ pub enum OutputFormat {
 impl OutputFormat {
     /// The output format a path's extension asks for.
     pub fn from_path(path: &Path) -> Result<OutputFormat> {
-        match path.extension().and_then(|e| e.to_str()) {
+        let extension = path.extension().and_then(|e| e.to_str());
+        match extension.map(str::to_ascii_lowercase).as_deref() {
             Some("zt") => Ok(OutputFormat::Zt),
             Some("safetensors") => Ok(OutputFormat::Safetensors),
             other => Err(Error::unsupported(format!(
