@@ -103,9 +103,14 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
             Some(enc) => format!("{} {enc}", human_bytes(t.stored_bytes)),
             None => "-".to_owned(),
         };
+        // A `.zt` type tensorwire has no dtype for is shown over its storage dtype.
+        let dtype = match zt.and_then(|zt| zt.opaque_type(&t.name).ok().flatten()) {
+            Some(logical) => format!("{logical} ({})", t.dtype),
+            None => t.dtype.to_string(),
+        };
         let mut row = vec![
             table_cell(&t.name, MAX_NAME_WIDTH),
-            t.dtype.to_string(),
+            dtype,
             t.shape.to_string(),
             t.layout.to_string(),
             human_bytes(t.nbytes),

@@ -419,6 +419,9 @@ fn verify_and_bench_read_types_without_a_dtype_as_their_components() {
     let o = tw([OsStr::new("verify"), path.as_os_str()]);
     assert_exit(&o, 0);
     assert!(stdout(&o).starts_with("ok: "), "{}", stdout(&o));
+    let o = tw([OsStr::new("inspect"), path.as_os_str()]);
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("f4_e2m1 (u8)"), "{}", stdout(&o));
     let o = tw([
         OsStr::new("bench"),
         path.as_os_str(),
