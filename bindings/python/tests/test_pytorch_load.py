@@ -710,12 +710,15 @@ def test_a_small_pickle_cannot_ask_for_huge_copies(tmp_path):
     point refuses it with a limit error instead of running out of memory."""
     path = tmp_path / "amp.pt"
     _amplifying_zip(path, 50_000)
-    for load in (lambda: tw.Reader(str(path)), lambda: pytorch.load(path),
-                 lambda: pytorch.load(path, flat=False), lambda: pytorch.open(path)):
+    loads = [lambda: tw.Reader(str(path)), lambda: pytorch.open(path)]
+    if torch is not None:  # load builds torch objects
+        loads += [lambda: pytorch.load(path), lambda: pytorch.load(path, flat=False)]
+    for load in loads:
         with pytest.raises(tw.LimitExceededError, match="text copied"):
             load()
     _amplifying_zip(path, 3)
-    assert len(pytorch.load(path, flat=False)["notes"]) == 3
+    with tw.Reader(str(path)) as r:  # a root holding no tensor is one value
+        assert r.attributes["value"]["notes"] == ["x" * (1 << 20)] * 3
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
