@@ -1325,28 +1325,6 @@ mod tests {
         );
     }
 
-    /// With the default limits, the container-item budget follows the pickle's size:
-    /// a 16 KB pickle copying a 1 000-item list 2 000 times is refused.
-    #[test]
-    fn container_items_are_bounded_by_the_pickle_size() {
-        let mut data = b"\x80\x02]q\x00(".to_vec();
-        data.extend(std::iter::repeat_n(&b"K\x01"[..], 1000).flatten());
-        data.extend(b"ectorch\nSize\nq\x01");
-        data.extend(b"h\x01h\x00\x85R0".repeat(2000));
-        data.extend(b"N.");
-        let err = run(&data).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::LimitExceeded {
-                    what: "pickle container items",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-    }
-
     /// A pickle that copies one large str again and again through a call (here
     /// `_codecs.encode`) makes few objects but much text: the text budget refuses
     /// it at a few times the pickle's size.
@@ -1383,34 +1361,37 @@ mod tests {
     /// budget refuses it long before memory runs out.
     #[test]
     fn copying_containers_through_calls_is_bounded() {
-        let limits = PickleLimits {
-            max_objects: 10_000,
-            max_memo: 10,
-            max_stack: 5_000,
+        // [1] * 1000, memo 0; torch.Size, memo 1; then `calls` × Size(list).
+        let copies = |calls: usize| {
+            let mut data = b"\x80\x02]q\x00(".to_vec();
+            data.extend(std::iter::repeat_n(&b"K\x01"[..], 1000).flatten());
+            data.extend(b"ectorch\nSize\nq\x01");
+            data.extend(b"h\x01h\x00\x85R0".repeat(calls));
+            data.extend(b"N.");
+            data
         };
-        // [1] * 1000, memo 0; torch.Size, memo 1; then 50 × Size(list).
-        let mut data = b"\x80\x02]q\x00(".to_vec();
-        data.extend(std::iter::repeat_n(&b"K\x01"[..], 1000).flatten());
-        data.extend(b"ectorch\nSize\nq\x01");
-        for _ in 0..50 {
-            data.extend(b"h\x01h\x00\x85R0");
-        }
-        data.extend(b"N.");
-        let err = unpickle(&data, 0, &limits, &mut NoPersistent).unwrap_err();
-        assert!(
+        let is_item_limit = |err: &Error| {
             matches!(
                 err,
                 Error::LimitExceeded {
                     what: "pickle container items",
                     ..
                 }
-            ),
-            "{err}"
-        );
-        // Five copies fit (the same pickle without the last 45 calls).
-        let few = [&data[..data.len() - 2 - 45 * 7], &b"N."[..]].concat();
-        let u = unpickle(&few, 0, &limits, &mut NoPersistent).unwrap();
+            )
+        };
+        let limits = PickleLimits {
+            max_objects: 10_000,
+            max_memo: 10,
+            max_stack: 5_000,
+        };
+        let err = unpickle(&copies(50), 0, &limits, &mut NoPersistent).unwrap_err();
+        assert!(is_item_limit(&err), "{err}");
+        let u = unpickle(&copies(5), 0, &limits, &mut NoPersistent).unwrap();
         assert_eq!(u.arena.get(u.root), &Obj::None);
+        // With the default limits, the budget follows the pickle's size: 2 000
+        // copies (2 M items from a 16 KB pickle) are refused.
+        let err = run(&copies(2000)).unwrap_err();
+        assert!(is_item_limit(&err), "{err}");
     }
 
     #[test]

@@ -15,6 +15,27 @@ fn open(object: Vec<u8>, storages: &[Storage<'_>]) -> tensorwire_core::Result<Pt
     PtReader::from_bytes(Bytes::from(image), &Limits::default())
 }
 
+/// Pushes a tensor of 4 floats over storage `0` ([`four_floats_storage`]).
+fn four_floats(object: &mut Pickle) {
+    let t = Tensor {
+        name: "",
+        key: "0",
+        storage_numel: 4,
+        offset: 0,
+        shape: vec![4],
+        strides: vec![1],
+    };
+    tensor(object, &t);
+}
+
+fn four_floats_storage() -> Storage<'static> {
+    Storage {
+        key: "0",
+        count: 4,
+        bytes: f32s(0.0, 4),
+    }
+}
+
 fn is_text_limit(err: &Error) -> bool {
     matches!(
         err,
@@ -49,28 +70,13 @@ fn long_keys_shared_under_many_names_are_refused() {
     let key = "k".repeat(60_000);
     let mut object = Pickle::new();
     object.op(b"}(").str("layers").op(b"](").op(b"}(").str(&key);
-    tensor(
-        &mut object,
-        &Tensor {
-            name: "",
-            key: "0",
-            storage_numel: 4,
-            offset: 0,
-            shape: vec![4],
-            strides: vec![1],
-        },
-    );
+    four_floats(&mut object);
     object.op(b"uq\x00");
     for _ in 1..20_000 {
         object.op(b"h\x00");
     }
     object.op(b"eu");
-    let storages = [Storage {
-        key: "0",
-        count: 4,
-        bytes: f32s(0.0, 4),
-    }];
-    let err = open(object.stop(), &storages).unwrap_err();
+    let err = open(object.stop(), &[four_floats_storage()]).unwrap_err();
     assert!(is_text_limit(&err), "{err}");
 }
 
@@ -81,17 +87,7 @@ fn long_keys_shared_under_many_names_are_refused() {
 fn a_large_list_shared_under_several_keys_opens() {
     let mut object = Pickle::new();
     object.op(b"}(").str("weight");
-    tensor(
-        &mut object,
-        &Tensor {
-            name: "",
-            key: "0",
-            storage_numel: 4,
-            offset: 0,
-            shape: vec![4],
-            strides: vec![1],
-        },
-    );
+    four_floats(&mut object);
     object.str("loss_0").op(b"](");
     for i in 0..20_000 {
         object.op(b"G").op(&f64::from(i).to_be_bytes());
@@ -101,12 +97,7 @@ fn a_large_list_shared_under_several_keys_opens() {
         object.str(&format!("loss_{k}")).op(b"h\x00");
     }
     object.op(b"u");
-    let storages = [Storage {
-        key: "0",
-        count: 4,
-        bytes: f32s(0.0, 4),
-    }];
-    let reader = open(object.stop(), &storages).unwrap();
+    let reader = open(object.stop(), &[four_floats_storage()]).unwrap();
     assert_eq!(reader.tensors().len(), 1);
     for k in 0..5 {
         let Some(Value::List(items)) = reader.attributes().get(&format!("loss_{k}")) else {
