@@ -9,6 +9,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use tensorwire::cache::{CacheOptions, PutStage, TensorCache};
@@ -132,7 +133,15 @@ impl CacheHandle {
         ttl: Option<f64>,
     ) -> PyResult<usize> {
         let cache = self.cache()?;
-        let ttl = ttl.map(Duration::from_secs_f64);
+        let ttl = ttl
+            .map(|t| {
+                Duration::try_from_secs_f64(t).map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "ttl must be a finite number of seconds, not {t}"
+                    ))
+                })
+            })
+            .transpose()?;
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, EncodeOptions::default())?;
         let len = encoded.len();
@@ -154,6 +163,15 @@ impl CacheHandle {
         match cache.get(key).or_raise()? {
             Some(bytes) => decode_value(py, &bytes, copy, factories).map(Some),
             None => Ok(None),
+        }
+    }
+
+    /// Registers this process now (in a forked child, so inherited views stay
+    /// pinned); a closed handle does nothing.
+    fn _after_fork(&self) -> PyResult<()> {
+        match self.cache() {
+            Ok(cache) => cache.register_process().or_raise(),
+            Err(_) => Ok(()),
         }
     }
 

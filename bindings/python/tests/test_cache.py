@@ -127,6 +127,40 @@ def test_ttl_expiry(cache):
     assert cache.stats["expirations"] == 1
     with pytest.raises(ValueError):
         cache.put("bad", np.ones(3), ttl=0)
+    for ttl in (float("inf"), float("nan"), 1e300):  # once a Rust panic
+        with pytest.raises(ValueError):
+            cache.put("bad", np.ones(3), ttl=ttl)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_view_inherited_through_fork_stays_pinned_in_the_child(cache):
+    """A view taken before fork (a preloading server, DataLoader workers) stays
+    valid in the child after the parent drops its own and the block could be reused:
+    the child pins it for itself right after fork."""
+    cache.put("weights", np.full(1000, 1.0, np.float32))
+    view = cache.get("weights")
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            os.write(ready_w, b"x")
+            os.read(go_r, 1)
+            os._exit(0 if np.all(view == 1.0) else 1)
+        finally:
+            os._exit(2)
+    os.close(ready_w)
+    os.close(go_r)
+    os.read(ready_r, 1)
+    del view
+    cache.delete("weights")
+    cache.put("other", np.full(1000, 7.0, np.float32))  # the same size: first fit
+    os.write(go_w, b"x")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's view changed"
+    cache.check()
 
 
 def test_lru_eviction_order():
@@ -318,3 +352,30 @@ def test_writer_killed_mid_put_leaves_the_cache_consistent(cache, stage):
     cache.check()
     if stage != "filling":
         assert cache.stats["recoveries"] >= 1
+
+
+def test_a_dead_readers_pins_are_reclaimed_before_healthy_entries_are_evicted():
+    """A reader killed while holding views leaves their blocks retired once the keys
+    are overwritten; the next put short of room reclaims them first, instead of
+    evicting entries nobody touched."""
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with TensorCache("1MB", name=name, max_entries=16) as cache:
+        cache.put("golden", np.ones(16, np.float32))
+        for i in range(4):
+            cache.put(f"k{i}", np.full(50_000, float(i), np.float32))  # 200 KB each
+        child = run_child("""
+            import sys, time
+            from tensorwire.cache import TensorCache
+            c = TensorCache(name=sys.argv[1], create=False)
+            views = [c.get(f"k{i}") for i in range(4)]
+            print("holding", flush=True)
+            time.sleep(60)
+        """, name)
+        assert child.stdout.readline().strip() == "holding"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        for i in range(4):  # the old values stay retired, pinned by the dead reader
+            cache.put(f"k{i}", np.full(50_000, -float(i), np.float32))
+        assert "golden" in cache
+        assert cache.stats["evictions"] == 0
+        cache.check()

@@ -142,8 +142,10 @@ struct Me {
     pid: u32,
     slot: usize,
     /// Local reference counts of pinned entry slots (the shared bitmap has one bit per
-    /// process, so many views of one entry cost one bit).
-    pins: HashMap<u32, u32>,
+    /// process, so many views of one entry cost one bit), with each entry's sequence
+    /// number when it was pinned (how a forked child knows an inherited view's entry
+    /// is still the one it viewed).
+    pins: HashMap<u32, (u32, u64)>,
 }
 
 pub(crate) struct Shared {
@@ -368,6 +370,14 @@ impl TensorCache {
         Shared::get(&self.shared, key.as_bytes())
     }
 
+    /// Registers the calling process now rather than at its next operation. Call it in
+    /// a child right after `fork` (Python does, from `os.register_at_fork`): the views
+    /// the child inherited are then pinned for it at once, and stay valid when the
+    /// parent drops its own.
+    pub fn register_process(&self) -> Result<()> {
+        self.shared.locked(|_| Ok(()))
+    }
+
     /// Removes `key`; true when it was there.
     pub fn delete(&self, key: &str) -> Result<bool> {
         check_key(key)?;
@@ -575,8 +585,42 @@ impl Shared {
         };
         me.pid = pid;
         me.slot = slot;
-        me.pins.clear();
+        // In a forked child, the views inherited from the parent are pinned by the
+        // parent's bit only, which the parent may drop at any time: pin them for this
+        // process too, each while its entry is still the one viewed (same sequence
+        // number, not freed); a view whose entry already changed cannot be saved.
+        let inherited: Vec<(u32, (u32, u64))> = me.pins.drain().collect();
+        for (entry, (count, seq)) in inherited {
+            let sl = self.layout.slot(entry);
+            let state = self.region.get8(sl + e::STATE);
+            if (state == READY || state == RETIRED) && self.region.get64(sl + e::SEQ) == seq {
+                self.set_pin_bit(entry, slot);
+                me.pins.insert(entry, (count, seq));
+            }
+        }
         Ok(slot)
+    }
+
+    /// Sets process slot `me`'s bit in entry `slot`'s pin bitmap, counting the
+    /// process in the entry's pin count when the bit was clear. Lock held.
+    fn set_pin_bit(&self, slot: u32, me: usize) {
+        let sl = self.layout.slot(slot);
+        let bit = 1u64 << (me % 64);
+        let before = self.region.or64(sl + e::PINS + me / 64 * 8, bit);
+        if before & bit == 0 {
+            let c = self.region.get32(sl + e::PIN_COUNT);
+            self.region.set32(sl + e::PIN_COUNT, c.saturating_add(1));
+        }
+    }
+
+    /// True when a process in the registry is no longer alive (one `/proc` lookup
+    /// per registered process). Lock held.
+    fn any_registered_process_dead(&self) -> bool {
+        let r = &self.region;
+        (0..self.layout.max_processes).any(|p| {
+            let off = self.layout.process(p);
+            ProcessId::from_words([r.get64(off), r.get64(off + 8)]).is_some_and(|id| !id.is_alive())
+        })
     }
 
     fn claim_process_slot(&self, id: ProcessId) -> Option<usize> {
@@ -693,6 +737,13 @@ impl Shared {
             if !purged {
                 purged = true;
                 if self.purge_expired() {
+                    continue;
+                }
+                // Blocks held by processes that died (their pins, their unfinished
+                // puts) come back before any healthy entry is evicted.
+                if self.any_registered_process_dead() {
+                    recovered = true;
+                    self.recover();
                     continue;
                 }
             }
@@ -915,16 +966,11 @@ impl Shared {
 
     fn pin(&self, slot: u32, me: usize) {
         let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
-        let count = local.pins.entry(slot).or_insert(0);
+        let seq = self.region.get64(self.layout.slot(slot) + e::SEQ);
+        let (count, _) = local.pins.entry(slot).or_insert((0, seq));
         *count += 1;
         if *count == 1 {
-            let sl = self.layout.slot(slot);
-            let bit = 1u64 << (me % 64);
-            let before = self.region.or64(sl + e::PINS + me / 64 * 8, bit);
-            if before & bit == 0 {
-                let c = self.region.get32(sl + e::PIN_COUNT);
-                self.region.set32(sl + e::PIN_COUNT, c.saturating_add(1));
-            }
+            self.set_pin_bit(slot, me);
         }
     }
 
@@ -933,7 +979,7 @@ impl Shared {
         // process exits and the cache is next repaired.
         let _ = self.locked(|me| {
             let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(count) = local.pins.get_mut(&slot) else {
+            let Some((count, _)) = local.pins.get_mut(&slot) else {
                 return Ok(());
             };
             *count -= 1;
