@@ -241,6 +241,19 @@ def test_context_manager_unlinks_only_its_own_pool():
         TensorCache(name=name, create=False)
 
 
+def test_bfloat16_and_conjugated_torch_tensors_are_stored(cache):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16)
+    cache.put("bf", t)
+    assert cache.get("bf").dtype.name == "bfloat16"
+    got = cache.get("bf", device="torch")
+    assert got.dtype == torch.bfloat16 and torch.equal(got, t)
+    z = torch.tensor([1 + 2j, 3 - 1j]).conj()  # a lazy conjugate: numpy() refuses it
+    cache.put("z", z)
+    assert np.array_equal(cache.get("z"), np.array([1 - 2j, 3 + 1j]))
+
+
 def test_torch_values_and_device_conversion(cache):
     torch = pytest.importorskip("torch")
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4)

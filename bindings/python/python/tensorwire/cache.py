@@ -87,13 +87,26 @@ def _to_storable(tensor):
         return tensor
     mod = type(tensor).__module__
     if mod.startswith("torch"):
-        t = tensor.detach()
+        import torch
+
+        t = tensor.detach().resolve_conj().resolve_neg()
         if t.device.type != "cpu":
             t = t.cpu()
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' over the bits
+            return t.contiguous().view(torch.int16).numpy().view(_bfloat16("store"))
         return t.numpy()
     if hasattr(tensor, "__array__") and not isinstance(tensor, (list, tuple, str)):
         return np.asarray(tensor)
     return tensor
+
+
+def _bfloat16(what: str):
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError(f"to {what} a torch.bfloat16 tensor, install ml_dtypes "
+                        "(numpy has no bfloat16)") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _to_device(value, device: str):
@@ -108,7 +121,10 @@ def _to_device(value, device: str):
     if framework == "torch":
         import torch
 
-        t = torch.from_numpy(np.array(value, copy=True))
+        if value.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: torch takes the bits
+            t = torch.from_numpy(np.array(value.view(np.int16), copy=True)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(np.array(value, copy=True))
         return t.to(spec) if spec else t
     if framework == "jax":
         import jax.numpy as jnp
