@@ -20,6 +20,8 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 // SAFETY: every call is forwarded to the system allocator unchanged; the counters
 // only observe sizes.
 unsafe impl GlobalAlloc for Counting {
+    // SAFETY: an `unsafe fn` because `GlobalAlloc` declares it so; callers keep its
+    // contract (a non-zero-size layout), which is passed on to `System` as it is.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded with the caller's layout, as `GlobalAlloc` requires.
         let p = unsafe { System.alloc(layout) };
@@ -30,6 +32,8 @@ unsafe impl GlobalAlloc for Counting {
         p
     }
 
+    // SAFETY: an `unsafe fn` because `GlobalAlloc` declares it so; callers hand back
+    // a pointer this allocator gave with the same layout, passed on to `System`.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from `alloc` above with this layout.
         unsafe { System.dealloc(ptr, layout) };
