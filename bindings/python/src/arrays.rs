@@ -340,14 +340,20 @@ unsafe fn array_over<'py>(
     let descr = dtypes::descr(py, dtype)?;
     let mut npy = npy_dims(dims)?;
     let nd = ndim(&npy)?;
+    // numpy's own C-order strides (NULL) are ours unless a dimension is 0, where
+    // numpy gives 0: only then are they spelt out (no allocation per array otherwise).
     let mut strides = match strides {
-        Some(s) => s.to_vec(),
-        None => c_strides(dims, dtype)?,
+        Some(s) => Some(s.to_vec()),
+        None if dims.contains(&0) => Some(c_strides(dims, dtype)?),
+        None => None,
     };
+    let strides_ptr = strides
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
     // SAFETY: `data` points at every byte the layout reaches, valid while `base` lives
-    // (the caller's promise); `strides` has one entry per dimension (numpy copies
-    // it). `PyArray_NewFromDescr` steals the descriptor reference handed over with
-    // `into_ptr`.
+    // (the caller's promise); NULL strides mean C order, otherwise `strides` has one
+    // entry per dimension (numpy copies it). `PyArray_NewFromDescr` steals the
+    // descriptor reference handed over with `into_ptr`.
     let array = unsafe {
         let raw = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -355,7 +361,7 @@ unsafe fn array_over<'py>(
             descr.into_ptr().cast::<PyArray_Descr>(),
             nd,
             npy.as_mut_ptr(),
-            strides.as_mut_ptr(),
+            strides_ptr,
             data.cast::<c_void>(),
             flags,
             std::ptr::null_mut(),

@@ -589,15 +589,16 @@ impl Shared {
         // parent's bit only, which the parent may drop at any time: pin them for this
         // process too, each while its entry is still the one viewed (same sequence
         // number, not freed); a view whose entry already changed cannot be saved.
-        let inherited: Vec<(u32, (u32, u64))> = me.pins.drain().collect();
-        for (entry, (count, seq)) in inherited {
+        me.pins.retain(|&entry, &mut (_, seq)| {
             let sl = self.layout.slot(entry);
             let state = self.region.get8(sl + e::STATE);
-            if (state == READY || state == RETIRED) && self.region.get64(sl + e::SEQ) == seq {
+            let same =
+                (state == READY || state == RETIRED) && self.region.get64(sl + e::SEQ) == seq;
+            if same {
                 self.set_pin_bit(entry, slot);
-                me.pins.insert(entry, (count, seq));
             }
-        }
+            same
+        });
         Ok(slot)
     }
 

@@ -193,9 +193,30 @@ impl StDType {
         (bits % 8 == 0).then_some(bits / 8)
     }
 
-    /// The layout name under which a raw-byte type is exposed (`safetensors:F4`).
-    fn raw_layout(self) -> Layout {
-        Layout::Other(format!("safetensors:{}", self.name()))
+    /// How a tensor of this type is listed when tensorwire does not compute with it
+    /// (`dtype()` is `None`): `u8` bytes of its byte length `nbytes`, layout
+    /// `safetensors:<TYPE>`, and the attributes `safetensors.dtype` and
+    /// `safetensors.shape` (the `logical` shape), under which [`write_source`] writes
+    /// it back as this type.
+    pub fn raw_listing(
+        self,
+        logical: &Shape,
+        nbytes: u64,
+    ) -> Result<(DType, Shape, Layout, BTreeMap<String, Value>)> {
+        let dims = logical
+            .dims()
+            .iter()
+            .map(|&d| Value::Int(d.into()))
+            .collect();
+        let attributes = BTreeMap::from([
+            (
+                "safetensors.dtype".to_owned(),
+                Value::Str(self.name().to_owned()),
+            ),
+            ("safetensors.shape".to_owned(), Value::List(dims)),
+        ]);
+        let layout = Layout::Other(format!("safetensors:{}", self.name()));
+        Ok((DType::U8, Shape::new(vec![nbytes])?, layout, attributes))
     }
 
     /// The safetensors type of a tensor as tensorwire lists it: its dtype, or for the
@@ -619,27 +640,7 @@ fn tensor_info(name: Arc<str>, entry: &HeaderEntry, data_start: u64) -> Result<T
     let nbytes = entry.end - entry.begin;
     let (dtype, shape, layout, attributes) = match entry.dtype.dtype() {
         Some(dtype) => (dtype, entry.shape.clone(), Layout::Dense, BTreeMap::new()),
-        None => {
-            let logical = entry
-                .shape
-                .dims()
-                .iter()
-                .map(|&d| Value::Int(d.into()))
-                .collect();
-            let attributes = BTreeMap::from([
-                (
-                    "safetensors.dtype".to_owned(),
-                    Value::Str(entry.dtype.name().to_owned()),
-                ),
-                ("safetensors.shape".to_owned(), Value::List(logical)),
-            ]);
-            (
-                DType::U8,
-                Shape::new(vec![nbytes])?,
-                entry.dtype.raw_layout(),
-                attributes,
-            )
-        }
+        None => entry.dtype.raw_listing(&entry.shape, nbytes)?,
     };
     Ok(TensorInfo {
         name,

@@ -304,14 +304,8 @@ pub fn unpickle(
     // pickle is at most twice its bytes once decoded (latin-1 to UTF-8); calls that
     // copy containers (`torch.Size(list)`) or text (`_codecs.encode`, `bytearray`)
     // may add as much again. Anything past that is amplification.
-    let mut arena = Arena::new(
-        limits.max_objects,
-        data.len()
-            .saturating_mul(4)
-            .max(MIN_AMPLIFICATION_BUDGET)
-            .min(limits.max_objects),
-        data.len().saturating_mul(4).max(MIN_AMPLIFICATION_BUDGET),
-    );
+    let budget = data.len().saturating_mul(4).max(MIN_AMPLIFICATION_BUDGET);
+    let mut arena = Arena::new(limits.max_objects, budget.min(limits.max_objects), budget);
     // Torch pickles make about one object per 7.5 bytes; reserving one per 6 avoids
     // regrowing (objects are 32 bytes, so this is at most about 5× the pickle).
     arena

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use tensorwire_core::{Error, Layout, Result, TensorSource, Value, SOURCE_LAYOUT_KEY};
+use tensorwire_formats::safetensors::StDType;
 use tensorwire_zt::{Checksum, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter};
 
 /// The format [`convert`] writes.
@@ -181,18 +182,10 @@ impl<'a> ZtAsSafetensors<'a> {
                     info.name
                 )));
             }
-            let dims = info
-                .shape
-                .dims()
-                .iter()
-                .map(|&d| Value::Int(d.into()))
-                .collect();
-            let attributes = info.attributes.make_mut();
-            attributes.insert("safetensors.shape".to_owned(), Value::List(dims));
-            attributes.insert("safetensors.dtype".to_owned(), Value::Str("F8_E8M0".into()));
-            info.layout = Layout::Other("safetensors:F8_E8M0".to_owned());
-            info.dtype = tensorwire_core::DType::U8;
-            info.shape = tensorwire_core::Shape::new(vec![info.shape.numel()?])?;
+            let (dtype, shape, layout, attributes) =
+                StDType::F8E8M0.raw_listing(&info.shape, info.nbytes)?;
+            info.attributes.make_mut().extend(attributes);
+            (info.dtype, info.shape, info.layout) = (dtype, shape, layout);
             *raw = true;
         }
         Ok(ZtAsSafetensors { zt, infos, raw })
