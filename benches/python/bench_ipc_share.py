@@ -71,13 +71,14 @@ while s.running:
 """
 
 SHARED_TENSOR_SERVER = r"""
-import torch, time
+import sys, torch, time
 from shared_tensor import SharedTensorProvider, SharedTensorServer
 g = torch.Generator().manual_seed(0)
 one = torch.randn(1 << 20, generator=g).cuda()
 state = {f"layers.{i}.weight": torch.randn(1 << 16, generator=g).cuda() for i in range(100)}
 torch.cuda.synchronize()
-provider = SharedTensorProvider(execution_mode="server")
+provider = SharedTensorProvider(sys.argv[1], execution_mode="server", device_index=0,
+                                verbose_debug=False)
 
 @provider.share(execution="direct", cache=True)
 def get_one():
@@ -97,13 +98,15 @@ server.start(blocking=True)
 """
 
 
-def median_call(fn, reps, keep_alive):
-    """Median seconds of ``fn()``; with ``keep_alive`` the first result stays alive
-    (repeated share), else every result is dropped (freed by its reference count, so
-    its maps are gone) before the next call. The collector stays off meanwhile: a full
-    collection between calls evicts the caches and times a cold call instead."""
+def median_call(fn, reps, keep_alive, opened=lambda: 0):
+    """Median seconds of ``fn()`` and how many handles ``opened()`` counts during the
+    timed calls; with ``keep_alive`` the first result stays alive (repeated share), else
+    every result is dropped (freed by its reference count, so its maps are gone) before
+    the next call. The collector stays off meanwhile: a full collection between calls
+    evicts the caches and times a cold call instead."""
     held = fn() if keep_alive else None
     samples = []
+    opened_before = opened()
     gc.collect()
     gc.disable()
     try:
@@ -115,9 +118,10 @@ def median_call(fn, reps, keep_alive):
             del out
     finally:
         gc.enable()
+    opened_during = opened() - opened_before
     del held
     gc.collect()
-    return statistics.median(samples)
+    return statistics.median(samples), opened_during
 
 
 SYNC = []   # torch.cuda.synchronize once CUDA is in use (set in main)
@@ -161,13 +165,14 @@ def main() -> int:
     rows = {}
     try:
         client = ipc.Client(sock)
+        opened = (lambda: ipc.cuda_import_stats()[0]) if args.device == "cuda" else (lambda: 0)
         for name in ("get_one", "get_state"):
-            opened_before = ipc.cuda_import_stats()[0]
-            first = median_call(lambda: client.call(name), args.reps, keep_alive=False)
-            opened_first = ipc.cuda_import_stats()[0] - opened_before
-            opened_before = ipc.cuda_import_stats()[0]
-            repeated = median_call(lambda: client.call(name), args.reps, keep_alive=True)
-            opened_repeated = ipc.cuda_import_stats()[0] - opened_before
+            first, opened_first = median_call(
+                lambda: client.call(name), args.reps, keep_alive=False, opened=opened)
+            repeated, opened_repeated = median_call(
+                lambda: client.call(name), args.reps, keep_alive=True, opened=opened)
+            if args.device != "cuda":
+                opened_first = opened_repeated = None
             rows[("tensorwire", name)] = (first, repeated, opened_first, opened_repeated)
     finally:
         server.kill()
@@ -178,16 +183,18 @@ def main() -> int:
         except ImportError:
             print("shared-tensor not installed: its rows are skipped", file=sys.stderr)
         else:
-            env = {**os.environ, "SHARED_TENSOR_BASE_PATH": os.path.join(tmp, "st")}
-            st = start([sys.executable, "-c", SHARED_TENSOR_SERVER], env=env)
+            base = os.path.join(tmp, "st")
+            st = start([sys.executable, "-c", SHARED_TENSOR_SERVER, base])
             try:
-                os.environ["SHARED_TENSOR_BASE_PATH"] = env["SHARED_TENSOR_BASE_PATH"]
+                deadline = time.monotonic() + 30
+                while not os.path.exists(base + "-0.sock") and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 from shared_tensor import SharedTensorClient
 
-                c = SharedTensorClient(device_index=0)
+                c = SharedTensorClient(base, device_index=0, verbose_debug=False)
                 for name in ("get_one", "get_state"):
-                    first = median_call(lambda: c.call(name), args.reps, keep_alive=False)
-                    repeated = median_call(lambda: c.call(name), args.reps, keep_alive=True)
+                    first, _ = median_call(lambda: c.call(name), args.reps, keep_alive=False)
+                    repeated, _ = median_call(lambda: c.call(name), args.reps, keep_alive=True)
                     rows[("shared-tensor", name)] = (first, repeated, None, None)
             finally:
                 st.kill()

@@ -76,6 +76,20 @@ fn cuda_payload() -> Payload {
     }
 }
 
+/// An empty CUDA tensor: a storage with a device and no allocation.
+fn cuda_empty_payload() -> Payload {
+    Payload {
+        value: Node::List(vec![Node::Tensor(0)]),
+        tensors: vec![tensor(0, 0, "f32", &[0, 3], &[3, 1])],
+        storages: vec![StorageDesc {
+            len: 0,
+            location: Location::CudaEmpty {
+                device_uuid: (0..16).collect(),
+            },
+        }],
+    }
+}
+
 /// A module-like structure: tagged values nested deep, no tensors (so it has a cache key).
 fn deep_payload() -> Payload {
     let mut node = Node::Int(1);
@@ -328,6 +342,7 @@ fn main() {
     for (name, payload) in [
         ("memfd", memfd_payload()),
         ("cuda", cuda_payload()),
+        ("cuda_empty", cuda_empty_payload()),
         ("deep", deep_payload()),
         ("empty", Payload::default()),
     ] {

@@ -235,6 +235,10 @@ fn check_valid(p: &Payload, fd_count: usize) {
                 let end = offset.checked_add(s.len).expect("CUDA storage overflows");
                 assert!(end <= *alloc_size, "storage {i} outside its allocation");
             }
+            Location::CudaEmpty { device_uuid } => {
+                assert_eq!(device_uuid.len(), 16, "storage {i}: uuid");
+                assert_eq!(s.len, 0, "storage {i}: empty CUDA storage with bytes");
+            }
         }
     }
     for (i, t) in p.tensors.iter().enumerate() {

@@ -535,6 +535,22 @@ pub fn ipc_encode(
                 builder.cpu_storage(bytes).or_raise(py)?;
             }
             &StorageSpec::Cuda {
+                nbytes: 0, device, ..
+            } => {
+                // No allocation to share (torch gives empty CUDA storages a null pointer).
+                let device_uuid = py
+                    .detach(|| cuda::CudaDriver::get()?.device_uuid(device))
+                    .or_raise(py)?;
+                builder
+                    .storage(StorageDesc {
+                        len: 0,
+                        location: Location::CudaEmpty {
+                            device_uuid: device_uuid.to_vec(),
+                        },
+                    })
+                    .or_raise(py)?;
+            }
+            &StorageSpec::Cuda {
                 ptr,
                 nbytes,
                 device,
@@ -687,6 +703,17 @@ impl CudaStorage {
         self.len
     }
 
+    /// The ordinal, in this process, of the device holding it.
+    #[getter]
+    fn device(&self, py: Python<'_>) -> PyResult<i32> {
+        let uuid = self
+            .location
+            .cuda_device_uuid()
+            .ok_or_else(|| PyValueError::new_err("not a CUDA storage"))?;
+        py.detach(|| cuda::CudaDriver::get()?.device_by_uuid(&uuid))
+            .or_raise(py)
+    }
+
     /// Opens the allocation (once per process; later opens reuse the mapping) and
     /// returns the storage's device memory. `lease` (any object) is kept alive as long
     /// as the buffer, and so as long as any tensor made from it.
@@ -696,7 +723,7 @@ impl CudaStorage {
         let (export, offset, event) = self
             .location
             .cuda_export()
-            .ok_or_else(|| PyValueError::new_err("not a CUDA storage"))?;
+            .ok_or_else(|| PyValueError::new_err("not a CUDA storage with an allocation"))?;
         let mapping = py.detach(|| cuda::import(&export)).or_raise(py)?;
         Ok(CudaBuffer {
             mapping,
@@ -751,6 +778,20 @@ impl CudaBuffer {
     #[getter]
     fn device(&self) -> i32 {
         self.mapping.device_ordinal()
+    }
+
+    /// The producer's event handle (bytes) the consumer waits on, or None: storages
+    /// sent in one value on one stream carry the same event, so one wait covers them.
+    #[getter]
+    fn event<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.event.map(|event| PyBytes::new(py, &event))
+    }
+
+    /// True when the peer sent back memory of this process (no mapping was opened);
+    /// the caller then builds on the storage that owns it here, which keeps it alive.
+    #[getter]
+    fn local(&self) -> bool {
+        self.mapping.is_local()
     }
 
     #[getter]

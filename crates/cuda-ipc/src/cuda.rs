@@ -82,6 +82,8 @@ const DEFAULT_LIBRARIES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 
 /// How many opened IPC events a process keeps (least recently used ones are closed first).
 const EVENT_CACHE_CAPACITY: usize = 1024;
+/// How many of this process's exported allocations it recognises when a peer sends them back.
+const EXPORTED_CAPACITY: usize = 4096;
 
 /// How long an import waits for another thread that is closing the same handle.
 const CLOSE_WAIT: Duration = Duration::from_secs(30);
@@ -646,6 +648,9 @@ pub struct CudaExport {
 /// the export and `ptr - base`, the tensor's offset in the allocation.
 pub fn export_pointer(ptr: u64, len: u64) -> Result<(CudaExport, u64)> {
     let driver = CudaDriver::get()?;
+    if let Some(reexport) = reexport_of_import(ptr, len)? {
+        return Ok(reexport);
+    }
     let ordinal = driver.pointer_device_ordinal(ptr)?;
     let owner = driver.pointer_context(ptr)?;
     // Memory not owned by one context reports none; the device's primary context then serves.
@@ -661,6 +666,7 @@ pub fn export_pointer(ptr: u64, len: u64) -> Result<(CudaExport, u64)> {
     let handle = driver.ipc_get_mem_handle(base)?;
     drop(guard);
     let device_uuid = driver.device_uuid(ordinal)?;
+    lock(&EXPORTED).insert((device_uuid, handle), base);
     Ok((
         CudaExport {
             device_uuid,
@@ -670,6 +676,29 @@ pub fn export_pointer(ptr: u64, len: u64) -> Result<(CudaExport, u64)> {
         },
         offset,
     ))
+}
+
+/// Allocations this process exported, by (device UUID, handle), with their base here: a peer
+/// that sends one back (an echo, or a tensor it got from us) gets our own memory, not an
+/// IPC mapping (CUDA refuses to open a handle in the process that made it). Bounded; a
+/// forgotten entry only means such a handle fails to open.
+static EXPORTED: Mutex<BoundedCache<MappingKey, u64>> =
+    Mutex::new(BoundedCache::new(EXPORTED_CAPACITY));
+
+/// `[ptr, ptr + len)` inside memory this process imported: the exporter's handle again, with
+/// the offset in its allocation. Memory mapped from a handle has no handle of its own
+/// (`cuIpcGetMemHandle` refuses it), so a tensor received from a peer and shared on — back to
+/// its owner or to a third process — goes out as the owner's export.
+fn reexport_of_import(ptr: u64, len: u64) -> Result<Option<(CudaExport, u64)>> {
+    let live: Vec<Arc<CudaMapping>> = lock(&MAPPINGS).values().filter_map(Weak::upgrade).collect();
+    let Some(mapping) = live
+        .iter()
+        .find(|m| m.imported && (m.ptr..m.ptr.saturating_add(m.size)).contains(&ptr))
+    else {
+        return Ok(None);
+    };
+    let offset = offset_in_allocation(ptr, len, mapping.ptr, mapping.export.alloc_size)?;
+    Ok(Some((mapping.export.clone(), offset)))
 }
 
 /// `ptr - base`, when `[ptr, ptr + len)` lies within the allocation `[base, base + size)`.
@@ -889,10 +918,19 @@ static LIVE: AtomicU64 = AtomicU64::new(0);
 
 /// One imported allocation mapped into this process. Closed (`cuIpcCloseMemHandle`, with its
 /// device's primary context pushed) when the last `Arc` goes.
+///
+/// When the export came from this process itself (a peer sent our own memory back), the
+/// "mapping" is that memory, opened and closed by nothing: [`CudaMapping::is_local`] is true,
+/// and the caller must keep the memory's owner (the tensor it was exported from) alive for as
+/// long as it uses the pointer.
 pub struct CudaMapping {
     ptr: u64,
     size: u64,
     key: MappingKey,
+    /// What was imported (the exporter's base and allocation size).
+    export: CudaExport,
+    /// False for memory of this process (see above): nothing to close.
+    imported: bool,
     /// Keeps the primary context alive while the mapping lives.
     ctx: PrimaryContext,
 }
@@ -928,6 +966,12 @@ impl CudaMapping {
         self.key.0
     }
 
+    /// True when the export was this process's own memory (no IPC mapping was opened; see
+    /// the type's documentation for who keeps it alive).
+    pub fn is_local(&self) -> bool {
+        !self.imported
+    }
+
     /// Copies `dst.len()` bytes at `offset` in the mapping to host memory (synchronous, on the
     /// legacy default stream). A helper for tests, tools and non-PyTorch consumers.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
@@ -938,6 +982,9 @@ impl CudaMapping {
 
 impl Drop for CudaMapping {
     fn drop(&mut self) {
+        if !self.imported {
+            return;
+        }
         let driver = self.ctx.driver;
         // Close under the cache lock, so no import can open the handle again before it is closed.
         let mut cache = lock(&MAPPINGS);
@@ -983,8 +1030,14 @@ pub fn import_stats() -> ImportStats {
 /// device's primary context (the one PyTorch uses), which stays retained while it lives, and is
 /// opened with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`; its size (`cuMemGetAddressRange`) must be
 /// at least `export.alloc_size`.
+///
+/// An export this process made itself (a peer sent it back) is not opened: the result is that
+/// memory, with [`CudaMapping::is_local`] true.
 pub fn import(export: &CudaExport) -> Result<Arc<CudaMapping>> {
     let driver = CudaDriver::get()?;
+    if let Some(local) = own_export(driver, export)? {
+        return Ok(Arc::new(local));
+    }
     let key = (export.device_uuid, export.handle);
     let mut cache = lock(&MAPPINGS);
     let started = Instant::now();
@@ -1038,10 +1091,42 @@ pub fn import(export: &CudaExport) -> Result<Arc<CudaMapping>> {
         ptr,
         size,
         key,
+        export: export.clone(),
+        imported: true,
         ctx,
     });
     cache.insert(key, Arc::downgrade(&mapping));
     Ok(mapping)
+}
+
+/// `export` as this process's own memory, when this process exported it and the allocation
+/// at its base still has that handle (a freed and reused address gets a new handle).
+fn own_export(driver: &'static CudaDriver, export: &CudaExport) -> Result<Option<CudaMapping>> {
+    let key = (export.device_uuid, export.handle);
+    let Some(base) = lock(&EXPORTED).get(&key).copied() else {
+        return Ok(None);
+    };
+    let ctx = PrimaryContext::retain(driver, driver.device_by_uuid(&export.device_uuid)?)?;
+    let still_ours = {
+        let _guard = ctx.push()?;
+        match driver.address_range(base) {
+            Ok((found, size)) if found == base && size >= export.alloc_size => {
+                driver.ipc_get_mem_handle(base).ok() == Some(export.handle)
+            }
+            _ => false,
+        }
+    };
+    if !still_ours {
+        return Ok(None);
+    }
+    Ok(Some(CudaMapping {
+        ptr: base,
+        size: export.alloc_size,
+        key,
+        export: export.clone(),
+        imported: false,
+        ctx,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1362,17 +1447,23 @@ mod tests {
             "host memory is not exportable"
         );
 
-        // CUDA refuses to open a handle in the process that exported it (older drivers may
-        // differ); either way no entry is left behind by a failure.
+        // Our own export, sent back: the memory itself, no IPC mapping opened.
         let before = import_stats();
+        let local = import(&export).expect("own export");
+        assert!(local.is_local());
+        assert_eq!(local.device_ptr(), buffer.device_ptr());
+        assert_eq!(import_stats(), before);
+        drop(local);
+
+        // Once the allocation is freed, its handle is no longer ours to resolve: opening it
+        // is the driver's error (CUDA refuses a handle in the process that made it).
+        drop(buffer);
         match import(&export) {
-            Err(IpcError::Cuda { call, .. }) => {
-                assert_eq!(call, "cuIpcOpenMemHandle");
-                assert_eq!(import_stats(), before);
-            }
-            Ok(mapping) => eprintln!("note: this driver opened a same-process handle: {mapping:?}"),
+            Err(IpcError::Cuda { call, .. }) => assert_eq!(call, "cuIpcOpenMemHandle"),
+            Ok(mapping) => assert!(!mapping.is_local(), "freed memory resolved as ours"),
             Err(other) => panic!("unexpected error: {other}"),
         }
+        assert_eq!(import_stats().live, before.live);
     }
 
     #[test]
@@ -1449,6 +1540,14 @@ mod tests {
         let mut bytes = vec![0u8; usize::try_from(len).expect("len")];
         mapping.read(offset, &mut bytes).expect("read");
         println!("CHILD_BYTES={}", hex(&bytes));
+
+        // Imported memory shared on goes out as the exporter's handle, at the same offset.
+        let (again_out, again_offset) =
+            export_pointer(mapping.device_ptr() + offset + 16, len - 16).expect("re-export");
+        assert_eq!(again_out.handle, export.handle);
+        assert_eq!(again_out.alloc_size, export.alloc_size);
+        assert_eq!(again_offset, offset + 16);
+        assert!(export_pointer(mapping.device_ptr() + export.alloc_size - 8, 16).is_err());
 
         drop(again);
         drop(mapping);

@@ -249,6 +249,12 @@ pub enum Location {
         #[serde(with = "serde_bytes")]
         event: Vec<u8>,
     },
+    /// A CUDA storage of no bytes (it has no allocation to share): only its device.
+    CudaEmpty {
+        /// UUID of the device (16 bytes).
+        #[serde(with = "serde_bytes")]
+        device_uuid: Vec<u8>,
+    },
 }
 
 /// A result as sent to a client.
@@ -492,6 +498,14 @@ impl Payload {
                         )));
                     }
                 }
+                Location::CudaEmpty { device_uuid } => {
+                    if device_uuid.len() != 16 || storage.len != 0 {
+                        return Err(IpcError::protocol(format!(
+                            "storage {i}: an empty CUDA storage has a 16-byte device UUID \
+                             and no bytes"
+                        )));
+                    }
+                }
             }
         }
         for (i, tensor) in self.tensors.iter().enumerate() {
@@ -515,9 +529,20 @@ impl Location {
         }
     }
 
+    /// The UUID of a CUDA location's device (`None` for a memfd or a UUID of the wrong
+    /// size).
+    pub fn cuda_device_uuid(&self) -> Option<[u8; 16]> {
+        match self {
+            Location::Cuda { device_uuid, .. } | Location::CudaEmpty { device_uuid } => {
+                device_uuid.as_slice().try_into().ok()
+            }
+            Location::Memfd { .. } => None,
+        }
+    }
+
     /// For a CUDA location: the export to open (its `base` is unknown here: 0), the
-    /// offset in the allocation and the event to wait on. `None` for a memfd location
-    /// or fields of the wrong size ([`Payload::validate`] refuses those).
+    /// offset in the allocation and the event to wait on. `None` for a memfd location,
+    /// an empty CUDA storage, or fields of the wrong size ([`Payload::validate`] refuses those).
     pub fn cuda_export(&self) -> Option<(CudaExport, u64, Option<[u8; 64]>)> {
         let Location::Cuda {
             device_uuid,
@@ -708,7 +733,50 @@ mod tests {
         );
         let without = Location::cuda(&export, 0, None);
         assert_eq!(without.cuda_export(), Some((export, 0, None)));
+        assert_eq!(without.cuda_device_uuid(), Some([7; 16]));
         assert_eq!(Location::Memfd { fd: 0, offset: 0 }.cuda_export(), None);
+        assert_eq!(
+            Location::Memfd { fd: 0, offset: 0 }.cuda_device_uuid(),
+            None
+        );
+    }
+
+    #[test]
+    fn empty_cuda_storages_carry_only_a_device() {
+        let empty = Location::CudaEmpty {
+            device_uuid: vec![5; 16],
+        };
+        assert_eq!(empty.cuda_export(), None, "nothing to open");
+        assert_eq!(empty.cuda_device_uuid(), Some([5; 16]));
+
+        let mut p = payload();
+        p.tensors[0].shape = vec![0, 3];
+        p.storages[0] = StorageDesc {
+            len: 0,
+            location: empty.clone(),
+        };
+        p.tensors[0].offset = 0;
+        p.validate(0).unwrap();
+        let request = Request::Call {
+            endpoint: "e".into(),
+            args: Arc::new(p.clone()),
+        };
+        assert_eq!(
+            decode::<Request>(&encode(&request).unwrap()).unwrap(),
+            request
+        );
+
+        let mut with_bytes = p.clone();
+        with_bytes.storages[0].len = 8;
+        assert!(
+            with_bytes.validate(0).is_err(),
+            "an empty storage with bytes"
+        );
+        let mut short_uuid = p;
+        short_uuid.storages[0].location = Location::CudaEmpty {
+            device_uuid: vec![5; 15],
+        };
+        assert!(short_uuid.validate(0).is_err(), "a 15-byte UUID");
     }
 
     #[test]

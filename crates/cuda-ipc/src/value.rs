@@ -154,7 +154,9 @@ impl Incoming {
                         len: storage.len,
                     })
                 }
-                cuda @ Location::Cuda { .. } => Ok(ReceivedStorage::Cuda(cuda.clone())),
+                cuda @ (Location::Cuda { .. } | Location::CudaEmpty { .. }) => {
+                    Ok(ReceivedStorage::Cuda(cuda.clone()))
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((self.payload, storages))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
+import weakref
 
 import numpy as np
 
@@ -27,6 +29,39 @@ _MODULE_INTERNALS = None
 
 def _torch():
     return sys.modules.get("torch")
+
+
+# The CUDA storages this process has shared, by (device index, data_ptr): weak
+# references, so that memory a peer sends back (an echo, or a tensor it got from us) is
+# rebuilt on the storage that owns it here, which keeps it alive. Pruned as it grows.
+_EXPORTED_CUDA = {}
+_EXPORTED_CUDA_LOCK = threading.Lock()
+_EXPORTED_CUDA_PRUNE_AT = 1024
+
+
+def _remember_cuda_storage(device_index, storage):
+    key = (device_index, storage.data_ptr())
+    with _EXPORTED_CUDA_LOCK:
+        known = _EXPORTED_CUDA.get(key)
+        if known is not None and known() is storage:
+            return
+        if len(_EXPORTED_CUDA) >= _EXPORTED_CUDA_PRUNE_AT:
+            for dead in [k for k, ref in _EXPORTED_CUDA.items() if ref() is None]:
+                del _EXPORTED_CUDA[dead]
+        _EXPORTED_CUDA[key] = weakref.ref(storage)
+
+
+def _owning_cuda_storage(device_index, ptr, nbytes):
+    """The live storage of this process holding ``[ptr, ptr + nbytes)``, or None."""
+    with _EXPORTED_CUDA_LOCK:
+        refs = [ref for (dev, start), ref in _EXPORTED_CUDA.items()
+                if dev == device_index and start <= ptr]
+    for ref in refs:
+        storage = ref()
+        if storage is not None and storage.data_ptr() <= ptr \
+                and ptr + nbytes <= storage.data_ptr() + storage.nbytes():
+            return storage
+    return None
 
 
 def _module_internals():
@@ -125,6 +160,8 @@ class Encoder:
         elem = d.element_size()
         if d.device.type == "cuda":
             key = ("cuda", d.device.index, storage.data_ptr())
+            if storage.nbytes():
+                _remember_cuda_storage(d.device.index, storage)
             stream = torch.cuda.current_stream(d.device).cuda_stream
             spec = ("cuda", storage.data_ptr(), storage.nbytes(), d.device.index, stream, d)
         elif d.device.type == "cpu":
@@ -208,6 +245,12 @@ class Decoder:
         self.allowed_modules = tuple(allowed_modules)
         self._tensors = {}
         self._torch_storages = {}
+        # Per CUDA device: (torch.device, current stream handle); the producer events
+        # already waited on (one event covers every storage it was recorded for); an
+        # empty tensor per (dtype, device) to make tensors from.
+        self._cuda_devices = {}
+        self._waited = set()
+        self._empties = {}
         self._params = {}
         self._modules = {}
         # Kept alive by every CUDA buffer of the value (see ipc._Lease).
@@ -255,21 +298,51 @@ class Decoder:
                           strides=tuple(s * np_dtype.itemsize for s in strides))
 
     def _torch_storage(self, storage_index, storage):
+        """``(untyped storage, byte offset of the received storage in it)``."""
         import torch
 
-        base = self._torch_storages.get(storage_index)
-        if base is None:
-            if isinstance(storage, np.ndarray):
-                base = torch.from_numpy(storage) if storage.size else torch.empty(0, dtype=torch.uint8)
+        done = self._torch_storages.get(storage_index)
+        if done is not None:
+            return done
+        if isinstance(storage, np.ndarray):
+            base = torch.from_numpy(storage) if storage.size else torch.empty(0, dtype=torch.uint8)
+            done = (base.untyped_storage(), 0)
+        elif storage.nbytes == 0:
+            # An empty CUDA storage: nothing was shared, only its device.
+            device = torch.device("cuda", storage.device)
+            done = (torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0)
+        else:
+            # The buffer holds the mapping and the lease; torch holds the buffer for
+            # as long as the storage (any view of it) lives.
+            buf = storage.open(self.lease)
+            device, stream = self._cuda_device(buf.device)
+            event = buf.event
+            if event is not None and (buf.device, event) not in self._waited:
+                buf.wait(stream)
+                self._waited.add((buf.device, event))
+            if buf.local:
+                # Our own memory, sent back: view it on the storage that owns it here.
+                owner = _owning_cuda_storage(buf.device, buf.ptr, buf.nbytes)
+                if owner is None:
+                    raise ValueError(
+                        "the peer sent back CUDA memory of this process that no tensor "
+                        "here holds any more")
+                done = (owner, buf.ptr - owner.data_ptr())
             else:
-                # The buffer holds the mapping and the lease; torch holds the buffer for
-                # as long as the storage (any view of it) lives.
-                buf = storage.open(self.lease)
-                device = torch.device("cuda", buf.device)
-                buf.wait(torch.cuda.current_stream(device).cuda_stream)
-                base = torch.as_tensor(buf, device=device)
-            self._torch_storages[storage_index] = base
-        return base
+                done = (torch.as_tensor(buf, device=device).untyped_storage(), 0)
+        self._torch_storages[storage_index] = done
+        return done
+
+    def _cuda_device(self, index):
+        """``(torch.device, this thread's current stream handle)`` for CUDA device ``index``."""
+        known = self._cuda_devices.get(index)
+        if known is None:
+            import torch
+
+            device = torch.device("cuda", index)
+            known = (device, torch.cuda.current_stream(device).cuda_stream)
+            self._cuda_devices[index] = known
+        return known
 
     def _torch_tensor(self, storage_index, storage, offset, dtype, shape, strides):
         torch = _torch()
@@ -278,13 +351,16 @@ class Decoder:
         from ._torch import torch_dtype
 
         dt = torch_dtype(dtype)
-        base = self._torch_storage(storage_index, storage)
+        base, start = self._torch_storage(storage_index, storage)
+        offset += start
         elem = dt.itemsize
         if offset % elem:
             raise ValueError(f"tensor offset {offset} is not a multiple of its element size {elem}")
-        out = torch.empty(0, dtype=dt, device=base.device)
-        out.set_(base.untyped_storage(), offset // elem, tuple(shape), tuple(strides))
-        return out
+        empty = self._empties.get((dt, base.device))
+        if empty is None:
+            empty = self._empties[(dt, base.device)] = torch.empty(0, dtype=dt, device=base.device)
+        # `new_empty` from a tensor of the type and device is cheaper than `torch.empty`.
+        return empty.new_empty(0).set_(base, offset // elem, tuple(shape), tuple(strides))
 
     def _module(self, spec):
         import torch
