@@ -697,6 +697,21 @@ impl Shared {
         any
     }
 
+    /// Bytes that no eviction can free while their holders live: blocks pinned by
+    /// readers (published or already removed) and blocks of unfinished puts.
+    fn unevictable_bytes(&self) -> u64 {
+        let r = &self.region;
+        (0..self.layout.max_entries as u32)
+            .map(|slot| self.layout.slot(slot))
+            .filter(|&sl| match r.get8(sl + e::STATE) {
+                READY => r.get32(sl + e::PIN_COUNT) > 0,
+                WRITING | RETIRED => true,
+                _ => false,
+            })
+            .map(|sl| r.get64(sl + e::ALLOC_SIZE))
+            .fold(0u64, u64::saturating_add)
+    }
+
     fn evict_lru(&self) -> bool {
         let Some(tail) = self.valid_slot(self.region.get32(h::LRU_TAIL)) else {
             return false;
@@ -714,9 +729,14 @@ impl Shared {
     /// A block of `size` bytes and a free slot, evicting (expired entries first, then
     /// from the LRU tail) and finally repairing (dead processes' pins and half-written
     /// blocks) until they fit.
+    ///
+    /// Before the first eviction it checks that the block could fit once every evictable
+    /// entry is gone; when it could not (readers pin the rest), it fails at once rather
+    /// than empty the cache for nothing.
     fn reserve(&self, size: u64) -> Result<(u32, u64)> {
         let mut purged = false;
         let mut recovered = false;
+        let mut checked_fit = false;
         // Each round frees something or moves to the next stage; the bound only
         // matters for a corrupted LRU list that loops.
         for _ in 0..self.layout.max_entries * 2 + 4 {
@@ -746,6 +766,21 @@ impl Shared {
                     recovered = true;
                     self.recover();
                     continue;
+                }
+            }
+            if !checked_fit {
+                checked_fit = true;
+                let held = self.unevictable_bytes();
+                let available = (self.layout.data_size as u64).saturating_sub(held);
+                if size > available {
+                    return Err(Error::NoSpace {
+                        what: format!(
+                            "a cache value ({held} bytes are held by readers' pinned views \
+                             and unfinished puts; nothing was evicted)"
+                        ),
+                        needed: size,
+                        available,
+                    });
                 }
             }
             if self.evict_lru() {

@@ -189,6 +189,30 @@ fn pinned_memory_cannot_be_evicted_until_released() {
 }
 
 #[test]
+fn a_put_that_cannot_fit_beside_pinned_memory_evicts_nothing() {
+    let f = cache(256 << 10, Some(16));
+    let c = &f.0;
+    let half = c.layout().data_size / 2 + 64;
+    c.put("pinned", &vec![1; half], None).unwrap();
+    for i in 0..4 {
+        c.put(&format!("small{i}"), &[i as u8; 100], None).unwrap();
+    }
+    let pin = c.get("pinned").unwrap().unwrap();
+    let err = c.put("big", &vec![2; half], None).unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert!(err.to_string().contains("nothing was evicted"), "{err}");
+    assert_eq!(c.stats().unwrap().evictions, 0);
+    for i in 0..4 {
+        assert!(c.contains(&format!("small{i}")).unwrap(), "small{i} was evicted");
+    }
+    assert!(c.contains("pinned").unwrap());
+    drop(pin);
+    // Once the reader lets go, the same put evicts what it needs and fits.
+    c.put("big", &vec![2; half], None).unwrap();
+    c.check_consistency().unwrap();
+}
+
+#[test]
 fn keys_info_and_clear() {
     let f = cache(1 << 20, None);
     let c = &f.0;
