@@ -97,7 +97,7 @@ pub const INFO_HEAD_BYTES: usize = 256;
 /// Counters and occupancy of a cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CacheStats {
-    /// Live entries.
+    /// Live entries (as [`TensorCache::len`] counts them: expired ones left out).
     pub entries: u64,
     /// Entry slots.
     pub max_entries: u64,
@@ -496,8 +496,12 @@ impl TensorCache {
                 .filter(ProcessId::is_alive)
                 .count() as u64;
             let used = r.get64(h::USED_BYTES);
+            // Entries past their TTL stay indexed until a put purges them; like `len`,
+            // the count leaves them out.
+            let mut entries = 0u64;
+            s.for_each_live(|_| entries += 1);
             Ok(CacheStats {
-                entries: r.get32(h::ENTRY_COUNT).into(),
+                entries,
                 max_entries: l.max_entries as u64,
                 pool_size: l.segment_size as u64,
                 data_region_size: l.data_size as u64,

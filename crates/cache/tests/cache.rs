@@ -161,6 +161,20 @@ fn entries_expire() {
 }
 
 #[test]
+fn stats_count_entries_as_len_does_expired_ones_left_out() {
+    let f = cache(256 << 10, None);
+    let c = &f.0;
+    c.put("short", b"x", Some(Duration::from_millis(30)))
+        .unwrap();
+    c.put("forever", b"y", None).unwrap();
+    assert_eq!(c.stats().unwrap().entries, 2);
+    std::thread::sleep(Duration::from_millis(50));
+    // Nothing has touched the expired entry yet; it is still indexed.
+    assert_eq!(c.len().unwrap(), 1);
+    assert_eq!(c.stats().unwrap().entries, 1);
+}
+
+#[test]
 fn a_value_larger_than_the_pool_fails_without_evicting() {
     let f = cache(256 << 10, None);
     let c = &f.0;
@@ -203,7 +217,10 @@ fn a_put_that_cannot_fit_beside_pinned_memory_evicts_nothing() {
     assert!(err.to_string().contains("nothing was evicted"), "{err}");
     assert_eq!(c.stats().unwrap().evictions, 0);
     for i in 0..4 {
-        assert!(c.contains(&format!("small{i}")).unwrap(), "small{i} was evicted");
+        assert!(
+            c.contains(&format!("small{i}")).unwrap(),
+            "small{i} was evicted"
+        );
     }
     assert!(c.contains("pinned").unwrap());
     drop(pin);
