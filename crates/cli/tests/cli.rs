@@ -374,6 +374,39 @@ fn convert_refuses_to_overwrite_its_source() {
     assert_eq!(fs::read(&src).unwrap(), before);
 }
 
+#[cfg(unix)]
+#[test]
+fn convert_writes_through_a_link_and_keeps_the_mode() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    for ext in ["zt", "safetensors"] {
+        let target = dir.path().join(format!("release.{ext}"));
+        fs::write(&target, b"old").unwrap();
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o640)).unwrap();
+        let link = dir.path().join(format!("current.{ext}"));
+        symlink(&target, &link).unwrap();
+        let o = tw([OsStr::new("convert"), src.as_os_str(), link.as_os_str()]);
+        assert_exit(&o, 0);
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the link was replaced by a file"
+        );
+        assert_ne!(
+            fs::read(&target).unwrap(),
+            b"old",
+            "the target was not rewritten"
+        );
+        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "{ext}");
+        let o = tw([OsStr::new("verify"), link.as_os_str()]);
+        assert_exit(&o, 0);
+    }
+}
+
 #[test]
 fn convert_to_an_unsupported_extension_fails_without_writing() {
     let dir = tempfile::tempdir().unwrap();

@@ -871,7 +871,7 @@ fn write_atomically(
         let written = write(&mut out)?;
         // On disk before it takes the name, as `.zt` output is.
         out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, path)?;
+        tensorwire_core::replace_with_temporary(&tmp, path)?;
         Ok(written)
     })();
     if result.is_err() {

@@ -787,7 +787,7 @@ impl ZtWriter<BufWriter<File>> {
         file.sync_all()?;
         drop(file);
         if let Target::Create { tmp, path } = &self.target {
-            fs::rename(tmp, path).map_err(|e| Error::from(e).with_path(path))?;
+            tensorwire_core::replace_with_temporary(tmp, path)?;
         }
         self.finished = true;
         Ok(total)
