@@ -53,15 +53,22 @@ fn world() -> &'static World {
     })
 }
 
+/// Writes segment bytes as a corruption would.
+fn raw_write(segment: &Segment, offset: usize, data: &[u8]) {
+    // SAFETY: the target holds no reference into the segment's bytes while it writes
+    // (the cache reads them through its own map, between these writes).
+    unsafe { segment.write_at(offset, data) }.unwrap();
+}
+
 fuzz_target!(|data: &[u8]| {
     let w = world();
     let Some((&flags, mut patches)) = data.split_first() else {
         return;
     };
     // Restore the pristine segment around the (unlocked) mutex.
-    w.raw.write_at(0, &w.pristine[..MUTEX]).unwrap();
+    raw_write(&w.raw, 0, &w.pristine[..MUTEX]);
     let after_mutex = MUTEX + MUTEX_SIZE;
-    w.raw.write_at(after_mutex, &w.pristine[after_mutex..]).unwrap();
+    raw_write(&w.raw, after_mutex, &w.pristine[after_mutex..]);
 
     // Patches: [offset u16 (scaled into the mutable area)][len u8][bytes].
     let span = w.tables_end - MUTABLE_START;
@@ -77,13 +84,13 @@ fuzz_target!(|data: &[u8]| {
         for (i, &b) in bytes[..end - off].iter().enumerate() {
             let pos = off + i;
             if !(MUTEX..after_mutex).contains(&pos) {
-                w.raw.write_at(pos, &[b]).unwrap();
+                raw_write(&w.raw, pos, &[b]);
             }
         }
     }
     let repair = flags & 1 != 0;
     if repair {
-        w.raw.write_at(NEEDS_RECOVERY, &1u32.to_le_bytes()).unwrap();
+        raw_write(&w.raw, NEEDS_RECOVERY, &1u32.to_le_bytes());
     }
 
     let c = &w.cache;

@@ -11,13 +11,14 @@
 //! `put` while another process reads the same segment changes what it reads).
 
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, TryLockError};
 
 use numpy::ndarray::ArrayView1;
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use tensorwire::packet::EncodeOptions;
+use tensorwire::packet::{EncodeOptions, MAGIC};
 use tensorwire::shm::{Access, CreateOptions, Segment};
 use tensorwire::{Bytes, DType, Error};
 
@@ -93,6 +94,9 @@ pub struct ShmSegment {
     writable: bool,
     /// The mapping; `None` once closed.
     segment: Mutex<Option<Arc<Segment>>>,
+    /// Held for writing while `put` writes and for reading while `get` decodes, so no
+    /// thread of this process reads the bytes through a slice while they change.
+    access: RwLock<()>,
 }
 
 /// Writes `encoded` at offset 0 of `segment` (the GIL released for large copies);
@@ -100,7 +104,17 @@ pub struct ShmSegment {
 ///
 /// Writes go through `Segment::write_at` (raw copies), not a `&mut [u8]` over the
 /// map: arrays from an earlier `get` may view the same bytes.
-fn write_to(encoded: &Encoded<'_>, py: Python<'_>, segment: &Segment) -> Result<usize, Error> {
+///
+/// # Safety
+/// No thread of this process may read `segment` through a slice meanwhile: the caller
+/// holds its handle's `access` lock for writing, or owns the only handle.
+// SAFETY: an `unsafe fn` because only the caller knows that no slice of the map is in
+// use (see `# Safety`).
+unsafe fn write_to(
+    encoded: &Encoded<'_>,
+    py: Python<'_>,
+    segment: &Segment,
+) -> Result<usize, Error> {
     let len = encoded.len();
     if segment.as_mut_ptr().is_none() {
         return Err(read_only(segment));
@@ -117,19 +131,52 @@ fn write_to(encoded: &Encoded<'_>, py: Python<'_>, segment: &Segment) -> Result<
     }
     // The array may itself live in this segment (`put(get())`): copy what overlaps
     // out first, before anything is written, so no write clobbers it.
-    let pieces = encoded.pieces().map(|piece| -> Cow<'_, [u8]> {
-        if overlaps(piece, segment) {
-            Cow::Owned(piece.to_vec())
-        } else {
-            Cow::Borrowed(piece)
-        }
-    });
+    let pieces: Vec<Cow<'_, [u8]>> = encoded
+        .pieces()
+        .into_iter()
+        .map(|piece| -> Cow<'_, [u8]> {
+            if overlaps(piece, segment) {
+                Cow::Owned(piece.to_vec())
+            } else {
+                Cow::Borrowed(piece)
+            }
+        })
+        .collect();
+    // The magic goes last, and the old one goes first: a reader that looks while the
+    // packet is being written finds no packet (`BadMagicError`, worth retrying) rather
+    // than a valid header over a half-written body.
+    let magic_len = MAGIC.len().min(len);
+    let mut magic = Vec::with_capacity(magic_len);
+    for piece in &pieces {
+        let want = magic_len - magic.len();
+        magic.extend_from_slice(&piece[..want.min(piece.len())]);
+    }
+    // SAFETY: no slice of the map is in use (this function's contract), and no piece
+    // lies in the segment (overlapping ones were copied out).
+    unsafe { copy_in(py, segment, 0, &[0u8; 4][..magic_len]) }?;
+    fence(Ordering::Release);
     let mut at = 0;
     for piece in &pieces {
-        copy_in(py, segment, at, piece)?;
+        let skip = magic_len.saturating_sub(at).min(piece.len());
+        // SAFETY: as above.
+        unsafe { copy_in(py, segment, at + skip, &piece[skip..]) }?;
         at += piece.len();
     }
+    fence(Ordering::Release);
+    // SAFETY: as above.
+    unsafe { copy_in(py, segment, 0, &magic) }?;
     Ok(len)
+}
+
+/// Takes a lock with `attempt`, letting the GIL go between tries: the thread holding
+/// the lock may need the GIL to finish (a `put` re-takes it after a large copy).
+fn lock_releasing_gil<G>(py: Python<'_>, mut attempt: impl FnMut() -> Option<G>) -> G {
+    loop {
+        if let Some(guard) = attempt() {
+            return guard;
+        }
+        py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50)));
+    }
 }
 
 /// Bytes per parallel task when copying into a segment.
@@ -137,10 +184,15 @@ const COPY_CHUNK: usize = 1 << 20;
 
 /// Copies `data` into `segment` at `at`: without the GIL when large, and in parallel
 /// chunks when larger still (a fresh segment's page faults then run on every core).
-fn copy_in(py: Python<'_>, segment: &Segment, at: usize, data: &[u8]) -> Result<(), Error> {
+///
+/// # Safety
+/// As for [`write_to`], and `data` does not lie in the segment.
+// SAFETY: an `unsafe fn` for the contract of `write_to`, which it serves.
+unsafe fn copy_in(py: Python<'_>, segment: &Segment, at: usize, data: &[u8]) -> Result<(), Error> {
     segment.check_range(at, data.len())?;
     if data.len() < 4 * COPY_CHUNK {
-        return arrays::maybe_detach(py, data.len(), || segment.write_at(at, data));
+        // SAFETY: no slice of the map is in use in this process (caller contract).
+        return arrays::maybe_detach(py, data.len(), || unsafe { segment.write_at(at, data) });
     }
     py.detach(|| {
         // tensorwire's own helpers, not rayon's global pool: they stand aside in a
@@ -149,7 +201,9 @@ fn copy_in(py: Python<'_>, segment: &Segment, at: usize, data: &[u8]) -> Result<
         let failed = std::sync::Mutex::new(None);
         let chunks: Vec<(usize, &[u8])> = data.chunks(COPY_CHUNK).enumerate().collect();
         tensorwire::core::helpers::for_each(chunks, usize::MAX, |(i, chunk)| {
-            if let Err(e) = segment.write_at(at + i * COPY_CHUNK, chunk) {
+            // SAFETY: as above; the chunks are disjoint ranges of `data`, which does
+            // not lie in the segment.
+            if let Err(e) = unsafe { segment.write_at(at + i * COPY_CHUNK, chunk) } {
                 failed
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -219,6 +273,7 @@ impl ShmSegment {
             size: segment.len(),
             writable: segment.access() == Access::ReadWrite,
             segment: Mutex::new(Some(Arc::new(segment))),
+            access: RwLock::new(()),
         }
     }
 
@@ -286,7 +341,8 @@ impl ShmSegment {
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, options)?;
         let segment = create_reclaiming(name, encoded.len()).or_raise()?;
-        if let Err(e) = write_to(&encoded, py, &segment) {
+        // SAFETY: the segment was just made and this is its only handle.
+        if let Err(e) = unsafe { write_to(&encoded, py, &segment) } {
             drop(segment);
             let _ = Segment::unlink(name);
             return Err(e).or_raise();
@@ -317,7 +373,13 @@ impl ShmSegment {
         };
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, options)?;
-        write_to(&encoded, py, &segment).or_raise()
+        let _writing = lock_releasing_gil(py, || match self.access.try_write() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        });
+        // SAFETY: the write lock keeps this handle's `get` from reading meanwhile.
+        unsafe { write_to(&encoded, py, &segment) }.or_raise()
     }
 
     /// Decodes the packet at offset 0 (bytes after it are ignored). Arrays are
@@ -329,7 +391,14 @@ impl ShmSegment {
         factories: &Bound<'py, PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let whole = Bytes::from_arc(self.segment()?);
+        let _reading = lock_releasing_gil(py, || match self.access.try_read() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        });
         let len = framed_length(whole.as_slice())?;
+        // The body was written before the header this read found (see `write_to`).
+        fence(Ordering::Acquire);
         let len = usize::try_from(len)
             .map_err(|_| Error::Overflow {
                 what: "packet length as usize",

@@ -530,3 +530,74 @@ def test_tenso_put_into_our_segment(name):
         finally:
             theirs.close()
             theirs.unlink()
+
+
+def test_a_segment_pickles_by_name_to_a_spawned_worker(name):
+    import multiprocessing
+    import pickle
+
+    arr = np.arange(45, dtype=np.int64)
+    with SharedTensor.create_from(name, arr) as st:
+        again = pickle.loads(pickle.dumps(st))
+        assert again.name == name and not np.shares_memory(
+            _segment_bytes(again), _segment_bytes(st))
+        np.testing.assert_array_equal(again.get(), arr)
+        again.close()
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(1) as pool:
+            assert pool.apply(_sum_of_segment, (st,)) == int(arr.sum())
+        readonly = SharedTensor(name, readonly=True)
+        assert pickle.loads(pickle.dumps(readonly)).buffer.readonly
+        readonly.close()
+        st.close()
+        with pytest.raises(ValueError, match="closed"):
+            pickle.dumps(st)
+
+
+def _sum_of_segment(st):
+    return int(st.get().sum())
+
+
+def test_readers_never_see_a_valid_header_over_a_half_written_body(name):
+    """The magic bytes are written last (and cleared first by a put): a reader polling
+    the segment while a packet goes in gets the old packet, BadMagicError or the whole
+    new packet, never a valid header over a half-written body. (A put over a packet
+    someone is still reading does tear it: the writer here waits for the reader.)"""
+    rounds, size = 8, 16 << 20
+    reader = textwrap.dedent("""
+        import sys, time
+        import numpy as np
+        import tensorwire
+        from tensorwire.shm import SharedTensor
+        st = SharedTensor(sys.argv[1], readonly=True)
+        torn = 0
+        for value in range(1, int(sys.argv[2]) + 1):
+            print("ready", flush=True)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    got = st.get(copy=True)
+                except tensorwire.BadMagicError:
+                    continue
+                if got.size > 4:
+                    if (got == value).all():
+                        break
+                    if not (got == value - 1).all():
+                        torn += 1
+        print(torn, flush=True)
+    """)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    with SharedTensor(name, create=True, size=size + 4096) as st:
+        st.put(np.zeros(4, np.uint8))
+        child = subprocess.Popen([sys.executable, "-c", reader, name, str(rounds)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for value in range(1, rounds + 1):
+                assert child.stdout.readline().strip() == "ready", child.stderr.read()
+                st.put(np.full(size, value, dtype=np.uint8))
+            out, err = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert child.returncode == 0 and out.split() == ["0"], (out, err)

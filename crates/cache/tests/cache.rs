@@ -271,6 +271,12 @@ fn a_second_handle_attaches_by_name() {
     assert_eq!(f.0.stats().unwrap().processes, 1);
 }
 
+/// Overwrites segment bytes behind the cache's back, as a corruption would.
+fn raw_write(segment: &Segment, offset: usize, data: &[u8]) {
+    // SAFETY: this test holds no reference into the segment's bytes while writing.
+    unsafe { segment.write_at(offset, data) }.unwrap();
+}
+
 #[test]
 fn bad_segments_and_names_are_refused() {
     let missing = TensorCache::attach("tw_no_such_cache_xyz", CacheOptions::default()).unwrap_err();
@@ -280,7 +286,7 @@ fn bad_segments_and_names_are_refused() {
 
     let name = format!("tw_bad_cache_{}", std::process::id());
     let seg = Segment::create(&name, 1 << 20, &CreateOptions::default()).unwrap();
-    seg.write_at(0, b"NOTCACHE").unwrap();
+    raw_write(&seg, 0, b"NOTCACHE");
     let err = TensorCache::attach(&name, CacheOptions::default()).unwrap_err();
     assert!(matches!(err, Error::BadMagic { .. }), "{err}");
     drop(seg);
@@ -289,10 +295,10 @@ fn bad_segments_and_names_are_refused() {
     // A real cache whose header is then corrupted.
     let f = cache(1 << 20, None);
     let raw = Segment::open(f.0.name(), tensorwire_shm::Access::ReadWrite).unwrap();
-    raw.write_at(72, &[1, 2, 3, 4]).unwrap(); // data offset
+    raw_write(&raw, 72, &[1, 2, 3, 4]); // data offset
     let err = TensorCache::attach(f.0.name(), CacheOptions::default()).unwrap_err();
     assert!(err.to_string().contains("corrupted cache header"), "{err}");
-    raw.write_at(8, &[9]).unwrap(); // version
+    raw_write(&raw, 8, &[9]); // version
     let err = TensorCache::attach(f.0.name(), CacheOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
 

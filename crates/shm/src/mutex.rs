@@ -131,6 +131,7 @@ impl RobustMutex {
         };
         Ok(Some(LockGuard {
             mutex: self,
+            _mapped: Arc::clone(&self.segment),
             owner_died,
             _not_send: PhantomData,
         }))
@@ -147,6 +148,10 @@ impl RobustMutex {
 #[must_use = "the mutex unlocks when the guard is dropped"]
 pub struct LockGuard<'a> {
     mutex: &'a RobustMutex,
+    /// Keeps the map alive even if the guard is leaked (`mem::forget`): the held
+    /// mutex sits on the thread's robust list, which the C library writes through
+    /// later, so its memory must never be unmapped while it is held.
+    _mapped: Arc<Segment>,
     owner_died: bool,
     _not_send: PhantomData<*const ()>,
 }

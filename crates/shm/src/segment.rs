@@ -61,40 +61,70 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// Creates the named segment `name` (no leading `/`) of `size` bytes, zero-filled,
-    /// mapped read-write.
+    /// Creates the named segment `name` (no leading `/`) of `size` bytes, mapped
+    /// read-write; a segment this call makes is zero-filled.
+    ///
+    /// Its pages are allocated now (`posix_fallocate`), so a full `/dev/shm` (64 MiB
+    /// in a default Docker container) is [`Error::NoSpace`] here rather than a
+    /// `SIGBUS` at the first write past the limit. When anything after the object was
+    /// made fails, the name is removed again. With `exclusive: false`, a name another
+    /// process made is opened instead (once its creator has sized it), and must have
+    /// exactly `size` bytes; an object this call did not make is never resized or
+    /// removed.
     pub fn create(name: &str, size: usize, options: &CreateOptions) -> Result<Segment> {
         check_size(size)?;
         let path = posix_path(name)?;
-        let mut flags = libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC;
-        if options.exclusive {
-            flags |= libc::O_EXCL;
-        }
-        let fd = shm_open(&path, flags, options.mode).map_err(|e| named(e, name))?;
-        let existing = file_size(&fd)?;
-        if existing != 0 && !options.exclusive {
-            if existing != size as u64 {
-                return Err(Error::invalid(format!(
-                    "shared-memory segment {name:?} exists with {existing} bytes, not {size}"
-                )));
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+        match shm_open(&path, flags, options.mode) {
+            Ok(fd) => {
+                let made = allocate(&fd, size)
+                    .map_err(|e| allocation_error(e, name, size))
+                    .and_then(|()| {
+                        Segment::map(fd, size, Access::ReadWrite, Some(name.to_owned()))
+                            .map_err(|e| e.with_path(format!("/dev/shm/{name}")))
+                    });
+                if made.is_err() {
+                    // Do not leave a half-made object behind under the name.
+                    let _ = Segment::unlink(name);
+                }
+                made
             }
-        } else if let Err(e) = set_size(&fd, size) {
-            // Do not leave a half-made object behind under the name.
-            let _ = Segment::unlink(name);
-            return Err(named(e, name));
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !options.exclusive => {
+                let segment = Segment::open_sized(name, Access::ReadWrite, SIZING_WAIT)?;
+                if segment.len() != size {
+                    return Err(Error::invalid(format!(
+                        "shared-memory segment {name:?} exists with {} bytes, not {size}",
+                        segment.len()
+                    )));
+                }
+                Ok(segment)
+            }
+            Err(e) => Err(named(e, name)),
         }
-        Segment::map(fd, size, Access::ReadWrite, Some(name.to_owned()))
     }
 
     /// Opens the existing named segment `name` and maps all of it.
     pub fn open(name: &str, access: Access) -> Result<Segment> {
+        Segment::open_sized(name, access, std::time::Duration::ZERO)
+    }
+
+    /// [`Segment::open`], waiting up to `wait` for a creator that has made the object
+    /// but not yet sized it.
+    fn open_sized(name: &str, access: Access, wait: std::time::Duration) -> Result<Segment> {
         let path = posix_path(name)?;
         let flags = match access {
             Access::ReadOnly => libc::O_RDONLY,
             Access::ReadWrite => libc::O_RDWR,
         } | libc::O_CLOEXEC;
         let fd = shm_open(&path, flags, 0).map_err(|e| named(e, name))?;
-        let size = file_size(&fd)?;
+        let started = std::time::Instant::now();
+        let size = loop {
+            let size = file_size(&fd)?;
+            if size != 0 || started.elapsed() >= wait {
+                break size;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
         if size == 0 {
             return Err(Error::invalid(format!(
                 "shared-memory segment {name:?} is empty (its creator has not sized it)"
@@ -235,20 +265,32 @@ impl Segment {
     }
 
     /// The mapped bytes. Another process may change them at any time unless the
-    /// protocol in use forbids it.
+    /// protocol in use forbids it; another process can also shrink a named segment
+    /// (`ftruncate`), after which touching the lost pages raises `SIGBUS` (sealed
+    /// memfds cannot be shrunk).
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `base..base+len` is mapped readable for as long as `self` lives.
         unsafe { std::slice::from_raw_parts(self.base, self.len) }
     }
 
-    /// Copies `data` into the segment at `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+    /// Copies `data` into the segment at `offset` (`data` may itself lie in the
+    /// segment: the copy handles overlap).
+    ///
+    /// # Safety
+    /// No reference into `offset..offset + data.len()` of this map, from
+    /// [`Segment::as_slice`] or a [`Bytes`] over the segment, may be in use in this
+    /// process while the write runs (the compiler assumes the bytes behind a `&[u8]`
+    /// do not change, and may reuse what it read before). Views other processes
+    /// hold, and raw pointers (numpy arrays), are the protocol's business.
+    // SAFETY: an `unsafe fn` because whether a `&[u8]` into the range is live is
+    // something only the caller knows (see `# Safety`).
+    pub unsafe fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         let base = self
             .as_mut_ptr()
             .ok_or_else(|| Error::invalid("segment is mapped read-only"))?;
         self.check_range(offset, data.len())?;
-        // SAFETY: the range is inside the writable map (checked); `data` cannot overlap
-        // it mutably since we only hold `&[u8]` to it.
+        // SAFETY: the range is inside the writable map (checked); `ptr::copy` allows
+        // `data` to overlap it; no reference into the range is in use (caller contract).
         unsafe { std::ptr::copy(data.as_ptr(), base.add(offset), data.len()) };
         Ok(())
     }
@@ -354,6 +396,50 @@ fn file_size(fd: &OwnedFd) -> Result<u64> {
     Ok(st.st_size.max(0) as u64)
 }
 
+/// How long a non-exclusive create waits for another creator to size its new object.
+const SIZING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Sizes a new object and allocates its pages (`posix_fallocate`); where the file
+/// system cannot allocate ahead, only sizes it.
+fn allocate(fd: &OwnedFd, size: usize) -> io::Result<()> {
+    let len = libc::off_t::try_from(size)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
+    loop {
+        // SAFETY: `fd` is an open, writable descriptor; the call only sizes and
+        // allocates the object it names.
+        match unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len) } {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            libc::EOPNOTSUPP | libc::ENOSYS => return set_size(fd, size),
+            code => return Err(io::Error::from_raw_os_error(code)),
+        }
+    }
+}
+
+/// `NoSpace` for a full shared-memory file system, else the I/O error, naming `name`.
+fn allocation_error(err: io::Error, name: &str, size: usize) -> Error {
+    if err.raw_os_error() == Some(libc::ENOSPC) {
+        return Error::NoSpace {
+            what: format!("shared-memory segment {name:?} (/dev/shm is full)"),
+            needed: size as u64,
+            available: shm_space_left().unwrap_or(0),
+        };
+    }
+    named(err, name)
+}
+
+/// Bytes free on `/dev/shm`, when it can be asked.
+fn shm_space_left() -> Option<u64> {
+    let path = CString::new("/dev/shm").ok()?;
+    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 fn set_size(fd: &OwnedFd, size: usize) -> io::Result<()> {
     let len = libc::off_t::try_from(size)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
@@ -387,6 +473,12 @@ fn named(err: io::Error, name: &str) -> Error {
 mod tests {
     use super::*;
 
+    /// `write_at` for tests, which never hold a reference into the range they write.
+    fn write(seg: &Segment, offset: usize, data: &[u8]) -> Result<()> {
+        // SAFETY: callers in this module use `as_slice` only between writes.
+        unsafe { seg.write_at(offset, data) }
+    }
+
     fn unique(tag: &str) -> String {
         format!(
             "tw_test_{tag}_{}_{}",
@@ -404,12 +496,12 @@ mod tests {
         let seg = Segment::create(&name, 10_000, &CreateOptions::default()).unwrap();
         assert_eq!(seg.len(), 10_000);
         assert!(seg.as_slice().iter().all(|&b| b == 0));
-        seg.write_at(9_990, b"0123456789").unwrap();
-        assert!(seg.write_at(9_991, b"0123456789").is_err());
+        write(&seg, 9_990, b"0123456789").unwrap();
+        assert!(write(&seg, 9_991, b"0123456789").is_err());
 
         let other = Segment::open(&name, Access::ReadOnly).unwrap();
         assert_eq!(&other.as_slice()[9_990..], b"0123456789");
-        assert!(other.write_at(0, b"x").is_err());
+        assert!(write(&other, 0, b"x").is_err());
         assert!(other.as_mut_ptr().is_none());
 
         // A second exclusive create fails; a non-exclusive one needs the same size.
@@ -452,7 +544,7 @@ mod tests {
     #[test]
     fn bytes_keep_the_map_alive() {
         let seg = Segment::memfd("bytes", 4096).unwrap();
-        seg.write_at(0, b"abc").unwrap();
+        write(&seg, 0, b"abc").unwrap();
         let bytes = seg.into_bytes();
         let tail = bytes.slice(1..3).unwrap();
         drop(bytes);
@@ -463,11 +555,11 @@ mod tests {
     fn memfd_travels_as_a_sealed_descriptor() {
         let seg = Segment::memfd("tw-test", 8192).unwrap();
         assert!(seg.is_size_sealed());
-        seg.write_at(100, b"shared").unwrap();
+        write(&seg, 100, b"shared").unwrap();
         let dup = seg.fd().try_clone_to_owned().unwrap();
         let other = Segment::from_fd(dup, Access::ReadOnly, true).unwrap();
         assert_eq!(&other.as_slice()[100..106], b"shared");
-        seg.write_at(100, b"SHARED").unwrap();
+        write(&seg, 100, b"SHARED").unwrap();
         assert_eq!(&other.as_slice()[100..106], b"SHARED");
 
         // An ordinary file descriptor is not sealed.
@@ -477,10 +569,79 @@ mod tests {
         assert!(err.to_string().contains("sealed"), "{err}");
     }
 
+    /// Total bytes of `/dev/shm`, when it has a limit.
+    fn shm_capacity() -> Option<u64> {
+        let path = CString::new("/dev/shm").unwrap();
+        // SAFETY: an all-zero statvfs is a valid value to be overwritten.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is NUL-terminated and `st` a valid out-pointer.
+        let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+        (rc == 0 && st.f_blocks > 0).then(|| st.f_blocks as u64 * st.f_frsize as u64)
+    }
+
+    #[test]
+    fn a_segment_larger_than_dev_shm_is_no_space_and_leaves_no_name() {
+        // Larger than the whole file system: refused before any page is allocated.
+        let Some(capacity) = shm_capacity() else {
+            eprintln!("skipped: /dev/shm has no size limit");
+            return;
+        };
+        let Ok(size) = usize::try_from(capacity + (1 << 30)) else {
+            return;
+        };
+        let name = unique("full");
+        let err = Segment::create(&name, size, &CreateOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+        assert!(err.to_string().contains(&name), "{err}");
+        let gone = Segment::open(&name, Access::ReadOnly).unwrap_err();
+        assert!(
+            matches!(gone.root(), Error::Io(e) if e.kind() == io::ErrorKind::NotFound),
+            "{gone}"
+        );
+        // The name is free for a create that fits.
+        Segment::create(&name, 4096, &CreateOptions::default()).unwrap();
+        Segment::unlink(&name).unwrap();
+    }
+
+    #[test]
+    fn racing_shared_creates_agree_on_one_size() {
+        let shared = CreateOptions {
+            exclusive: false,
+            ..CreateOptions::default()
+        };
+        for round in 0..100 {
+            let name = unique(&format!("race{round}"));
+            let barrier = std::sync::Barrier::new(2);
+            let results: Vec<Result<usize>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = [1usize << 20, 8192]
+                    .into_iter()
+                    .map(|size| {
+                        let (name, barrier, shared) = (&name, &barrier, &shared);
+                        scope.spawn(move || {
+                            barrier.wait();
+                            Segment::create(name, size, shared).map(|s| s.len())
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let made: Vec<usize> = results
+                .iter()
+                .filter_map(|r| r.as_ref().ok().copied())
+                .collect();
+            assert_eq!(made.len(), 1, "round {round}: {results:?}");
+            let refused = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+            assert!(refused.to_string().contains("exists with"), "{refused}");
+            let real = Segment::open(&name, Access::ReadOnly).unwrap();
+            assert_eq!(real.len(), made[0]);
+            Segment::unlink(&name).unwrap();
+        }
+    }
+
     #[test]
     fn prefault_keeps_contents_and_is_refused_for_read_only_maps() {
         let seg = Segment::memfd("tw-test", 1 << 20).unwrap();
-        seg.write_at(5, b"kept").unwrap();
+        write(&seg, 5, b"kept").unwrap();
         // The kernel may decline (before Linux 5.14); the map is unchanged either way.
         let _ = seg.prefault();
         assert_eq!(&seg.as_slice()[5..9], b"kept");

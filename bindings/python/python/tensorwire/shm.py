@@ -35,7 +35,17 @@ Differences from tenso, all deliberate:
 
 As with tenso, nothing coordinates a writer and the readers of one segment: a
 :meth:`put` while another process holds views of the segment changes what they see.
-Use one segment per message, or a protocol of your own, when that matters.
+Use one segment per message, or a protocol of your own, when that matters. A packet
+is written with its magic bytes last (and a :meth:`put` first clears the old ones),
+so a reader that looks while it is being written gets ``BadMagicError`` — retry —
+never a valid header over a half-written body.
+
+A segment pickles by name (for ``multiprocessing`` workers): unpickling opens it
+again in the receiving process, read-only if it was mapped read-only here.
+
+New segments have their pages allocated when they are made, so a full ``/dev/shm``
+(64 MiB in a default Docker container) is a ``MemoryError`` from ``create``, not a
+crash at the first write past the limit.
 """
 
 from __future__ import annotations
@@ -46,6 +56,10 @@ from . import _native
 from .packet import _FACTORIES, _check_alignment, _spec
 
 __all__ = ["SharedTensor", "unlink"]
+
+
+def _reopen(name: str, readonly: bool) -> "SharedTensor":
+    return SharedTensor(name, readonly=readonly)
 
 
 def _options(check_integrity, compress, alignment, aligned_bundle):
@@ -161,6 +175,13 @@ class SharedTensor:
     def __exit__(self, exc_type, exc_value, traceback) -> None:
         # Like tenso: close, but do not unlink (another process may need the segment).
         self.close()
+
+    def __reduce__(self):
+        # Pickled by name, as tenso's TensoShm and multiprocessing's SharedMemory are:
+        # the receiving process (a spawned worker, say) maps the segment again.
+        if self._seg.closed:
+            raise ValueError(f"cannot pickle closed shared-memory segment {self.name!r}")
+        return (_reopen, (self.name, not self._seg.writable))
 
     def __repr__(self) -> str:
         state = " closed" if self._seg.closed else ("" if self._seg.writable else " read-only")
