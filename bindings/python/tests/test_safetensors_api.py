@@ -192,6 +192,55 @@ def test_closed_file_refuses_reads():
         f.get_tensor("embed")
 
 
+def test_slices_taken_while_open_read_after_close():
+    """As with the package: a lazy loader keeps get_slice handles past the with."""
+    with formats.safe_open(_fixture("numpy"), "np") as f:
+        lazy = {k: f.get_slice(k) for k in f.keys()}
+        whole = {k: np.array(f.get_tensor(k)) for k in f.keys()}
+    for k, s in lazy.items():
+        if whole[k].ndim:
+            np.testing.assert_array_equal(s[:1], whole[k][:1])
+    with pytest.raises(tw.TensorwireError, match="closed"):
+        f.get_tensor(next(iter(whole)))
+
+
+def test_device_none_means_the_cpu():
+    with formats.safe_open(_fixture("numpy"), "np", device=None) as f:
+        assert f.get_tensor(f.keys()[0]) is not None
+    assert formats.load_file(_fixture("numpy"), "np", device=None)
+    with pytest.raises(tw.InvalidArgumentError, match="CPU"):
+        formats.safe_open(_fixture("numpy"), "np", device="meta")
+
+
+def test_safetensor_error_is_the_base_error_class():
+    assert formats.SafetensorError is tw.TensorwireError
+    with pytest.raises(formats.SafetensorError):
+        formats.load(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+
+
+def test_a_header_length_past_the_limit_is_named(tmp_path):
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes((100_000_001).to_bytes(8, "little") + b"{}")
+    with pytest.raises(tw.LimitExceededError):
+        formats.safe_open(path, "np")
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_lazily_conjugated_and_negated_tensors_save_their_values(tmp_path):
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    x = torch.tensor([1.0, -2.0])
+    tensors = {"conj": z.conj(), "neg": torch._neg_view(x)}
+    got = formats.torch.load(formats.torch.save(tensors))
+    assert torch.equal(got["conj"], z.conj().resolve_conj())
+    assert torch.equal(got["neg"], -x)
+    with tw.Writer(str(tmp_path / "c.zt")) as w:
+        w.write_torch("conj", z.conj())
+    with tw.Reader(str(tmp_path / "c.zt")) as r:
+        assert torch.equal(r.read_torch("conj"), z.conj().resolve_conj())
+    with pytest.raises(TypeError, match="to_dense"):
+        formats.torch.save({"s": torch.eye(3).to_sparse()})
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_torch_tensors_save_and_load():
     tensors = {

@@ -300,13 +300,13 @@ impl SafetensorsReader {
         let header = &bytes[8..data_start as usize];
         let (entries, metadata) = parse_header(header, limits)?;
         let data = bytes.slice(data_start as usize..)?;
-        let ranges = check_tiling(&entries, data.len() as u64, data_start)?;
-
-        // A name listed twice is refused by the index (`Duplicate`).
+        // A name listed twice is refused by the index (`Duplicate`), before the ranges
+        // are checked: its two entries would otherwise be reported as overlapping.
         let mut index = TensorIndex::with_capacity(entries.len());
         for entry in &entries {
             index.push(tensor_info(Arc::clone(&entry.name), entry, data_start)?)?;
         }
+        let ranges = check_tiling(&entries, data.len() as u64, data_start)?;
         let attributes = metadata
             .iter()
             .flatten()
@@ -656,12 +656,15 @@ fn tensor_info(name: Arc<str>, entry: &HeaderEntry, data_start: u64) -> Result<T
 }
 
 /// True when `head` (a file's first 10 bytes or more) looks like a safetensors file:
-/// a plausible header length followed by the JSON object's `{`.
+/// a header length followed by the JSON object's `{`. A length under 4 GiB that is
+/// implausible (0, 1, or over the header limit) still counts, so that the reader
+/// names what is wrong (`Truncated`, `LimitExceeded`) rather than calling the format
+/// unrecognised; larger "lengths" are text or another format's magic.
 pub fn sniff(head: &[u8]) -> bool {
     match (head.get(..8), head.get(8)) {
         (Some(len), Some(b'{')) => {
             let n = u64::from_le_bytes(len.try_into().expect("8 bytes"));
-            (2..=MAX_HEADER_BYTES).contains(&n)
+            n < 1 << 32
         }
         _ => false,
     }
@@ -1100,6 +1103,9 @@ mod tests {
         let message = |h: &str, data: &[u8]| open(h, data).err().map(|e| e.to_string()).unwrap();
         let dup = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
         assert!(matches!(open(dup, &[1, 2]), Err(Error::Duplicate { .. })));
+        // Listed twice over the same bytes: still a duplicate, not an overlap.
+        let same = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+        assert!(matches!(open(same, &[1]), Err(Error::Duplicate { .. })));
         let twice = r#"{"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}}"#;
         assert!(message(twice, &[1]).contains("`dtype` appears twice"));
         let not_object = r#"{"a":[1,2]}"#;
@@ -1164,5 +1170,17 @@ mod tests {
         assert!(sniff(&file("{}", &[])));
         assert!(!sniff(b"GGUF\x03\x00\x00\x00{"));
         assert!(!sniff(b"\x02\0\0\0\0\0\0\0["));
+        assert!(!sniff(b"{\"meta\":{\"a\": 1}}"), "JSON text");
+        // Implausible lengths are still safetensors, so the reader can say why.
+        assert!(sniff(b"\0\0\0\0\0\0\0\0{}"));
+        let huge = (MAX_HEADER_BYTES + 1).to_le_bytes();
+        assert!(sniff(&[&huge[..], b"{}"].concat()));
+        let err = SafetensorsReader::from_bytes(
+            Bytes::from_vec([&huge[..], b"{}"].concat()),
+            &Limits::default(),
+        )
+        .err()
+        .expect("refused");
+        assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
     }
 }

@@ -121,8 +121,9 @@ class Reader(_native.Reader):
 
 
 def _on_cpu(device):
-    """True when a torch ``device`` argument names the CPU."""
-    return device == "cpu" or str(device) == "cpu"
+    """True when a torch ``device`` argument names the CPU (``None``, as safetensors
+    and torch take it, included)."""
+    return device is None or device == "cpu" or str(device).partition(":")[0] == "cpu"
 
 
 def _shared_torch(reader, tt, name):

@@ -99,9 +99,14 @@ def torch_to_bytes(tensor):
             raise TypeError(f"tensorwire has no type for torch dtype {tensor.dtype}")
         shape_scale = 2 if name == _F4 else 1
     t = tensor.detach()
+    if t.layout != torch.strided:
+        raise TypeError(f"cannot write a {t.layout} tensor: only dense ones "
+                        "(call .to_dense() first)")
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    # Lazily conjugated or negated tensors (x.conj(), torch._neg_view) keep their bits
+    # apart from their memory: resolve them, or the memory's values would be written.
+    t = t.resolve_conj().resolve_neg().contiguous()
     shape = list(t.shape)
     if shape_scale != 1:
         if not shape:

@@ -39,6 +39,15 @@ Differences from the ``safetensors`` package:
   everywhere, come back as their raw bytes (``uint8``); ``get_slice(name).get_dtype()``
   names them, and saving those bytes again writes ``U8``.
 - Frameworks are ``"np"`` (``"numpy"``) and ``"pt"`` (``"torch"``).
+- With numpy, every ``get_tensor`` of one name returns a view of the same bytes (the
+  package gives a fresh array each time): an in-place change to one shows in the
+  others. Use ``np.array(...)`` for a private copy.
+- Slices follow numpy's indexing rules with numpy (negative bounds and steps,
+  ``None``, lists, and ``True``/``False`` as masks, where the package reads a bool as
+  the index 1) and torch's with torch.
+- ``SafetensorError`` is ``tensorwire.TensorwireError``, the base of tensorwire's
+  errors (a missing tensor is also a ``KeyError``, a bad argument a ``ValueError``,
+  an I/O error an ``OSError``, which is not a ``TensorwireError``).
 """
 
 from __future__ import annotations
@@ -48,7 +57,12 @@ import numpy as np
 from .. import _native
 from .._reader import Reader, _logical_name, _on_cpu, _torch_interop
 
-__all__ = ["safe_open", "save_file", "save", "load_file", "load", "numpy", "torch"]
+TensorwireError = _native.TensorwireError
+#: The package's error class: here, the base of tensorwire's errors.
+SafetensorError = TensorwireError
+
+__all__ = ["safe_open", "save_file", "save", "load_file", "load", "numpy", "torch",
+           "SafetensorError"]
 
 # tensorwire dtype names -> safetensors dtype names.
 _SAFETENSORS_NAMES = {
@@ -117,6 +131,8 @@ class safe_open:
         device: where torch tensors go (``"cpu"``, ``"cuda:0"``, ...).
     """
 
+    _reader = None  # until the file is open (a repr of a failed open then works)
+
     def __init__(self, filename, framework="np", device="cpu"):
         self._reader = Reader(filename)
         try:
@@ -178,6 +194,15 @@ class TensorSlice:
         self._loader = loader
         self._name = name
         self._meta = meta
+        # A view taken now, while the file is open, keeps the map: the slice still
+        # reads after the file is closed, as the package's slices do. Only for bytes
+        # stored as they are (a compressed tensor is decoded when indexed).
+        self._view = None
+        if all(c.get("encoding", "raw") == "raw" for c in (meta.components or {}).values()):
+            try:
+                self._view = loader.whole(name)
+            except TensorwireError:
+                pass  # not a dense tensor: indexing raises what it raises
 
     def get_shape(self):
         """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
@@ -194,7 +219,8 @@ class TensorSlice:
         return _SAFETENSORS_NAMES.get(name, name)
 
     def __getitem__(self, index):
-        return self._loader.from_view(self._loader.whole(self._name)[index])
+        whole = self._view if self._view is not None else self._loader.whole(self._name)
+        return self._loader.from_view(whole[index])
 
     def __len__(self):
         shape = self.get_shape()
