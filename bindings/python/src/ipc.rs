@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
-use tensorwire::ipc::cuda::{self, CudaMapping, ProducerEvent};
+use tensorwire::ipc::cuda::{self, Opened, ProducerEvent};
 use tensorwire::ipc::schema::{
     Concurrency, EndpointInfo, EndpointOptions, Execution, Framework, Location, Node, ObjectInfo,
     Payload, ServerInfo, StorageDesc, TaskInfo, TaskState, TensorDesc,
@@ -517,10 +517,12 @@ pub fn ipc_encode(
     let mut tensors = tensor_descs(tensors, &specs)?;
     let reach = reached(&tensors, specs.len()).map_err(crate::errors::to_pyerr)?;
     for t in &mut tensors {
-        if let (Some(StorageSpec::Host(_)), Some((lo, _))) =
+        if let (Some(StorageSpec::Host(_)), Some(&(lo, hi))) =
             (specs.get(t.storage as usize), reach.get(t.storage as usize))
         {
-            t.offset -= lo;
+            // An empty tensor reaches no byte, so it may lie outside what is sent: it
+            // keeps its place when that is inside, and is put at an end otherwise.
+            t.offset = t.offset.saturating_sub(lo).min(hi - lo);
         }
     }
     let mut builder = OutgoingBuilder::new();
@@ -716,7 +718,9 @@ impl CudaStorage {
 
     /// Opens the allocation (once per process; later opens reuse the mapping) and
     /// returns the storage's device memory. `lease` (any object) is kept alive as long
-    /// as the buffer, and so as long as any tensor made from it.
+    /// as the buffer, and so as long as any tensor made from it. Memory of this
+    /// process sent back by a peer is not opened: the buffer's `local` is then true,
+    /// and it keeps nothing alive (the caller builds on the storage that owns it).
     #[pyo3(signature = (lease=None))]
     fn open(&self, py: Python<'_>, lease: Option<Py<PyAny>>) -> PyResult<CudaBuffer> {
         // The payload check made every CUDA location's fields the right size.
@@ -724,9 +728,9 @@ impl CudaStorage {
             .location
             .cuda_export()
             .ok_or_else(|| PyValueError::new_err("not a CUDA storage with an allocation"))?;
-        let mapping = py.detach(|| cuda::import(&export)).or_raise(py)?;
+        let opened = py.detach(|| cuda::open_export(&export)).or_raise(py)?;
         Ok(CudaBuffer {
-            mapping,
+            opened,
             offset,
             len: self.len,
             event,
@@ -741,7 +745,8 @@ impl CudaStorage {
 /// made from it, lives.
 #[pyclass(frozen, module = "tensorwire._native", name = "CudaBuffer")]
 pub struct CudaBuffer {
-    mapping: Arc<CudaMapping>,
+    /// The mapping (kept open while this lives), or this process's own memory.
+    opened: Opened,
     offset: u64,
     len: u64,
     event: Option<[u8; 64]>,
@@ -757,7 +762,7 @@ impl CudaBuffer {
         let Some(event) = self.event else {
             return Ok(());
         };
-        let uuid = self.mapping.device_uuid();
+        let uuid = self.opened.device_uuid();
         py.detach(|| cuda::wait_event(&uuid, &event, stream))
             .or_raise(py)
     }
@@ -765,7 +770,7 @@ impl CudaBuffer {
     /// Device address of the first byte.
     #[getter]
     fn ptr(&self) -> u64 {
-        self.mapping.device_ptr() + self.offset
+        self.opened.device_ptr() + self.offset
     }
 
     /// Bytes.
@@ -777,7 +782,7 @@ impl CudaBuffer {
     /// The device's ordinal in this process.
     #[getter]
     fn device(&self) -> i32 {
-        self.mapping.device_ordinal()
+        self.opened.device_ordinal()
     }
 
     /// The producer's event handle (bytes) the consumer waits on, or None: storages
@@ -791,7 +796,7 @@ impl CudaBuffer {
     /// the caller then builds on the storage that owns it here, which keeps it alive.
     #[getter]
     fn local(&self) -> bool {
-        self.mapping.is_local()
+        matches!(self.opened, Opened::Local(_))
     }
 
     #[getter]

@@ -392,6 +392,22 @@ def test_ipc_memory_passed_on_to_a_third_process(sock, cuda_server):
         c.call("keep", None)
 
 
+def test_ipc_own_memory_no_tensor_holds_any_more_is_refused(sock, cuda_server):
+    """The server kept a tensor of ours; we dropped ours. Sent back, that memory is
+    still allocated in torch's cache (the handle resolves) but no storage here owns it:
+    a ValueError, never a tensor over memory torch may hand to someone else."""
+    import gc
+
+    with ipc.Client(sock, timeout=60) as c:
+        t = torch.randn(1000, device="cuda")
+        c.call("keep", t)
+        del t
+        gc.collect()
+        with pytest.raises(ValueError, match="no tensor here holds"):
+            c.call("kept")
+        c.call("keep", None)
+
+
 def test_ipc_server_killed_while_client_holds_cuda_view(sock, cuda_server):
     with ipc.Client(sock, timeout=60) as c:
         got = c.call("views")

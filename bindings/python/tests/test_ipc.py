@@ -251,7 +251,7 @@ def test_malformed_and_oversized_frames(sock):
 
         s = socket.socket(socket.AF_UNIX)
         s.connect(sock)
-        s.sendall(struct.pack("<4sHBBII", b"TWIP", 1, 1, 0, 7, 1 << 30))
+        s.sendall(struct.pack("<4sHBBII", b"TWIP", 2, 1, 0, 7, 1 << 30))
         _, rid, body = _read_frame(s)
         assert b"above the limit" in body
         s.close()
@@ -259,7 +259,7 @@ def test_malformed_and_oversized_frames(sock):
         # A body that is not a message: an error for that request; the connection lives.
         s = socket.socket(socket.AF_UNIX)
         s.connect(sock)
-        s.sendall(struct.pack("<4sHBBII", b"TWIP", 1, 1, 0, 5, 3) + b"\xff\x00\x13")
+        s.sendall(struct.pack("<4sHBBII", b"TWIP", 2, 1, 0, 5, 3) + b"\xff\x00\x13")
         _, rid, body = _read_frame(s)
         assert rid == 5 and b"BadRequest" in body
         s.close()
@@ -539,12 +539,28 @@ def test_a_torch_view_sends_only_the_bytes_it_reaches():
     assert value.nbytes == 64 and value.copied == 64
 
 
+def test_empty_views_beside_views_of_one_storage(torch_server):
+    """Empty views reach no byte; they travel with their view neighbours whatever their
+    offsets (one below the sent range used to wrap around)."""
+    import torch
+
+    x = torch.arange(100, dtype=torch.float32)
+    value = {"a": x[10:20], "before": x[0:0], "after": x[90:90], "inside": x[15:15]}
+    with ipc.Client(torch_server) as c:
+        back = c.call("echo", value)
+    assert torch.equal(back["a"], x[10:20])
+    for name in ("before", "after", "inside"):
+        assert back[name].shape == (0,) and back[name].dtype == torch.float32
+    assert back["inside"].untyped_storage().data_ptr() == back["a"].untyped_storage().data_ptr()
+
+
 def _bare_decoder(allowed=()):
     from tensorwire._ipc_codec import Decoder
 
     d = Decoder.__new__(Decoder)
     d.allowed_modules = tuple(allowed)
     d._tensors, d._params, d._modules, d._torch_storages = {}, {}, {}, {}
+    d._cuda_devices, d._waited, d._empties = {}, set(), {}
     d.lease = None
     return d
 

@@ -679,9 +679,9 @@ pub fn export_pointer(ptr: u64, len: u64) -> Result<(CudaExport, u64)> {
 }
 
 /// Allocations this process exported, by (device UUID, handle), with their base here: a peer
-/// that sends one back (an echo, or a tensor it got from us) gets our own memory, not an
-/// IPC mapping (CUDA refuses to open a handle in the process that made it). Bounded; a
-/// forgotten entry only means such a handle fails to open.
+/// that sends one back (an echo, or a tensor it got from us) is given our own memory by
+/// [`open_export`], not an IPC mapping (CUDA refuses to open a handle in the process that
+/// made it). Bounded; a forgotten entry only means such a handle fails to open.
 static EXPORTED: Mutex<BoundedCache<MappingKey, u64>> =
     Mutex::new(BoundedCache::new(EXPORTED_CAPACITY));
 
@@ -690,11 +690,13 @@ static EXPORTED: Mutex<BoundedCache<MappingKey, u64>> =
 /// (`cuIpcGetMemHandle` refuses it), so a tensor received from a peer and shared on — back to
 /// its owner or to a third process — goes out as the owner's export.
 fn reexport_of_import(ptr: u64, len: u64) -> Result<Option<(CudaExport, u64)>> {
-    let live: Vec<Arc<CudaMapping>> = lock(&MAPPINGS).values().filter_map(Weak::upgrade).collect();
-    let Some(mapping) = live
-        .iter()
-        .find(|m| m.imported && (m.ptr..m.ptr.saturating_add(m.size)).contains(&ptr))
-    else {
+    // Only the mapping holding `ptr` is upgraded; it is dropped after the lock is let go
+    // (a last `Arc` dropped under the lock would deadlock in `CudaMapping::drop`).
+    let mapping = lock(&MAPPINGS)
+        .values()
+        .find(|entry| (entry.ptr..entry.ptr.saturating_add(entry.size)).contains(&ptr))
+        .and_then(|entry| entry.mapping.upgrade());
+    let Some(mapping) = mapping else {
         return Ok(None);
     };
     let offset = offset_in_allocation(ptr, len, mapping.ptr, mapping.export.alloc_size)?;
@@ -842,6 +844,10 @@ impl<K: Ord + Clone, V> BoundedCache<K, V> {
         pushed_out
     }
 
+    fn remove(&mut self, key: &K) -> Option<V> {
+        self.entries.remove(key).map(|(value, _)| value)
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.len()
@@ -910,7 +916,15 @@ type MappingKey = ([u8; 16], [u8; 64]);
 
 /// The live mappings of this process. An entry whose `Weak` is dead belongs to a mapping whose
 /// drop is closing it right now; the drop removes the entry once the handle is closed.
-static MAPPINGS: Mutex<BTreeMap<MappingKey, Weak<CudaMapping>>> = Mutex::new(BTreeMap::new());
+static MAPPINGS: Mutex<BTreeMap<MappingKey, MappingEntry>> = Mutex::new(BTreeMap::new());
+
+/// A live mapping, and where it lies in this process (to find it by address without
+/// upgrading every `Weak`).
+struct MappingEntry {
+    mapping: Weak<CudaMapping>,
+    ptr: u64,
+    size: u64,
+}
 /// Signalled when a mapping has been closed and its entry removed.
 static MAPPING_CLOSED: Condvar = Condvar::new();
 static OPENED: AtomicU64 = AtomicU64::new(0);
@@ -918,19 +932,12 @@ static LIVE: AtomicU64 = AtomicU64::new(0);
 
 /// One imported allocation mapped into this process. Closed (`cuIpcCloseMemHandle`, with its
 /// device's primary context pushed) when the last `Arc` goes.
-///
-/// When the export came from this process itself (a peer sent our own memory back), the
-/// "mapping" is that memory, opened and closed by nothing: [`CudaMapping::is_local`] is true,
-/// and the caller must keep the memory's owner (the tensor it was exported from) alive for as
-/// long as it uses the pointer.
 pub struct CudaMapping {
     ptr: u64,
     size: u64,
     key: MappingKey,
     /// What was imported (the exporter's base and allocation size).
     export: CudaExport,
-    /// False for memory of this process (see above): nothing to close.
-    imported: bool,
     /// Keeps the primary context alive while the mapping lives.
     ctx: PrimaryContext,
 }
@@ -966,12 +973,6 @@ impl CudaMapping {
         self.key.0
     }
 
-    /// True when the export was this process's own memory (no IPC mapping was opened; see
-    /// the type's documentation for who keeps it alive).
-    pub fn is_local(&self) -> bool {
-        !self.imported
-    }
-
     /// Copies `dst.len()` bytes at `offset` in the mapping to host memory (synchronous, on the
     /// legacy default stream). A helper for tests, tools and non-PyTorch consumers.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
@@ -982,9 +983,6 @@ impl CudaMapping {
 
 impl Drop for CudaMapping {
     fn drop(&mut self) {
-        if !self.imported {
-            return;
-        }
         let driver = self.ctx.driver;
         // Close under the cache lock, so no import can open the handle again before it is closed.
         let mut cache = lock(&MAPPINGS);
@@ -995,7 +993,7 @@ impl Drop for CudaMapping {
         }
         let ours = cache
             .get(&self.key)
-            .is_some_and(|weak| ptr::eq(weak.as_ptr(), self));
+            .is_some_and(|entry| ptr::eq(entry.mapping.as_ptr(), self));
         if ours {
             cache.remove(&self.key);
         }
@@ -1031,18 +1029,15 @@ pub fn import_stats() -> ImportStats {
 /// opened with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`; its size (`cuMemGetAddressRange`) must be
 /// at least `export.alloc_size`.
 ///
-/// An export this process made itself (a peer sent it back) is not opened: the result is that
-/// memory, with [`CudaMapping::is_local`] true.
+/// CUDA refuses to open a handle in the process that exported it: for an export that may be
+/// this process's own memory sent back, use [`open_export`].
 pub fn import(export: &CudaExport) -> Result<Arc<CudaMapping>> {
     let driver = CudaDriver::get()?;
-    if let Some(local) = own_export(driver, export)? {
-        return Ok(Arc::new(local));
-    }
     let key = (export.device_uuid, export.handle);
     let mut cache = lock(&MAPPINGS);
     let started = Instant::now();
     loop {
-        match cache.get(&key).map(Weak::upgrade) {
+        match cache.get(&key).map(|entry| entry.mapping.upgrade()) {
             None => break,
             Some(Some(mapping)) => return Ok(mapping),
             Some(None) => {
@@ -1092,21 +1087,85 @@ pub fn import(export: &CudaExport) -> Result<Arc<CudaMapping>> {
         size,
         key,
         export: export.clone(),
-        imported: true,
         ctx,
     });
-    cache.insert(key, Arc::downgrade(&mapping));
+    cache.insert(
+        key,
+        MappingEntry {
+            mapping: Arc::downgrade(&mapping),
+            ptr,
+            size,
+        },
+    );
     Ok(mapping)
 }
 
-/// `export` as this process's own memory, when this process exported it and the allocation
-/// at its base still has that handle (a freed and reused address gets a new handle).
-fn own_export(driver: &'static CudaDriver, export: &CudaExport) -> Result<Option<CudaMapping>> {
+/// Memory of this process that a peer sent back (see [`open_export`]). Nothing was opened
+/// for it and nothing closes it: whoever owns the memory here must keep it alive while the
+/// pointer is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalMemory {
+    /// The allocation's base in this process.
+    pub ptr: u64,
+    /// The allocation's size (as exported).
+    pub size: u64,
+    /// The device's ordinal in this process.
+    pub device_ordinal: i32,
+    /// The device's UUID.
+    pub device_uuid: [u8; 16],
+}
+
+/// What an export opens to in this process.
+#[derive(Debug, Clone)]
+pub enum Opened {
+    /// Another process's allocation, mapped (closed with its last `Arc`).
+    Mapped(Arc<CudaMapping>),
+    /// This process's own allocation, sent back by a peer.
+    Local(LocalMemory),
+}
+
+impl Opened {
+    /// The allocation's base in this process.
+    pub fn device_ptr(&self) -> u64 {
+        match self {
+            Opened::Mapped(mapping) => mapping.device_ptr(),
+            Opened::Local(local) => local.ptr,
+        }
+    }
+
+    /// The device's ordinal in this process.
+    pub fn device_ordinal(&self) -> i32 {
+        match self {
+            Opened::Mapped(mapping) => mapping.device_ordinal(),
+            Opened::Local(local) => local.device_ordinal,
+        }
+    }
+
+    /// The device's UUID.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        match self {
+            Opened::Mapped(mapping) => mapping.device_uuid(),
+            Opened::Local(local) => local.device_uuid,
+        }
+    }
+}
+
+/// [`import`], except that an export this process made itself — a peer sending our own
+/// memory back, as an echo or a tensor it got from us, which CUDA refuses to open here —
+/// comes back as [`Opened::Local`]: this process remembers the allocations it exported
+/// (the [`EXPORTED_CAPACITY`] most recent) and checks that an allocation at that base still
+/// has that handle. A handle of ours whose allocation has been freed since is an error. The
+/// driver cannot tell a new allocation that took the same address (it gives it the same
+/// handle): the caller must check that the memory still belongs to what it shared, as the
+/// Python decoder does through its live storages.
+pub fn open_export(export: &CudaExport) -> Result<Opened> {
+    let driver = CudaDriver::get()?;
     let key = (export.device_uuid, export.handle);
     let Some(base) = lock(&EXPORTED).get(&key).copied() else {
-        return Ok(None);
+        return import(export).map(Opened::Mapped);
     };
-    let ctx = PrimaryContext::retain(driver, driver.device_by_uuid(&export.device_uuid)?)?;
+    let device_ordinal = driver.device_by_uuid(&export.device_uuid)?;
+    let ctx = PrimaryContext::retain(driver, device_ordinal)?;
     let still_ours = {
         let _guard = ctx.push()?;
         match driver.address_range(base) {
@@ -1117,15 +1176,17 @@ fn own_export(driver: &'static CudaDriver, export: &CudaExport) -> Result<Option
         }
     };
     if !still_ours {
-        return Ok(None);
+        lock(&EXPORTED).remove(&key);
+        return Err(IpcError::Tensor(tensorwire_core::Error::invalid(
+            "a peer sent back a CUDA IPC handle of memory this process has freed since \
+             it shared it",
+        )));
     }
-    Ok(Some(CudaMapping {
+    Ok(Opened::Local(LocalMemory {
         ptr: base,
         size: export.alloc_size,
-        key,
-        export: export.clone(),
-        imported: false,
-        ctx,
+        device_ordinal,
+        device_uuid: export.device_uuid,
     }))
 }
 
@@ -1298,6 +1359,7 @@ mod tests {
         };
         assert!(is_unavailable(export_pointer(0x1000, 16)));
         assert!(is_unavailable(import(&export)));
+        assert!(is_unavailable(open_export(&export)));
         assert!(is_unavailable(wait_event(&[7; 16], &[9; 64], 0)));
         assert!(is_unavailable(ProducerEvent::record(0, 0)));
         assert!(is_unavailable(DeviceBuffer::alloc(0, 16)));
@@ -1449,19 +1511,38 @@ mod tests {
 
         // Our own export, sent back: the memory itself, no IPC mapping opened.
         let before = import_stats();
-        let local = import(&export).expect("own export");
-        assert!(local.is_local());
-        assert_eq!(local.device_ptr(), buffer.device_ptr());
+        match open_export(&export).expect("own export") {
+            Opened::Local(local) => {
+                assert_eq!(local.ptr, buffer.device_ptr());
+                assert_eq!(local.device_uuid, uuid);
+            }
+            Opened::Mapped(mapping) => panic!("our own memory was mapped: {mapping:?}"),
+        }
         assert_eq!(import_stats(), before);
-        drop(local);
-
-        // Once the allocation is freed, its handle is no longer ours to resolve: opening it
-        // is the driver's error (CUDA refuses a handle in the process that made it).
-        drop(buffer);
+        // `import` itself never resolves our memory: CUDA refuses the handle here.
         match import(&export) {
             Err(IpcError::Cuda { call, .. }) => assert_eq!(call, "cuIpcOpenMemHandle"),
-            Ok(mapping) => assert!(!mapping.is_local(), "freed memory resolved as ours"),
+            Ok(mapping) => eprintln!("note: this driver opened a same-process handle: {mapping:?}"),
             Err(other) => panic!("unexpected error: {other}"),
+        }
+
+        // Once the allocation is freed, the handle no longer resolves: a clear error. (A
+        // new allocation that takes the same address gets the same handle from the driver
+        // — seen on an H200 with driver 580 — and would resolve; the Python decoder's
+        // check for a live storage owning the memory is what refuses that.)
+        let freed_base = buffer.device_ptr();
+        drop(buffer);
+        let driver = CudaDriver::get().expect("driver");
+        let reused = {
+            let ctx = PrimaryContext::retain(driver, 0).expect("context");
+            let _guard = ctx.push().expect("push");
+            driver.address_range(freed_base).is_ok()
+        };
+        if reused {
+            eprintln!("note: another test's allocation took the freed address");
+        } else {
+            let err = open_export(&export).expect_err("freed memory resolved as ours");
+            assert!(err.to_string().contains("freed"), "{err}");
         }
         assert_eq!(import_stats().live, before.live);
     }
@@ -1540,6 +1621,12 @@ mod tests {
         let mut bytes = vec![0u8; usize::try_from(len).expect("len")];
         mapping.read(offset, &mut bytes).expect("read");
         println!("CHILD_BYTES={}", hex(&bytes));
+
+        // In the importing process, `open_export` maps (the handle is not ours).
+        match open_export(&export).expect("open export") {
+            Opened::Mapped(same) => assert!(Arc::ptr_eq(&same, &mapping)),
+            Opened::Local(local) => panic!("another process's memory taken as ours: {local:?}"),
+        }
 
         // Imported memory shared on goes out as the exporter's handle, at the same offset.
         let (again_out, again_offset) =

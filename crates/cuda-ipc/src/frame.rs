@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     4  magic "TWIP"
-//!      4     2  protocol version (u16 LE), currently 1
+//!      4     2  protocol version (u16 LE), currently 2
 //!      6     1  kind: 1 request, 2 response
 //!      7     1  number of file descriptors sent with the frame (SCM_RIGHTS)
 //!      8     4  request id (u32 LE), echoed by the response
@@ -20,7 +20,7 @@ use crate::error::{IpcError, Result};
 /// The magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"TWIP";
 /// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Size of the frame header.
 pub const HEADER_LEN: usize = 16;
 /// The most descriptors one frame may carry (the kernel's own cap is 253).

@@ -601,7 +601,8 @@ impl TensorDesc {
             .offset
             .checked_add(extent)
             .ok_or_else(|| "offset + extent overflows".to_string())?;
-        if extent > 0 && end > storage.len {
+        // An empty tensor reaches no byte, but its offset must still lie in the storage.
+        if end > storage.len {
             return Err(format!(
                 "bytes {}..{end} lie outside its {}-byte storage",
                 self.offset, storage.len
@@ -706,6 +707,14 @@ mod tests {
         let mut p = good.clone();
         p.tensors[0].dtype = "f128".into();
         assert!(p.validate(1).is_err());
+
+        // An empty tensor reaches no byte, but its offset must lie in its storage.
+        let mut p = good.clone();
+        p.tensors[0].shape = vec![0, 3];
+        p.tensors[0].offset = 88;
+        p.validate(1).unwrap();
+        p.tensors[0].offset = 89;
+        assert!(p.validate(1).is_err(), "an empty tensor past its storage");
 
         let mut p = good.clone();
         p.storages[0].location = Location::Cuda {

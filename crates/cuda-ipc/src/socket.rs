@@ -379,7 +379,7 @@ mod tests {
             Received::Idle
         ));
         let mut w = &a;
-        w.write_all(b"TWIP\x01\x00").unwrap();
+        w.write_all(b"TWIP\x02\x00").unwrap();
         drop(a);
         let err = recv_frame(&b, &FrameLimits::default(), Duration::from_secs(1)).unwrap_err();
         assert!(err.to_string().contains("inside a frame header"), "{err}");

@@ -94,7 +94,8 @@ pub enum ReceivedStorage {
         /// The storage's length.
         len: u64,
     },
-    /// A CUDA storage, to be opened with [`crate::cuda::import`].
+    /// A CUDA storage, to be opened with [`crate::cuda::open_export`] (or
+    /// [`crate::cuda::import`] where it cannot be this process's own memory).
     Cuda(Location),
 }
 

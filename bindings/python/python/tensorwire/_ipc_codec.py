@@ -33,10 +33,11 @@ def _torch():
 
 # The CUDA storages this process has shared, by (device index, data_ptr): weak
 # references, so that memory a peer sends back (an echo, or a tensor it got from us) is
-# rebuilt on the storage that owns it here, which keeps it alive. Pruned as it grows.
+# rebuilt on the storage that owns it here, which keeps it alive. Dead entries are
+# pruned when the table has doubled since the last pruning.
 _EXPORTED_CUDA = {}
 _EXPORTED_CUDA_LOCK = threading.Lock()
-_EXPORTED_CUDA_PRUNE_AT = 1024
+_EXPORTED_CUDA_PRUNE_AT = [1024]
 
 
 def _remember_cuda_storage(device_index, storage):
@@ -45,22 +46,38 @@ def _remember_cuda_storage(device_index, storage):
         known = _EXPORTED_CUDA.get(key)
         if known is not None and known() is storage:
             return
-        if len(_EXPORTED_CUDA) >= _EXPORTED_CUDA_PRUNE_AT:
+        if len(_EXPORTED_CUDA) >= _EXPORTED_CUDA_PRUNE_AT[0]:
             for dead in [k for k, ref in _EXPORTED_CUDA.items() if ref() is None]:
                 del _EXPORTED_CUDA[dead]
+            _EXPORTED_CUDA_PRUNE_AT[0] = max(1024, 2 * len(_EXPORTED_CUDA))
         _EXPORTED_CUDA[key] = weakref.ref(storage)
 
 
 def _owning_cuda_storage(device_index, ptr, nbytes):
-    """The live storage of this process holding ``[ptr, ptr + nbytes)``, or None."""
+    """``(storage, ptr - its data_ptr)`` for the live storage of this process holding
+    ``[ptr, ptr + nbytes)``, or None. A storage sent back whole (the usual case) is
+    found by its address; a part of one by a scan."""
+    def holding(ref):
+        storage = ref() if ref is not None else None
+        if storage is None:
+            return None
+        start = storage.data_ptr()  # read once: the checks and the offset agree
+        if start <= ptr and ptr + nbytes <= start + storage.nbytes():
+            return storage, ptr - start
+        return None
+
+    with _EXPORTED_CUDA_LOCK:
+        exact = _EXPORTED_CUDA.get((device_index, ptr))
+    found = holding(exact)
+    if found is not None:
+        return found
     with _EXPORTED_CUDA_LOCK:
         refs = [ref for (dev, start), ref in _EXPORTED_CUDA.items()
                 if dev == device_index and start <= ptr]
     for ref in refs:
-        storage = ref()
-        if storage is not None and storage.data_ptr() <= ptr \
-                and ptr + nbytes <= storage.data_ptr() + storage.nbytes():
-            return storage
+        found = holding(ref)
+        if found is not None:
+            return found
     return None
 
 
@@ -322,12 +339,11 @@ class Decoder:
                 self._waited.add((buf.device, event))
             if buf.local:
                 # Our own memory, sent back: view it on the storage that owns it here.
-                owner = _owning_cuda_storage(buf.device, buf.ptr, buf.nbytes)
-                if owner is None:
+                done = _owning_cuda_storage(buf.device, buf.ptr, buf.nbytes)
+                if done is None:
                     raise ValueError(
                         "the peer sent back CUDA memory of this process that no tensor "
                         "here holds any more")
-                done = (owner, buf.ptr - owner.data_ptr())
             else:
                 done = (torch.as_tensor(buf, device=device).untyped_storage(), 0)
         self._torch_storages[storage_index] = done
