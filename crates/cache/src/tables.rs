@@ -239,8 +239,15 @@ impl Shared {
         (self.region.get32(h::FREE_COUNT) as usize).min(self.layout.max_entries + 2)
     }
 
-    /// First fit. Returns the block's offset in the data region.
+    /// First fit. Returns the block's offset in the data region. Lock held.
+    ///
+    /// A free table with an extent outside the data region (a corrupted segment) is
+    /// rebuilt from the slots first: a block handed out from it would have its value
+    /// written wherever the extent says, the header and the lock included.
     pub(crate) fn alloc_block(&self, size: u64) -> Option<u64> {
+        if !self.free_table_in_range() {
+            self.recover();
+        }
         let count = self.free_count();
         let i = (0..count).find(|&i| self.extent(i).1 >= size)?;
         let (o, n) = self.extent(i);
@@ -254,6 +261,15 @@ impl Shared {
         }
         self.region.add64(h::USED_BYTES, size);
         Some(o)
+    }
+
+    /// True when every free extent lies inside the data region.
+    fn free_table_in_range(&self) -> bool {
+        let end = self.layout.data_size as u64;
+        (0..self.free_count()).all(|i| {
+            let (o, n) = self.extent(i);
+            o.checked_add(n).is_some_and(|stop| stop <= end)
+        })
     }
 
     /// Returns a block to the table, merging it with free neighbours.

@@ -278,6 +278,31 @@ fn raw_write(segment: &Segment, offset: usize, data: &[u8]) {
 }
 
 #[test]
+fn a_free_table_pointing_outside_the_data_region_is_rebuilt_not_written_through() {
+    // A free extent whose offset wraps the data region's start around to the header:
+    // a put taking it used to write its value over the header and the lock.
+    let f = cache(256 << 10, Some(16));
+    let c = &f.0;
+    c.put("kept", &[5u8; 1000], None).unwrap();
+    let raw = Segment::open(c.name(), tensorwire_shm::Access::ReadWrite).unwrap();
+    let header = raw.as_slice()[..c.layout().free_offset].to_vec();
+    let wrap = (c.layout().data_offset as u64).wrapping_neg();
+    let mut extent = wrap.to_le_bytes().to_vec();
+    extent.extend_from_slice(&(1u64 << 20).to_le_bytes());
+    raw_write(&raw, c.layout().free_offset, &extent);
+
+    c.put("new", &[7u8; 4096], None).unwrap();
+    assert_eq!(
+        &raw.as_slice()[..64],
+        &header[..64],
+        "the header was written over"
+    );
+    c.check_consistency().unwrap();
+    assert_eq!(&c.get("kept").unwrap().unwrap()[..], &[5u8; 1000][..]);
+    assert_eq!(&c.get("new").unwrap().unwrap()[..], &[7u8; 4096][..]);
+}
+
+#[test]
 fn bad_segments_and_names_are_refused() {
     let missing = TensorCache::attach("tw_no_such_cache_xyz", CacheOptions::default()).unwrap_err();
     assert!(matches!(missing.root(), Error::Io(_)), "{missing}");
