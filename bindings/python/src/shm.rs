@@ -11,7 +11,7 @@
 //! `put` while another process reads the same segment changes what it reads).
 
 use std::borrow::Cow;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, TryLockError};
 
 use numpy::ndarray::ArrayView1;
@@ -97,6 +97,9 @@ pub struct ShmSegment {
     /// Held for writing while `put` writes and for reading while `get` decodes, so no
     /// thread of this process reads the bytes through a slice while they change.
     access: RwLock<()>,
+    /// `put`s waiting for `access`: `get`s stand aside meanwhile, so a reader polling
+    /// in a loop cannot keep a writer out.
+    writers_waiting: AtomicUsize,
 }
 
 /// Writes `encoded` at offset 0 of `segment` (the GIL released for large copies);
@@ -170,13 +173,25 @@ unsafe fn write_to(
 
 /// Takes a lock with `attempt`, letting the GIL go between tries: the thread holding
 /// the lock may need the GIL to finish (a `put` re-takes it after a large copy).
-fn lock_releasing_gil<G>(py: Python<'_>, mut attempt: impl FnMut() -> Option<G>) -> G {
+/// Signals (Ctrl-C) interrupt the wait.
+fn lock_releasing_gil<G>(py: Python<'_>, mut attempt: impl FnMut() -> Option<G>) -> PyResult<G> {
     loop {
         if let Some(guard) = attempt() {
-            return guard;
+            return Ok(guard);
         }
+        py.check_signals()?;
         py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50)));
     }
+}
+
+/// `framed_length` of the packet at the start of `bytes`, reading the magic first: the
+/// writer stores it last (see `write_to`), so once it is seen the acquire fence orders
+/// every later read, the length and the body included, after the writer's stores.
+fn framed_length_after_magic(bytes: &[u8]) -> PyResult<u64> {
+    if bytes.get(..MAGIC.len()) == Some(&MAGIC[..]) {
+        fence(Ordering::Acquire);
+    }
+    framed_length(bytes)
 }
 
 /// Bytes per parallel task when copying into a segment.
@@ -267,6 +282,20 @@ fn create_reclaiming(name: &str, size: usize) -> Result<Segment, Error> {
 }
 
 impl ShmSegment {
+    /// This handle's read access (see `access`), standing aside for waiting `put`s.
+    fn read_access(&self, py: Python<'_>) -> PyResult<std::sync::RwLockReadGuard<'_, ()>> {
+        lock_releasing_gil(py, || {
+            if self.writers_waiting.load(Ordering::SeqCst) > 0 {
+                return None;
+            }
+            match self.access.try_read() {
+                Ok(guard) => Some(guard),
+                Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            }
+        })
+    }
+
     fn wrap(segment: Segment) -> Self {
         ShmSegment {
             name: segment.name().unwrap_or_default().to_owned(),
@@ -274,6 +303,7 @@ impl ShmSegment {
             writable: segment.access() == Access::ReadWrite,
             segment: Mutex::new(Some(Arc::new(segment))),
             access: RwLock::new(()),
+            writers_waiting: AtomicUsize::new(0),
         }
     }
 
@@ -373,11 +403,14 @@ impl ShmSegment {
         };
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, options)?;
-        let _writing = lock_releasing_gil(py, || match self.access.try_write() {
+        self.writers_waiting.fetch_add(1, Ordering::SeqCst);
+        let writing = lock_releasing_gil(py, || match self.access.try_write() {
             Ok(guard) => Some(guard),
             Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         });
+        self.writers_waiting.fetch_sub(1, Ordering::SeqCst);
+        let _writing = writing?;
         // SAFETY: the write lock keeps this handle's `get` from reading meanwhile.
         unsafe { write_to(&encoded, py, &segment) }.or_raise()
     }
@@ -391,14 +424,8 @@ impl ShmSegment {
         factories: &Bound<'py, PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let whole = Bytes::from_arc(self.segment()?);
-        let _reading = lock_releasing_gil(py, || match self.access.try_read() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        });
-        let len = framed_length(whole.as_slice())?;
-        // The body was written before the header this read found (see `write_to`).
-        fence(Ordering::Acquire);
+        let _reading = self.read_access(py)?;
+        let len = framed_length_after_magic(whole.as_slice())?;
         let len = usize::try_from(len)
             .map_err(|_| Error::Overflow {
                 what: "packet length as usize",
@@ -409,8 +436,10 @@ impl ShmSegment {
     }
 
     /// The length of the packet at offset 0.
-    fn packet_length(&self) -> PyResult<u64> {
-        framed_length(self.segment()?.as_slice())
+    fn packet_length(&self, py: Python<'_>) -> PyResult<u64> {
+        let segment = self.segment()?;
+        let _reading = self.read_access(py)?;
+        framed_length_after_magic(segment.as_slice())
     }
 
     /// The whole segment as a 1-D uint8 numpy array that keeps the mapping alive;

@@ -601,3 +601,32 @@ def test_readers_never_see_a_valid_header_over_a_half_written_body(name):
             if child.poll() is None:
                 child.kill()
     assert child.returncode == 0 and out.split() == ["0"], (out, err)
+
+
+def test_a_reader_polling_in_a_loop_does_not_keep_a_put_out(name):
+    import threading
+    import time
+
+    arr = np.ones(1 << 20, dtype=np.float32)
+    with SharedTensor(name, create=True, size=arr.nbytes + 4096) as st:
+        st.put(arr)
+        stop = threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                st.get()
+
+        readers = [threading.Thread(target=poll) for _ in range(2)]
+        for t in readers:
+            t.start()
+        try:
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            for _ in range(5):
+                st.put(arr)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+            for t in readers:
+                t.join()
+        assert took < 3.0, f"5 puts took {took:.1f} s beside polling readers"

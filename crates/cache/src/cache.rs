@@ -215,9 +215,12 @@ impl TensorCache {
             .max_entries
             .unwrap_or_else(|| Layout::default_entries(size));
         let layout = Layout::compute(size, entries, options.max_processes)?;
+        // A pool fills as values arrive: its pages are not committed up front, but a
+        // pool larger than what /dev/shm has free is refused now (`NoSpace`).
         let create = CreateOptions {
             mode: options.mode,
             exclusive: true,
+            allocate: false,
         };
         let segment = Arc::new(Segment::create(&name, size, &create)?);
         let result = Self::initialize(Arc::clone(&segment), layout, name.clone(), options);
@@ -773,6 +776,13 @@ impl Shared {
                 }
             }
             if !checked_fit {
+                // What dead processes held is not "held": repair first (the purge
+                // above may have skipped that stage by freeing something).
+                if !recovered && self.any_registered_process_dead() {
+                    recovered = true;
+                    self.recover();
+                    continue;
+                }
                 checked_fit = true;
                 let held = self.unevictable_bytes();
                 let available = (self.layout.data_size as u64).saturating_sub(held);

@@ -175,6 +175,14 @@ fn stats_count_entries_as_len_does_expired_ones_left_out() {
 }
 
 #[test]
+fn a_pool_larger_than_dev_shm_has_free_is_refused_at_creation() {
+    let err = TensorCache::create(None, 1 << 50, CacheOptions::default())
+        .err()
+        .expect("a 1 PiB pool");
+    assert!(matches!(err.root(), Error::NoSpace { .. }), "{err}");
+}
+
+#[test]
 fn a_value_larger_than_the_pool_fails_without_evicting() {
     let f = cache(256 << 10, None);
     let c = &f.0;

@@ -649,7 +649,10 @@ fn tensor_info(name: Arc<str>, entry: &HeaderEntry, data_start: u64) -> Result<T
         layout,
         nbytes,
         stored_bytes: nbytes,
-        offset: data_start + entry.begin,
+        // Unchecked ranges reach here (duplicates are found before tiling is checked).
+        offset: data_start.checked_add(entry.begin).ok_or(Error::Overflow {
+            what: "safetensors data offset",
+        })?,
         encoding: None,
         attributes: attributes.into(),
     })
@@ -1106,6 +1109,12 @@ mod tests {
         // Listed twice over the same bytes: still a duplicate, not an overlap.
         let same = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
         assert!(matches!(open(same, &[1]), Err(Error::Duplicate { .. })));
+        // Offsets at the top of the range: an error, not an overflow.
+        let top = format!(
+            r#"{{"a":{{"dtype":"U8","shape":[0],"data_offsets":[{m},{m}]}}}}"#,
+            m = u64::MAX
+        );
+        assert!(open(&top, &[]).is_err());
         let twice = r#"{"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}}"#;
         assert!(message(twice, &[1]).contains("`dtype` appears twice"));
         let not_object = r#"{"a":[1,2]}"#;

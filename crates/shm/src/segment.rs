@@ -26,6 +26,12 @@ pub struct CreateOptions {
     /// Fail with `AlreadyExists` when the name is taken (default). When false, an
     /// existing segment of exactly the requested size is opened instead.
     pub exclusive: bool,
+    /// Allocate every page now (`posix_fallocate`; default), so a full `/dev/shm` is
+    /// [`Error::NoSpace`] here rather than a `SIGBUS` at the first write past the
+    /// limit. Costs about a quarter second per GiB and commits the memory at once;
+    /// when false, only the space free now is checked and pages come as they are
+    /// written (a pool that fills slowly, like a cache).
+    pub allocate: bool,
 }
 
 impl Default for CreateOptions {
@@ -33,6 +39,7 @@ impl Default for CreateOptions {
         CreateOptions {
             mode: 0o600,
             exclusive: true,
+            allocate: true,
         }
     }
 }
@@ -77,7 +84,14 @@ impl Segment {
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
         match shm_open(&path, flags, options.mode) {
             Ok(fd) => {
-                let made = allocate(&fd, size)
+                let made = set_size(&fd, size)
+                    .and_then(|()| {
+                        if options.allocate {
+                            allocate(&fd, size)
+                        } else {
+                            check_free_space(size)
+                        }
+                    })
                     .map_err(|e| allocation_error(e, name, size))
                     .and_then(|()| {
                         Segment::map(fd, size, Access::ReadWrite, Some(name.to_owned()))
@@ -399,20 +413,38 @@ fn file_size(fd: &OwnedFd) -> Result<u64> {
 /// How long a non-exclusive create waits for another creator to size its new object.
 const SIZING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Sizes a new object and allocates its pages (`posix_fallocate`); where the file
-/// system cannot allocate ahead, only sizes it.
+/// Allocates the pages of a new object that is already sized (sized first, so that a
+/// process opening it meanwhile sees its size at once); where the file system cannot
+/// allocate ahead, nothing more is done. A signal interrupting a long allocation
+/// restarts it a bounded number of times.
+#[cfg(target_os = "linux")]
 fn allocate(fd: &OwnedFd, size: usize) -> io::Result<()> {
+    const TRIES: usize = 16;
     let len = libc::off_t::try_from(size)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
-    loop {
-        // SAFETY: `fd` is an open, writable descriptor; the call only sizes and
-        // allocates the object it names.
+    for _ in 0..TRIES {
+        // SAFETY: `fd` is an open, writable descriptor; the call only allocates pages
+        // of the object it names.
         match unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len) } {
             0 => return Ok(()),
             libc::EINTR => continue,
-            libc::EOPNOTSUPP | libc::ENOSYS => return set_size(fd, size),
+            libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL => return check_free_space(size),
             code => return Err(io::Error::from_raw_os_error(code)),
         }
+    }
+    Err(io::Error::from_raw_os_error(libc::EINTR))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allocate(_fd: &OwnedFd, size: usize) -> io::Result<()> {
+    check_free_space(size)
+}
+
+/// `ENOSPC` when `/dev/shm` has less than `size` bytes free now (where it can be asked).
+fn check_free_space(size: usize) -> io::Result<()> {
+    match shm_space_left() {
+        Some(free) if free < size as u64 => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+        _ => Ok(()),
     }
 }
 

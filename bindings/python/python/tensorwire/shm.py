@@ -38,7 +38,10 @@ As with tenso, nothing coordinates a writer and the readers of one segment: a
 Use one segment per message, or a protocol of your own, when that matters. A packet
 is written with its magic bytes last (and a :meth:`put` first clears the old ones),
 so a reader that looks while it is being written gets ``BadMagicError`` — retry —
-never a valid header over a half-written body.
+never a valid header over a half-written body. Within one process, a ``get`` and a
+``put`` on the same handle do not overlap (a ``put`` waits for running ``get`` calls,
+and new ones wait for it); separate handles, like separate processes, are not
+coordinated beyond that ordering.
 
 A segment pickles by name (for ``multiprocessing`` workers): unpickling opens it
 again in the receiving process, read-only if it was mapped read-only here.
