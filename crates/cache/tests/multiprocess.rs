@@ -314,8 +314,9 @@ fn a_readers_view_is_unchanged_while_another_process_overwrites() {
     f.0.check_consistency().unwrap();
 }
 
-#[test]
-fn a_dead_readers_pins_are_reclaimed() {
+/// A cache holding, past half its data region, a block only a killed reader pinned;
+/// returns the fixture and that block's size.
+fn pinned_by_a_dead_reader() -> (Fixture, usize) {
     let f = cache(1 << 20, 16);
     let half = f.0.layout().data_size / 2 + 4096;
     f.0.put("pinned", &vec![5; half], None).unwrap();
@@ -324,6 +325,12 @@ fn a_dead_readers_pins_are_reclaimed() {
     f.0.delete("pinned").unwrap();
     assert!(f.0.stats().unwrap().pinned_bytes >= half as u64);
     kill(&mut child);
+    (f, half)
+}
+
+#[test]
+fn a_dead_readers_pins_are_reclaimed() {
+    let (f, half) = pinned_by_a_dead_reader();
     // Needing the space makes the cache repair itself: the dead reader's pin goes.
     f.0.put("big", &vec![6; half], None).unwrap();
     assert_eq!(f.0.stats().unwrap().pinned_bytes, 0);
@@ -334,13 +341,7 @@ fn a_dead_readers_pins_are_reclaimed() {
 fn a_dead_readers_pins_are_reclaimed_even_when_an_expired_entry_goes_first() {
     // The first reserve round purges the expired entry and so skips the dead-process
     // stage; the room check must still not count the dead reader's pin as held.
-    let f = cache(1 << 20, 16);
-    let half = f.0.layout().data_size / 2 + 4096;
-    f.0.put("pinned", &vec![5; half], None).unwrap();
-    let mut child = spawn("pinner", f.0.name(), &[]);
-    wait_for(&mut child, "pinned");
-    f.0.delete("pinned").unwrap();
-    kill(&mut child);
+    let (f, half) = pinned_by_a_dead_reader();
     f.0.put("short", &[1u8; 100], Some(Duration::from_millis(1)))
         .unwrap();
     std::thread::sleep(Duration::from_millis(20));
