@@ -154,19 +154,21 @@ unsafe fn write_to(
         let want = magic_len - magic.len();
         magic.extend_from_slice(&piece[..want.min(piece.len())]);
     }
-    // SAFETY: no slice of the map is in use (this function's contract), and no piece
-    // lies in the segment (overlapping ones were copied out).
+    // SAFETY: no slice of the map is in use (this function's contract); the zeros are
+    // a constant, not in the segment.
     unsafe { copy_in(py, segment, 0, &[0u8; 4][..magic_len]) }?;
     fence(Ordering::Release);
     let mut at = 0;
     for piece in &pieces {
         let skip = magic_len.saturating_sub(at).min(piece.len());
-        // SAFETY: as above.
+        // SAFETY: no slice of the map is in use (this function's contract); `piece`
+        // does not lie in the segment (overlapping pieces were copied out above).
         unsafe { copy_in(py, segment, at + skip, &piece[skip..]) }?;
         at += piece.len();
     }
     fence(Ordering::Release);
-    // SAFETY: as above.
+    // SAFETY: no slice of the map is in use (this function's contract); `magic` is a
+    // local copy of the packet's first bytes, not in the segment.
     unsafe { copy_in(py, segment, 0, &magic) }?;
     Ok(len)
 }
@@ -181,6 +183,16 @@ fn lock_releasing_gil<G>(py: Python<'_>, mut attempt: impl FnMut() -> Option<G>)
         }
         py.check_signals()?;
         py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50)));
+    }
+}
+
+/// The guard of a `try_read`/`try_write` that got the lock (a poisoned lock too: it
+/// guards no data), or `None` when it is held.
+fn taken<G>(attempt: Result<G, TryLockError<G>>) -> Option<G> {
+    match attempt {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }
 
@@ -288,11 +300,7 @@ impl ShmSegment {
             if self.writers_waiting.load(Ordering::SeqCst) > 0 {
                 return None;
             }
-            match self.access.try_read() {
-                Ok(guard) => Some(guard),
-                Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) => None,
-            }
+            taken(self.access.try_read())
         })
     }
 
@@ -404,11 +412,7 @@ impl ShmSegment {
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, options)?;
         self.writers_waiting.fetch_add(1, Ordering::SeqCst);
-        let writing = lock_releasing_gil(py, || match self.access.try_write() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        });
+        let writing = lock_releasing_gil(py, || taken(self.access.try_write()));
         self.writers_waiting.fetch_sub(1, Ordering::SeqCst);
         let _writing = writing?;
         // SAFETY: the write lock keeps this handle's `get` from reading meanwhile.

@@ -560,7 +560,7 @@ def _bare_decoder(allowed=()):
     d = Decoder.__new__(Decoder)
     d.allowed_modules = tuple(allowed)
     d._tensors, d._params, d._modules, d._torch_storages = {}, {}, {}, {}
-    d._cuda_devices, d._waited, d._empties = {}, set(), {}
+    d._cuda_devices, d._waited, d._on_storages = {}, set(), None
     d.lease = None
     return d
 

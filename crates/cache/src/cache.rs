@@ -907,19 +907,13 @@ impl Shared {
             return Ok(len);
         };
 
-        // Fill outside the lock: the block is ours alone (WRITING, not indexed).
-        let start = usize::try_from(off)
-            .ok()
-            .and_then(|off| self.layout.data_offset.checked_add(off))
-            .filter(|&start| {
-                start
-                    .checked_add(len)
-                    .is_some_and(|end| end <= self.layout.data_offset + self.layout.data_size)
-            });
+        // Fill outside the lock: the block is ours alone (WRITING, not indexed). It lies
+        // in the data region: `alloc_block` takes blocks only from a free table whose
+        // extents all do (it rebuilds one that does not), so this cannot overflow.
+        let start = self.layout.data_offset + off as usize;
         // SAFETY: the slot is WRITING and owned by this handle; its block is neither
-        // indexed, pinned nor free, so no other slice over it exists, and it lies in the
-        // data region (checked just above).
-        let written = match start.and_then(|start| unsafe { r.data_mut(start, len) }) {
+        // indexed, pinned nor free, so no other slice over it exists.
+        let written = match unsafe { r.data_mut(start, len) } {
             Some(buf) => {
                 let filler = fill
                     .take()

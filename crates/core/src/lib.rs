@@ -72,14 +72,14 @@ pub fn temporary_sibling(path: &std::path::Path) -> Result<std::path::PathBuf> {
 }
 
 /// Puts the finished temporary file `tmp` (from [`temporary_sibling`]) in place of
-/// `path`: renamed onto [`write_destination`]`(path)`, with the permissions of the file
-/// it replaces, if any (a new file keeps the mode it was created with).
-pub fn replace_with_temporary(tmp: &std::path::Path, path: &std::path::Path) -> Result<()> {
-    let destination = write_destination(path)?;
-    if let Ok(old) = std::fs::metadata(&destination) {
+/// `destination` (as [`write_destination`] gave it when the write began, so a link
+/// retargeted meanwhile does not move the rename elsewhere), with the permissions of
+/// the file it replaces, if any (a new file keeps the mode it was created with).
+pub fn replace_with_temporary(tmp: &std::path::Path, destination: &std::path::Path) -> Result<()> {
+    if let Ok(old) = std::fs::metadata(destination) {
         std::fs::set_permissions(tmp, old.permissions())?;
     }
-    std::fs::rename(tmp, &destination).map_err(|e| Error::from(e).with_path(path))
+    std::fs::rename(tmp, destination).map_err(|e| Error::from(e).with_path(destination))
 }
 
 /// Rounds `offset` up to the next multiple of `align` (a power of two or any non-zero

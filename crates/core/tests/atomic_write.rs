@@ -8,9 +8,15 @@ use std::path::Path;
 use tensorwire_core::{replace_with_temporary, temporary_sibling, write_destination};
 
 fn write_through(path: &Path, bytes: &[u8]) {
-    let tmp = temporary_sibling(path).unwrap();
+    let destination = write_destination(path).unwrap();
+    let tmp = temporary_sibling(&destination).unwrap();
+    assert_eq!(
+        tmp,
+        temporary_sibling(path).unwrap(),
+        "the same name either way"
+    );
     fs::write(&tmp, bytes).unwrap();
-    replace_with_temporary(&tmp, path).unwrap();
+    replace_with_temporary(&tmp, &destination).unwrap();
     assert!(!tmp.exists(), "the temporary file was renamed away");
 }
 

@@ -870,14 +870,15 @@ fn write_atomically(
     path: &Path,
     write: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
 ) -> Result<u64> {
-    let tmp = tensorwire_core::temporary_sibling(path)?;
+    let destination = tensorwire_core::write_destination(path)?;
+    let tmp = tensorwire_core::temporary_sibling(&destination)?;
     let result = (|| {
         let file = std::fs::File::create(&tmp)?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         let written = write(&mut out)?;
         // On disk before it takes the name, as `.zt` output is.
         out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        tensorwire_core::replace_with_temporary(&tmp, path)?;
+        tensorwire_core::replace_with_temporary(&tmp, &destination)?;
         Ok(written)
     })();
     if result.is_err() {

@@ -460,8 +460,8 @@ fn allocation_error(err: io::Error, name: &str, size: usize) -> Error {
     named(err, name)
 }
 
-/// Bytes free on `/dev/shm`, when it can be asked.
-fn shm_space_left() -> Option<u64> {
+/// `/dev/shm`'s (free, total) bytes, when it can be asked.
+fn shm_space() -> Option<(u64, u64)> {
     let path = CString::new("/dev/shm").ok()?;
     // SAFETY: an all-zero statvfs is a valid value to be overwritten.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -469,7 +469,15 @@ fn shm_space_left() -> Option<u64> {
     if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    // The fields are narrower than u64 on some platforms: widen them all.
+    #[allow(clippy::unnecessary_cast)]
+    let (unit, free, total) = (st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64);
+    Some((free.saturating_mul(unit), total.saturating_mul(unit)))
+}
+
+/// Bytes free on `/dev/shm`, when it can be asked.
+fn shm_space_left() -> Option<u64> {
+    shm_space().map(|(free, _)| free)
 }
 
 fn set_size(fd: &OwnedFd, size: usize) -> io::Result<()> {
@@ -603,12 +611,9 @@ mod tests {
 
     /// Total bytes of `/dev/shm`, when it has a limit.
     fn shm_capacity() -> Option<u64> {
-        let path = CString::new("/dev/shm").unwrap();
-        // SAFETY: an all-zero statvfs is a valid value to be overwritten.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `path` is NUL-terminated and `st` a valid out-pointer.
-        let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
-        (rc == 0 && st.f_blocks > 0).then(|| st.f_blocks as u64 * st.f_frsize as u64)
+        shm_space()
+            .map(|(_, total)| total)
+            .filter(|&total| total > 0)
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl Component {
 enum Target {
     /// A new file written under a temporary name and renamed into place on finish,
     /// so an interrupted write never leaves a half-written file at `path`.
-    Create { tmp: PathBuf, path: PathBuf },
+    Create { tmp: PathBuf, destination: PathBuf },
     /// An existing file opened for append: the old manifest and footer are kept so an
     /// abandoned append can restore them.
     Append {
@@ -148,12 +148,13 @@ impl ZtWriter<BufWriter<File>> {
     /// temporary name and renamed into place by [`ZtWriter::finish`].
     pub fn create_with_version(path: impl AsRef<Path>, version: ZtVersion) -> Result<Self> {
         let path = path.as_ref().to_owned();
-        let tmp = tensorwire_core::temporary_sibling(&path)?;
+        let destination = tensorwire_core::write_destination(&path)?;
+        let tmp = tensorwire_core::temporary_sibling(&destination)?;
         // Named by the destination: the temporary name means nothing to the caller
         // (a missing folder is the destination's).
         let file = File::create(&tmp).map_err(|e| Error::from(e).with_path(&path))?;
         let mut w = ZtWriter::start(BufWriter::with_capacity(1 << 20, file), version)?;
-        w.target = Target::Create { tmp, path };
+        w.target = Target::Create { tmp, destination };
         Ok(w)
     }
 
@@ -786,8 +787,8 @@ impl ZtWriter<BufWriter<File>> {
         let file = out.into_inner().map_err(|e| Error::Io(e.into_error()))?;
         file.sync_all()?;
         drop(file);
-        if let Target::Create { tmp, path } = &self.target {
-            tensorwire_core::replace_with_temporary(tmp, path)?;
+        if let Target::Create { tmp, destination } = &self.target {
+            tensorwire_core::replace_with_temporary(tmp, destination)?;
         }
         self.finished = true;
         Ok(total)

@@ -263,11 +263,11 @@ class Decoder:
         self._tensors = {}
         self._torch_storages = {}
         # Per CUDA device: (torch.device, current stream handle); the producer events
-        # already waited on (one event covers every storage it was recorded for); an
-        # empty tensor per (dtype, device) to make tensors from.
+        # already waited on (one event covers every storage it was recorded for); the
+        # maker of torch tensors over received storages (on first use: it needs torch).
         self._cuda_devices = {}
         self._waited = set()
-        self._empties = {}
+        self._on_storages = None
         self._params = {}
         self._modules = {}
         # Kept alive by every CUDA buffer of the value (see ipc._Lease).
@@ -361,10 +361,7 @@ class Decoder:
         return known
 
     def _torch_tensor(self, storage_index, storage, offset, dtype, shape, strides):
-        torch = _torch()
-        if torch is None:
-            import torch  # noqa: F811 - CUDA storages and torch-sent tensors need torch
-        from ._torch import torch_dtype
+        from ._torch import StorageViews, torch_dtype  # imports torch
 
         dt = torch_dtype(dtype)
         base, start = self._torch_storage(storage_index, storage)
@@ -372,11 +369,9 @@ class Decoder:
         elem = dt.itemsize
         if offset % elem:
             raise ValueError(f"tensor offset {offset} is not a multiple of its element size {elem}")
-        empty = self._empties.get((dt, base.device))
-        if empty is None:
-            empty = self._empties[(dt, base.device)] = torch.empty(0, dtype=dt, device=base.device)
-        # `new_empty` from a tensor of the type and device is cheaper than `torch.empty`.
-        return empty.new_empty(0).set_(base, offset // elem, tuple(shape), tuple(strides))
+        if self._on_storages is None:
+            self._on_storages = StorageViews()
+        return self._on_storages.view(base, dt, offset // elem, shape, strides)
 
     def _module(self, spec):
         import torch

@@ -119,12 +119,9 @@ def _to_device(value, device: str):
     if not isinstance(value, np.ndarray):
         raise TypeError(f"device={device!r} needs an array value, not {type(value).__name__}")
     if framework == "torch":
-        import torch
+        from ._torch import numpy_to_torch  # ml_dtypes' bfloat16 and float8 included
 
-        if value.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: torch takes the bits
-            t = torch.from_numpy(np.array(value.view(np.int16), copy=True)).view(torch.bfloat16)
-        else:
-            t = torch.from_numpy(np.array(value, copy=True))
+        t = numpy_to_torch(np.array(value, copy=True))
         return t.to(spec) if spec else t
     if framework == "jax":
         import jax.numpy as jnp

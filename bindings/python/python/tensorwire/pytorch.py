@@ -195,7 +195,7 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
     torch = tt.torch
     restored = {}
     views = {}
-    empties = {}
+    on_storages = tt.StorageViews()
     tensors = {}
     for name, (key, nbytes, saved, view, offset, strides) in zip(
             reader.keys(), reader._pytorch_storages()):
@@ -219,13 +219,7 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
             if storage is None:
                 storage = views[(key, view)] = restored[key][view[0]:view[1]]
         dtype, shape = tt.torch_type(*reader._dtype_and_shape(name))
-        # `new_empty` from a tensor of the type and device takes a third of the time
-        # `torch.empty` takes to parse its arguments.
-        empty = empties.get((dtype, storage.device))
-        if empty is None:
-            empty = empties[(dtype, storage.device)] = torch.empty(
-                (0,), dtype=dtype, device=storage.device)
-        tensors[name] = empty.new_empty(0).set_(storage, offset, shape, strides)
+        tensors[name] = on_storages.view(storage, dtype, offset, shape, strides)
     return tensors
 
 
