@@ -18,7 +18,9 @@
 //!
 //! Operating-system errors become the matching `OSError` subclass
 //! (`FileNotFoundError`, …) with the file name set; a lock wait that runs out is a
-//! `TimeoutError`, and a value a shared-memory cache cannot hold a `MemoryError`.
+//! `TimeoutError`, a lock left unusable by a process that died holding it an
+//! `OSError` with `errno.ENOTRECOVERABLE`, and a value a shared-memory cache cannot
+//! hold a `MemoryError`.
 
 use pyo3::exceptions::{
     PyException, PyKeyError, PyMemoryError, PyOSError, PyTimeoutError, PyValueError,
@@ -186,6 +188,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
         }
         Error::NotFound { .. } => raise(|c| &c.not_found, msg),
         Error::Timeout { .. } => PyTimeoutError::new_err(msg),
+        Error::LockUnrecoverable { .. } => PyOSError::new_err((libc::ENOTRECOVERABLE, msg)),
         Error::NoSpace { .. } => PyMemoryError::new_err(msg),
         Error::InvalidArgument { .. } => raise(|c| &c.invalid_argument, msg),
         Error::Duplicate { .. } => raise(|c| &c.duplicate_name, msg),

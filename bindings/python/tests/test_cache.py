@@ -1,8 +1,11 @@
 """tensorwire.cache.TensorCache: the tenso TensoCache API over a shared-memory pool,
 with zero-copy gets that stay valid, shared by real processes."""
 
+import errno
 import os
+import platform
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -229,6 +232,22 @@ def test_bad_input_gives_clear_errors(cache):
     finally:
         st.close()
         st.unlink()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not os.path.isdir("/dev/shm"),
+                    reason="forges glibc's pthread_mutex_t layout in /dev/shm")
+def test_a_lock_left_unrecoverable_is_an_oserror_saying_so(cache):
+    """A lock released unrepaired by another program after its holder died can never
+    be taken again (ENOTRECOVERABLE); the cache says so instead of a format error."""
+    cache.put("x", np.ones(3))
+    # glibc marks such a mutex by its owner field (offset 8) = 0x7ffffffe; the
+    # cache's mutex is at byte 256 of the segment.
+    with open("/dev/shm/" + cache.name.lstrip("/"), "r+b") as f:
+        f.seek(256 + 8)
+        f.write(struct.pack("<i", 0x7FFFFFFE))
+    with pytest.raises(OSError, match="never repaired") as info:
+        cache.put("y", np.ones(3))
+    assert info.value.errno == errno.ENOTRECOVERABLE
 
 
 def test_context_manager_unlinks_only_its_own_pool():

@@ -204,6 +204,15 @@ pub enum Error {
         waited_ms: u64,
     },
 
+    /// A process-shared lock can never be taken again: a process died holding it and
+    /// the one that took it next released it without repairing what it guards
+    /// (`ENOTRECOVERABLE`). Only removing the shared object and making it anew helps.
+    #[error("{what} is unusable: a process died holding it and the state it guards was never repaired; remove it and create it again")]
+    LockUnrecoverable {
+        /// The lock, in words.
+        what: &'static str,
+    },
+
     /// A fixed-size store (a shared-memory cache) cannot hold a value.
     #[error("no space: {what} needs {needed} bytes, {available} available")]
     NoSpace {

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tensorwire_core::{Error, Result};
@@ -87,17 +87,28 @@ impl RobustMutex {
 
     /// Locks, waiting at most `timeout` (forever when `None`). Errors:
     /// [`Error::Timeout`] when the wait runs out, an `Io` error for `EDEADLK` (this
-    /// thread holds it already), [`Error::Malformed`] when a holder died and nobody
-    /// repaired the state (`ENOTRECOVERABLE`).
+    /// thread holds it already), [`Error::LockUnrecoverable`] when a holder died and
+    /// nobody repaired the state (`ENOTRECOVERABLE`). The timeout runs on the
+    /// monotonic clock where the C library offers `pthread_mutex_clocklock` (glibc
+    /// 2.30 and later), so setting the system clock neither cuts a wait short nor
+    /// stretches it; elsewhere on the wall clock.
     pub fn lock(&self, timeout: Option<Duration>) -> Result<LockGuard<'_>> {
         let rc = match timeout {
             // SAFETY: `ptr` is an initialized mutex kept mapped by `segment`.
             None => unsafe { libc::pthread_mutex_lock(self.ptr) },
-            Some(t) => {
-                let deadline = realtime_deadline(t);
-                // SAFETY: as above; `deadline` is a valid timespec.
-                unsafe { libc::pthread_mutex_timedlock(self.ptr, &deadline) }
-            }
+            Some(t) => match monotonic_clock_lock() {
+                Some(clock_lock) => {
+                    let deadline = deadline_on(libc::CLOCK_MONOTONIC, t);
+                    // SAFETY: as above; `deadline` is a valid timespec on the clock
+                    // passed with it.
+                    unsafe { clock_lock(self.ptr, libc::CLOCK_MONOTONIC, &deadline) }
+                }
+                None => {
+                    let deadline = deadline_on(libc::CLOCK_REALTIME, t);
+                    // SAFETY: as above; `deadline` is a valid CLOCK_REALTIME timespec.
+                    unsafe { libc::pthread_mutex_timedlock(self.ptr, &deadline) }
+                }
+            },
         };
         self.guard(rc, timeout)
             .and_then(|g| g.ok_or_else(unreachable_busy))
@@ -122,10 +133,9 @@ impl RobustMutex {
                 })
             }
             libc::ENOTRECOVERABLE => {
-                return Err(Error::malformed(
-                    0,
-                    "the shared-memory lock is not recoverable: a holder died and the state it protected was never repaired",
-                ))
+                return Err(Error::LockUnrecoverable {
+                    what: "the shared-memory lock",
+                })
             }
             other => return Err(io::Error::from_raw_os_error(other).into()),
         };
@@ -210,12 +220,39 @@ fn unreachable_busy() -> Error {
     Error::Io(io::Error::from_raw_os_error(libc::EBUSY))
 }
 
-/// `CLOCK_REALTIME` now plus `timeout`, as `pthread_mutex_timedlock` wants it.
-fn realtime_deadline(timeout: Duration) -> libc::timespec {
+/// `pthread_mutex_clocklock`'s type.
+type ClockLock = unsafe extern "C" fn(
+    *mut libc::pthread_mutex_t,
+    libc::clockid_t,
+    *const libc::timespec,
+) -> libc::c_int;
+
+/// `pthread_mutex_clocklock`, looked up at run time: it is in glibc from 2.30 only,
+/// and linking it directly would keep the Python wheel (built for older glibc) from
+/// loading there. `None` where the C library lacks it.
+fn monotonic_clock_lock() -> Option<ClockLock> {
+    static CLOCK_LOCK: OnceLock<Option<ClockLock>> = OnceLock::new();
+    *CLOCK_LOCK.get_or_init(|| {
+        // SAFETY: `RTLD_DEFAULT` and a NUL-terminated name: dlsym only looks the
+        // symbol up in the loaded libraries.
+        let symbol =
+            unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pthread_mutex_clocklock".as_ptr()) };
+        if symbol.is_null() {
+            return None;
+        }
+        // SAFETY: the C library's `pthread_mutex_clocklock` is declared
+        // `int (pthread_mutex_t *, clockid_t, const struct timespec *)`, which is
+        // `ClockLock`; a non-null dlsym result is the function's address.
+        Some(unsafe { std::mem::transmute::<*mut libc::c_void, ClockLock>(symbol) })
+    })
+}
+
+/// `clock`'s now plus `timeout`, as an absolute deadline for a timed lock.
+fn deadline_on(clock: libc::clockid_t, timeout: Duration) -> libc::timespec {
     // SAFETY: an all-zero timespec is valid and is overwritten by clock_gettime.
     let mut now: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: a valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    unsafe { libc::clock_gettime(clock, &mut now) };
     let total_ns = now.tv_nsec as u64 + u64::from(timeout.subsec_nanos());
     let secs = (now.tv_sec as u64)
         .saturating_add(timeout.as_secs())
@@ -271,6 +308,27 @@ mod tests {
         assert!(m.try_lock().unwrap().is_some());
     }
 
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn glibc_waits_on_the_monotonic_clock() {
+        assert!(monotonic_clock_lock().is_some());
+    }
+
+    #[test]
+    fn a_timed_wait_for_a_free_or_dead_holders_lock_succeeds() {
+        let m = Arc::new(new_mutex());
+        drop(m.lock(Some(Duration::from_secs(1))).unwrap());
+        {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || std::mem::forget(m.lock(None).unwrap()))
+                .join()
+                .unwrap();
+        }
+        let mut g = m.lock(Some(Duration::from_secs(1))).unwrap();
+        assert!(g.owner_died());
+        g.mark_consistent().unwrap();
+    }
+
     #[test]
     fn a_dead_holder_is_reported_and_recovered() {
         let m = Arc::new(new_mutex());
@@ -298,7 +356,10 @@ mod tests {
         }
         drop(m.lock(None).unwrap()); // owner died, not marked consistent
         let err = m.lock(None).err().unwrap();
-        assert!(err.to_string().contains("not recoverable"), "{err}");
+        assert!(matches!(err, Error::LockUnrecoverable { .. }), "{err}");
+        let err = m.lock(Some(Duration::from_millis(10))).err().unwrap();
+        assert!(matches!(err, Error::LockUnrecoverable { .. }), "{err}");
+        assert!(matches!(m.try_lock(), Err(Error::LockUnrecoverable { .. })));
     }
 
     #[test]
