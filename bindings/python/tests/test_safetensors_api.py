@@ -237,8 +237,16 @@ def test_lazily_conjugated_and_negated_tensors_save_their_values(tmp_path):
         w.write_torch("conj", z.conj())
     with tw.Reader(str(tmp_path / "c.zt")) as r:
         assert torch.equal(r.read_torch("conj"), z.conj().resolve_conj())
-    with pytest.raises(TypeError, match="to_dense"):
-        formats.torch.save({"s": torch.eye(3).to_sparse()})
+    # As the package: sparse tensors and non-tensors are a ValueError naming them.
+    for sparse in (torch.eye(3).to_sparse(), torch.eye(3).to_sparse_csr()):
+        with pytest.raises(ValueError, match=r"sparse tensors: `\['s'\]`.*to_dense"):
+            formats.torch.save({"w": x, "s": sparse})
+        with pytest.raises(ValueError, match="sparse"):
+            formats.torch.save_file({"s": sparse}, str(tmp_path / "s.safetensors"))
+    assert not (tmp_path / "s.safetensors").exists()
+    for value in ([1.0], np.ones(2, np.float32), 3):
+        with pytest.raises(ValueError, match="Key `v` is invalid, expected torch.Tensor"):
+            formats.torch.save({"v": value})
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

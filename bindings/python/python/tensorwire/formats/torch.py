@@ -19,13 +19,36 @@ __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
            "SharedTensorsError"]
 
 
+def _check_torch_tensors(tensors):
+    """The package's checks before writing: torch tensors only, and dense ones (both
+    a ``ValueError``, worded as the package words them)."""
+    import torch
+
+    if not isinstance(tensors, dict):
+        raise TypeError("tensors must be a dict {name: torch tensor}")
+    sparse = []
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"Key `{name}` is invalid, expected torch.Tensor but received {type(value)}")
+        if value.layout != torch.strided:
+            sparse.append(name)
+    if sparse:
+        raise ValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does "
+            "not support. You can make it a dense tensor before saving with `.to_dense()` "
+            "but be aware this might make a much larger file than needed.")
+
+
 def save(tensors, metadata=None):
     """The safetensors file of ``{name: torch tensor}`` as ``bytes``."""
+    _check_torch_tensors(tensors)
     return _save(tensors, metadata)
 
 
 def save_file(tensors, filename, metadata=None):
     """Writes ``{name: torch tensor}`` to ``filename`` (atomically)."""
+    _check_torch_tensors(tensors)
     _save_file(tensors, filename, metadata)
 
 
@@ -101,7 +124,7 @@ def save_model(model, filename, metadata=None, force_contiguous=False):
                 metadata = {}
             metadata.setdefault(name, kept)
             del state[name]
-    _save_file(state, filename, metadata)
+    save_file(state, filename, metadata)
 
 
 def load_model(model, filename, strict=True, device="cpu"):
