@@ -30,12 +30,21 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(reader.data_offset() % alignment, 0);
     let _ = format!("{reader:?}");
     assert_eq!(reader.format(), "gguf");
-    assert_eq!(reader.attributes().len(), reader.metadata().len());
-    for (key, value) in reader.metadata() {
-        // Same element (keys are unique); `==` would fail on NaN floats.
-        assert!(reader
-            .metadata_value(key)
-            .is_some_and(|v| std::ptr::eq(v, value)));
+    // Values are checked on open and decoded on use: decoding one alone, all of them
+    // and the attribute map must agree, and never fail (a failed decode is `Null`,
+    // which no checked value is). Debug text compares NaN floats as equal.
+    let keys: Vec<&str> = reader.metadata_keys().collect();
+    let one_by_one: Vec<String> = keys
+        .iter()
+        .map(|key| format!("{:?}", reader.metadata_value(key).expect("a listed key")))
+        .collect();
+    assert_eq!(reader.attributes().len(), keys.len());
+    assert_eq!(reader.metadata().len(), keys.len());
+    for (((key, value), listed), alone) in reader.metadata().iter().zip(&keys).zip(&one_by_one) {
+        assert_eq!(key, listed);
+        assert!(!matches!(value, tensorwire_core::Value::Null), "{key}");
+        assert_eq!(&format!("{value:?}"), alone, "{key}");
+        assert_eq!(format!("{:?}", reader.attributes()[key]), *alone, "{key}");
     }
     assert_eq!(reader.tensors().len(), reader.gguf_tensors().len());
 

@@ -277,11 +277,25 @@ pub struct GgufReader {
     version: u32,
     alignment: u64,
     data_offset: u64,
-    metadata: Vec<(String, Value)>,
-    /// Built from `metadata` on first use (metadata can hold large vocabularies).
+    /// Where each key-value pair's value lies; validated on open, decoded on first
+    /// use (metadata can hold vocabularies of hundreds of thousands of strings).
+    raw_metadata: Vec<RawKv>,
+    /// Nesting limit the values were validated with, to decode them alike.
+    max_depth: usize,
+    metadata: OnceLock<Vec<(String, Value)>>,
     attributes: OnceLock<BTreeMap<String, Value>>,
     tensors: Vec<GgufTensorInfo>,
     index: TensorIndex,
+}
+
+/// A key-value pair as [`parse_header`] found and validated it.
+struct RawKv {
+    key: String,
+    /// The value's type tag and where it was read.
+    vtype: u32,
+    type_at: u64,
+    /// Where the value's bytes start.
+    value_at: usize,
 }
 
 impl fmt::Debug for GgufReader {
@@ -290,7 +304,7 @@ impl fmt::Debug for GgufReader {
             .field("version", &self.version)
             .field("len", &self.bytes.len())
             .field("alignment", &self.alignment)
-            .field("metadata", &self.metadata.len())
+            .field("metadata", &self.raw_metadata.len())
             .field("tensors", &self.tensors.len())
             .finish()
     }
@@ -321,7 +335,9 @@ impl GgufReader {
             version: header.version,
             alignment: header.alignment,
             data_offset: header.data_offset,
-            metadata: header.metadata,
+            raw_metadata: header.metadata,
+            max_depth: header.max_depth,
+            metadata: OnceLock::new(),
             attributes: OnceLock::new(),
             tensors: header.tensors,
             index,
@@ -343,14 +359,47 @@ impl GgufReader {
         self.data_offset
     }
 
-    /// The key-value metadata, in file order.
+    /// The key-value metadata, in file order (decoded on the first call).
     pub fn metadata(&self) -> &[(String, Value)] {
-        &self.metadata
+        self.metadata.get_or_init(|| {
+            self.raw_metadata
+                .iter()
+                .map(|kv| (kv.key.clone(), self.decode(kv)))
+                .collect()
+        })
     }
 
-    /// One metadata value by key.
-    pub fn metadata_value(&self, key: &str) -> Option<&Value> {
-        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    /// The metadata keys, in file order (nothing decoded).
+    pub fn metadata_keys(&self) -> impl Iterator<Item = &str> {
+        self.raw_metadata.iter().map(|kv| kv.key.as_str())
+    }
+
+    /// One metadata value by key, decoding only that value.
+    pub fn metadata_value(&self, key: &str) -> Option<Value> {
+        let at = self.raw_metadata.iter().position(|kv| kv.key == key)?;
+        Some(match self.metadata.get() {
+            Some(decoded) => decoded[at].1.clone(),
+            None => self.decode(&self.raw_metadata[at]),
+        })
+    }
+
+    /// A value validated on open, read again from the input. It cannot fail unless
+    /// the file was rewritten while mapped; such a value reads as `Null`.
+    fn decode(&self, kv: &RawKv) -> Value {
+        let mut c = Cursor {
+            buf: self.bytes.as_slice(),
+            pos: kv.value_at,
+            limit: self.data_offset,
+        };
+        read_value(
+            &mut c,
+            kv.vtype,
+            kv.type_at,
+            0,
+            self.max_depth,
+            Build::Values,
+        )
+        .unwrap_or(Value::Null)
     }
 
     /// Every tensor's GGUF description, in file order (the order of
@@ -386,8 +435,14 @@ impl TensorSource for GgufReader {
     }
 
     fn attributes(&self) -> &BTreeMap<String, Value> {
-        self.attributes
-            .get_or_init(|| self.metadata.iter().cloned().collect())
+        self.attributes.get_or_init(|| match self.metadata.get() {
+            Some(decoded) => decoded.iter().cloned().collect(),
+            None => self
+                .raw_metadata
+                .iter()
+                .map(|kv| (kv.key.clone(), self.decode(kv)))
+                .collect(),
+        })
     }
 
     fn position(&self, name: &str) -> Result<usize> {
@@ -475,7 +530,8 @@ struct Header {
     version: u32,
     alignment: u64,
     data_offset: u64,
-    metadata: Vec<(String, Value)>,
+    metadata: Vec<RawKv>,
+    max_depth: usize,
     tensors: Vec<GgufTensorInfo>,
 }
 
@@ -562,6 +618,33 @@ impl<'a> Cursor<'a> {
     }
 }
 
+impl Cursor<'_> {
+    /// Steps over `n` strings, checking each as [`Cursor::str`] does (with its
+    /// errors), but with one bounds check per string: vocabularies hold hundreds of
+    /// thousands.
+    fn check_strings(&mut self, n: usize) -> Result<()> {
+        let end = self
+            .buf
+            .len()
+            .min(usize::try_from(self.limit).unwrap_or(usize::MAX));
+        for _ in 0..n {
+            let rest = self.buf.get(self.pos..end).unwrap_or_default();
+            if let Some((len, text)) = rest.split_first_chunk::<8>() {
+                let len = u64::from_le_bytes(*len);
+                if let Some(text) = usize::try_from(len).ok().and_then(|l| text.get(..l)) {
+                    if text.is_ascii() || std::str::from_utf8(text).is_ok() {
+                        self.pos += 8 + text.len();
+                        continue;
+                    }
+                }
+            }
+            // Short, over the limit or not UTF-8: the exact error.
+            self.str(None)?;
+        }
+        Ok(())
+    }
+}
+
 /// GGUF metadata value type ids.
 mod vt {
     pub const UINT8: u32 = 0;
@@ -596,15 +679,83 @@ fn unknown_value_type(at: u64, vtype: u32) -> Error {
     Error::malformed(at, format!("unknown GGUF metadata value type {vtype}"))
 }
 
+/// What [`read_value`] makes of the bytes it checks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Build {
+    /// Check only, allocating nothing; the result is `Value::Null`.
+    Nothing,
+    /// The decoded value.
+    Values,
+}
+
 /// Reads one value of type `vtype` (the type tag already read from `type_at`);
-/// `depth` is the number of arrays it sits in.
+/// `depth` is the number of arrays it sits in. Both [`Build`] modes accept exactly
+/// the same bytes, so a value checked on open decodes later without error.
 fn read_value(
     c: &mut Cursor<'_>,
     vtype: u32,
     type_at: u64,
     depth: usize,
     max_depth: usize,
+    build: Build,
 ) -> Result<Value> {
+    if vtype != vt::ARRAY {
+        return read_scalar(c, vtype, type_at, build);
+    }
+    let depth = depth + 1;
+    Error::check_limit("metadata nesting depth", depth as u64, max_depth as u64)?;
+    let item_at = c.pos();
+    let item_type = c.u32()?;
+    let min = min_value_size(item_type).ok_or_else(|| unknown_value_type(item_at, item_type))?;
+    let count = c.u64()?;
+    // Every item takes at least `min` bytes, so this bounds the allocation by the
+    // bytes actually present (and the header limit).
+    c.need_items(count, min)?;
+    let n = usize::try_from(count).map_err(|_| Error::Overflow {
+        what: "array length as usize",
+    })?;
+    if build == Build::Nothing {
+        match fixed_value_size(item_type) {
+            // `need_items` checked they are all there.
+            Some(size) => {
+                let at = c.pos();
+                let bytes = c.take(count * size)?;
+                if item_type == vt::BOOL {
+                    check_bools(bytes, at)?;
+                }
+            }
+            None if item_type == vt::STRING => c.check_strings(n)?,
+            None => {
+                for _ in 0..n {
+                    read_value(c, item_type, item_at, depth, max_depth, build)?;
+                }
+            }
+        }
+        return Ok(Value::Null);
+    }
+    // Nested arrays each reserve before their items are read: reserve a bounded
+    // part, and let a longer array grow as its items arrive.
+    let mut items = Vec::with_capacity(n.min(MAX_RESERVED_ITEMS));
+    for _ in 0..n {
+        items.push(read_value(c, item_type, item_at, depth, max_depth, build)?);
+    }
+    Ok(Value::List(items))
+}
+
+/// [`read_value`] for every type but `ARRAY`; apart, so that the recursion through
+/// nested arrays keeps small stack frames.
+#[inline(never)]
+fn read_scalar(c: &mut Cursor<'_>, vtype: u32, type_at: u64, build: Build) -> Result<Value> {
+    if build == Build::Nothing {
+        if let Some(size) = fixed_value_size(vtype) {
+            let at = c.pos();
+            let bytes = c.take(size)?;
+            if vtype == vt::BOOL {
+                check_bools(bytes, at)?;
+            }
+            return Ok(Value::Null);
+        }
+    }
     Ok(match vtype {
         vt::UINT8 => Value::Int(c.u8()?.into()),
         vt::INT8 => Value::Int(i8::from_le_bytes(c.array()?).into()),
@@ -618,42 +769,39 @@ fn read_value(
         vt::FLOAT64 => Value::Float(f64::from_le_bytes(c.array()?)),
         vt::BOOL => {
             let at = c.pos();
-            match c.u8()? {
-                0 => Value::Bool(false),
-                1 => Value::Bool(true),
-                b => {
-                    return Err(Error::malformed(
-                        at,
-                        format!("BOOL value is {b}, not 0 or 1"),
-                    ))
-                }
-            }
+            let b = c.u8()?;
+            check_bools(&[b], at)?;
+            Value::Bool(b == 1)
         }
-        vt::STRING => Value::Str(c.str(None)?.to_owned()),
-        vt::ARRAY => {
-            let depth = depth + 1;
-            Error::check_limit("metadata nesting depth", depth as u64, max_depth as u64)?;
-            let item_at = c.pos();
-            let item_type = c.u32()?;
-            let min =
-                min_value_size(item_type).ok_or_else(|| unknown_value_type(item_at, item_type))?;
-            let count = c.u64()?;
-            // Every item takes at least `min` bytes, so this bounds the allocation by
-            // the bytes actually present (and the header limit).
-            c.need_items(count, min)?;
-            let n = usize::try_from(count).map_err(|_| Error::Overflow {
-                what: "array length as usize",
-            })?;
-            // Nested arrays each reserve before their items are read: reserve a
-            // bounded part, and let a longer array grow as its items arrive.
-            let mut items = Vec::with_capacity(n.min(MAX_RESERVED_ITEMS));
-            for _ in 0..n {
-                items.push(read_value(c, item_type, item_at, depth, max_depth)?);
+        vt::STRING => {
+            let text = c.str(None)?;
+            match build {
+                Build::Nothing => Value::Null,
+                Build::Values => Value::Str(text.to_owned()),
             }
-            Value::List(items)
         }
         other => return Err(unknown_value_type(type_at, other)),
     })
+}
+
+/// The size of a value of a fixed-size type (numbers and `BOOL`), `None` for strings,
+/// arrays and unknown types.
+fn fixed_value_size(vtype: u32) -> Option<u64> {
+    match vtype {
+        vt::STRING | vt::ARRAY => None,
+        other => min_value_size(other),
+    }
+}
+
+/// `BOOL` values must be 0 or 1; `at` is the offset of `bytes`.
+fn check_bools(bytes: &[u8], at: u64) -> Result<()> {
+    match bytes.iter().position(|&b| b > 1) {
+        None => Ok(()),
+        Some(i) => Err(Error::malformed(
+            at + i as u64,
+            format!("BOOL value is {}, not 0 or 1", bytes[i]),
+        )),
+    }
 }
 
 /// Most items reserved for one metadata array before its items are read.
@@ -723,11 +871,19 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
         }
         let type_at = c.pos();
         let vtype = c.u32()?;
-        let value = read_value(&mut c, vtype, type_at, 0, max_depth)?;
+        let value_at = c.pos;
         if key == ALIGNMENT_KEY {
+            let value = read_value(&mut c, vtype, type_at, 0, max_depth, Build::Values)?;
             alignment = check_alignment(vtype, &value, key_at)?;
+        } else {
+            read_value(&mut c, vtype, type_at, 0, max_depth, Build::Nothing)?;
         }
-        metadata.push((key.to_owned(), value));
+        metadata.push(RawKv {
+            key: key.to_owned(),
+            vtype,
+            type_at,
+            value_at,
+        });
     }
 
     // Tensor infos.
@@ -832,6 +988,7 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
         alignment,
         data_offset,
         metadata,
+        max_depth,
         tensors,
     })
 }

@@ -105,7 +105,7 @@ fn check_fixture(name: &str) -> GgufReader {
         assert_eq!(key, kv["key"].as_str().unwrap());
         assert_value(key, value, &kv["type"], &kv["value"]);
         assert_eq!(r.attributes().get(key), Some(value));
-        assert_eq!(r.metadata_value(key), Some(value));
+        assert_eq!(r.metadata_value(key).as_ref(), Some(value));
     }
     assert_eq!(r.attributes().len(), kvs.len());
 
@@ -740,6 +740,106 @@ fn invalid_utf8_and_bad_bools_are_malformed() {
     assert!(matches!(err(&data), Error::Malformed { .. }));
     let data = Builder::new().kv("b", T_BOOL, &[2]).build();
     assert!(matches!(err(&data), Error::Malformed { .. }));
+}
+
+#[test]
+fn values_inside_arrays_are_checked_on_open() {
+    // Key "s" puts the array's items at 49: header 24, key 9, type 4, item type 4,
+    // count 8.
+    let strings = |items: &[&[u8]]| {
+        let bytes: Vec<u8> = items.iter().flat_map(|s| gstr(s)).collect();
+        array(T_STRING, items.len() as u64, &bytes)
+    };
+    let data = Builder::new()
+        .kv_raw(b"s", &strings(&[b"ab", b"c\xff", b"d"]))
+        .build();
+    assert!(matches!(err(&data), Error::Malformed { offset: 59, .. }));
+    let data = Builder::new()
+        .kv_raw(b"s", &array(T_BOOL, 3, &[1, 0, 2]))
+        .build();
+    assert!(matches!(err(&data), Error::Malformed { offset: 51, .. }));
+    // A string running past the header, and a count larger than the items present.
+    let mut overrun = strings(&[b"ab", b"cd"]);
+    overrun[16 + 10 + 2] = 200; // the second string's length
+    let data = Builder::new().kv_raw(b"s", &overrun).build();
+    assert!(err(&data).is_corrupt_data());
+    let mut short = strings(&[b"ab", b"cd"]);
+    short[8] = 200;
+    assert!(err(&Builder::new().kv_raw(b"s", &short).build()).is_corrupt_data());
+}
+
+#[test]
+fn values_decode_on_use_alike_one_by_one_and_all_together() {
+    let nested_strings = {
+        // Items carry no type tag of their own.
+        let inner = array(T_STRING, 2, &[gstr(b"x"), gstr(b"")].concat());
+        array(T_ARRAY, 1, &inner[4..])
+    };
+    let data = Builder::new()
+        .kv_raw(
+            b"s",
+            &array(
+                T_STRING,
+                3,
+                &[gstr("ü€".as_bytes()), gstr(b""), gstr(b"z")].concat(),
+            ),
+        )
+        .kv_raw(b"b", &array(T_BOOL, 3, &[1, 0, 1]))
+        .kv_raw(b"n", &nested_strings)
+        .kv_raw(
+            b"u",
+            &array(
+                T_U64,
+                2,
+                &[u64::MAX.to_le_bytes(), 7u64.to_le_bytes()].concat(),
+            ),
+        )
+        .kv("one", T_U32, &5u32.to_le_bytes())
+        .build();
+    let str_ = |s: &str| Value::Str(s.to_owned());
+    let expected = [
+        ("s", Value::List(vec![str_("ü€"), str_(""), str_("z")])),
+        (
+            "b",
+            Value::List(vec![
+                Value::Bool(true),
+                Value::Bool(false),
+                Value::Bool(true),
+            ]),
+        ),
+        (
+            "n",
+            Value::List(vec![Value::List(vec![str_("x"), str_("")])]),
+        ),
+        (
+            "u",
+            Value::List(vec![Value::Int(u64::MAX.into()), Value::Int(7)]),
+        ),
+        ("one", Value::Int(5)),
+    ];
+    // One key at a time before anything else is decoded, then all of them.
+    let r = open_bytes(&data).unwrap();
+    assert_eq!(
+        r.metadata_keys().collect::<Vec<_>>(),
+        ["s", "b", "n", "u", "one"]
+    );
+    for (key, value) in &expected {
+        assert_eq!(r.metadata_value(key).as_ref(), Some(value), "{key}");
+    }
+    assert_eq!(r.metadata_value("missing"), None);
+    let all: Vec<(String, Value)> = expected
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    assert_eq!(r.metadata(), &all[..]);
+    for (key, value) in &expected {
+        assert_eq!(r.metadata_value(key).as_ref(), Some(value), "{key}");
+    }
+    // The attributes first, on a fresh reader.
+    let r = open_bytes(&data).unwrap();
+    for (key, value) in &expected {
+        assert_eq!(r.attributes().get(*key), Some(value), "{key}");
+    }
 }
 
 #[test]

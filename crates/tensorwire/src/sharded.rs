@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use tensorwire_core::{
     Error, Result, StridedView, TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
+use tensorwire_formats::gguf::GgufReader;
 use tensorwire_formats::shards::ShardIndex;
 use tensorwire_mmap::MappedFile;
 
@@ -231,10 +232,15 @@ impl ShardedSource {
 /// The GGUF keys that describe a split file rather than the model.
 const SPLIT_KEYS: [&str; 3] = ["split.no", "split.count", "split.tensors.count"];
 
-/// A non-negative integer attribute of a GGUF split (`split.no`, `split.count`).
+/// A non-negative integer attribute of a GGUF split (`split.no`, `split.count`),
+/// read without decoding the rest of its metadata.
 fn split_key(source: &dyn TensorSource, key: &str) -> Option<u64> {
-    match source.attributes().get(key)? {
-        Value::Int(n) => u64::try_from(*n).ok(),
+    let value = match source.as_any().downcast_ref::<GgufReader>() {
+        Some(gguf) => gguf.metadata_value(key)?,
+        None => source.attributes().get(key)?.clone(),
+    };
+    match value {
+        Value::Int(n) => u64::try_from(n).ok(),
         _ => None,
     }
 }
