@@ -733,9 +733,10 @@ fn read_value(
         }
         return Ok(Value::Null);
     }
-    // Nested arrays each reserve before their items are read: reserve a bounded
-    // part, and let a longer array grow as its items arrive.
-    let mut items = Vec::with_capacity(n.min(MAX_RESERVED_ITEMS));
+    // Values are only decoded from bytes checked without decoding first, so every
+    // counted item is there: reserve them all (a list grown by doubling would keep up
+    // to twice its memory).
+    let mut items = Vec::with_capacity(n);
     for _ in 0..n {
         items.push(read_value(c, item_type, item_at, depth, max_depth, build)?);
     }
@@ -804,9 +805,6 @@ fn check_bools(bytes: &[u8], at: u64) -> Result<()> {
     }
 }
 
-/// Most items reserved for one metadata array before its items are read.
-const MAX_RESERVED_ITEMS: usize = 1 << 12;
-
 /// Smallest key-value pair: an empty key (8), the type (4) and a one-byte value.
 const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 /// Smallest tensor info: an empty name (8), `n_dims` (4), the type (4), the offset (8).
@@ -872,11 +870,11 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
         let type_at = c.pos();
         let vtype = c.u32()?;
         let value_at = c.pos;
+        read_value(&mut c, vtype, type_at, 0, max_depth, Build::Nothing)?;
         if key == ALIGNMENT_KEY {
-            let value = read_value(&mut c, vtype, type_at, 0, max_depth, Build::Values)?;
+            let mut again = Cursor { pos: value_at, ..c };
+            let value = read_value(&mut again, vtype, type_at, 0, max_depth, Build::Values)?;
             alignment = check_alignment(vtype, &value, key_at)?;
-        } else {
-            read_value(&mut c, vtype, type_at, 0, max_depth, Build::Nothing)?;
         }
         metadata.push(RawKv {
             key: key.to_owned(),
