@@ -69,6 +69,127 @@ def test_npz_reads_what_numpy_reads(name):
             assert r[key].shape == want[key].shape
 
 
+def test_npz_archives_numpy_reads_at_the_edges_are_read(tmp_path):
+    # Exactly 65 535 members: zipfile writes the count 0xFFFF with no ZIP64 record.
+    many = str(tmp_path / "many.npz")
+    np.savez(many, **{f"a{i}": np.int8(i % 100) for i in range(65535)})
+    with tensorwire.open(many) as r:
+        assert len(r.keys()) == 65535 and r["a65534"] == 65534 % 100
+    # No members at all, and bytes appended after an archive.
+    empty = str(tmp_path / "empty.npz")
+    np.savez(empty)
+    with tensorwire.open(empty) as r:
+        assert r.format == "npz" and r.keys() == []
+    tail = tmp_path / "tail.npz"
+    np.savez(str(tail), x=np.arange(3))
+    with open(tail, "ab") as f:
+        f.write(b"\0" * 100)
+    np.testing.assert_array_equal(tensorwire.open(str(tail))["x"], np.load(str(tail))["x"])
+
+
+def _npz_bytes(tmp_path, compressed=False, **arrays):
+    path = str(tmp_path / "src.npz")
+    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    return bytearray(open(path, "rb").read())
+
+
+def _open_bytes(tmp_path, data, name="bad.npz"):
+    path = tmp_path / name
+    path.write_bytes(bytes(data))
+    return tensorwire.open(str(path))
+
+
+def test_npz_directories_that_disagree_are_refused(tmp_path):
+    two = dict(x=np.arange(3), y=np.ones(2))
+    # The end record counting fewer members than the directory holds.
+    data = _npz_bytes(tmp_path, **two)
+    data[data.rfind(b"PK\x05\x06") + 10] = 1
+    with pytest.raises(tensorwire.MalformedError, match="end record counts 1"):
+        _open_bytes(tmp_path, data)
+    # A directory record whose name is cut short.
+    data = _npz_bytes(tmp_path, **two)
+    data[data.rfind(b"PK\x01\x02") + 28] = 0
+    with pytest.raises(tensorwire.MalformedError):
+        _open_bytes(tmp_path, data)
+    # A local header naming another member than the directory does.
+    data = _npz_bytes(tmp_path, **two)
+    data[30:35] = b"q.npy"
+    with pytest.raises(tensorwire.MalformedError, match="is called `q.npy`"):
+        _open_bytes(tmp_path, data)
+
+
+def test_npz_digests_and_sizes_are_checked(tmp_path):
+    # A zeroed CRC is a mismatch (numpy's zipfile always writes one).
+    data = _npz_bytes(tmp_path, x=np.arange(3))
+    data[data.rfind(b"PK\x01\x02") + 16:data.rfind(b"PK\x01\x02") + 20] = b"\0" * 4
+    with pytest.raises(tensorwire.ChecksumError):
+        _open_bytes(tmp_path, data).verify()
+    # A deflated member claiming 4 GiB: its array reads, and verify() refuses the
+    # size before allocating anything (deflate cannot expand that much).
+    data = _npz_bytes(tmp_path, compressed=True, x=np.arange(3.0))
+    cd = data.rfind(b"PK\x01\x02")
+    data[cd + 24:cd + 28] = (0xFFFFFFF0).to_bytes(4, "little")
+    r = _open_bytes(tmp_path, data)
+    np.testing.assert_array_equal(r["x"], np.arange(3.0))
+    with pytest.raises(tensorwire.DecodeError, match="cannot come from"):
+        r.verify()
+
+
+def test_npz_members_that_are_not_arrays_are_unsupported_stored_or_deflated(tmp_path):
+    import zipfile
+    for method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        path = tmp_path / "mixed.npz"
+        with zipfile.ZipFile(path, "w", compression=method) as z:
+            z.writestr("a.npy", b"")
+            z.writestr("readme.txt", b"hello")
+        with pytest.raises(tensorwire.UnsupportedError, match="not an .npy array"):
+            tensorwire.open(str(path))
+
+
+def _npy(header, major=1, data=b""):
+    text = header.encode() + b" " * (63 - (len(header) + 12) % 64) + b"\n"
+    size = len(text).to_bytes(2 if major == 1 else 4, "little")
+    return b"\x93NUMPY" + bytes([major, 0]) + size + text + data
+
+
+@pytest.mark.parametrize("header, major, error", [
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (02, 3), }", 1, "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3), }", 3, "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 0), }", 1,
+     "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 9223372036854775807, 3), }", 1,
+     "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3), }", 1, None),
+    # numpy's limit: the non-zero dimensions times the item size fit int64.
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387903), }", 1,
+     "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 1152921504606846975), }", 1, None),
+])
+@pytest.mark.filterwarnings("ignore")
+def test_npy_headers_are_read_as_numpy_reads_them(tmp_path, header, major, error):
+    data = _npy(header, major, np.arange(6, dtype="<f4").tobytes())
+    path = tmp_path / "h.npy"
+    path.write_bytes(data)
+    try:
+        want = np.load(str(path))
+    except (ValueError, SyntaxError):
+        want = None
+    assert (want is None) == (error is not None)
+    if error is None:
+        np.testing.assert_array_equal(tensorwire.open(str(path))["array"], want)
+    else:
+        with pytest.raises(getattr(tensorwire, error)):
+            tensorwire.open(str(path))
+
+
+def test_npy_minor_versions_are_unsupported(tmp_path):
+    data = bytearray(_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
+                          data=b"\0" * 4))
+    data[7] = 1
+    with pytest.raises(tensorwire.UnsupportedError, match="version 1.1"):
+        _open_bytes(tmp_path, data, "v11.npy")
+
+
 @pytest.mark.parametrize("name", REFUSED)
 def test_arrays_that_are_not_tensors_are_refused(name):
     with pytest.raises(tensorwire.UnsupportedError):

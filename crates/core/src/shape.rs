@@ -111,8 +111,9 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// A shape from its dimensions, checking the rank and that the element count fits
-    /// in `u64`.
+    /// A shape from its dimensions, checking the rank and that the product of its
+    /// non-zero dimensions fits in `i64` (so strides do, as numpy and torch require:
+    /// an empty tensor's other dimensions are bounded too).
     pub fn new(dims: impl Into<Vec<u64>>) -> Result<Shape> {
         Shape::try_from_dims(Dims::from_vec(dims.into()))
     }
@@ -126,9 +127,17 @@ impl Shape {
     /// A shape of `dims`, checked as by [`Shape::new`].
     pub fn try_from_dims(dims: Dims) -> Result<Shape> {
         Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
-        let shape = Shape { dims };
-        shape.numel()?;
-        Ok(shape)
+        let nonzero = dims
+            .as_slice()
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1u64, |n, &d| n.checked_mul(d));
+        match nonzero {
+            Some(n) if n <= i64::MAX as u64 => Ok(Shape { dims }),
+            _ => Err(Error::Overflow {
+                what: "element count (of the non-zero dimensions, which must fit i64)",
+            }),
+        }
     }
 
     /// The 0-d (scalar) shape.

@@ -103,6 +103,11 @@ fn preamble(head: &[u8]) -> Result<(u8, u8, u64, u64)> {
             )))
         }
     };
+    if minor != 0 {
+        return Err(Error::unsupported(format!(
+            ".npy format version {major}.{minor} (known: 1.0, 2.0, 3.0)"
+        )));
+    }
     Error::check_limit(".npy header length", len, MAX_HEADER_BYTES)?;
     Ok((major, minor, fixed, len))
 }
@@ -125,7 +130,7 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
         .map_err(|_| Error::malformed(fixed, ".npy header is not ASCII/UTF-8"))?;
     let dict = match HeaderDict::parse_canonical(text) {
         Some(dict) => dict,
-        None => HeaderDict::parse(text, fixed)?,
+        None => HeaderDict::parse(text, fixed, major <= 2)?,
     };
     let (dtype, big_endian) = parse_descr(dict.descr)?;
     Error::check_limit(
@@ -135,6 +140,18 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
     )?;
     let shape = Shape::try_from_dims(dict.shape)?;
     let nbytes = shape.byte_len(dtype)?;
+    // numpy's own limit, which the shape's (in elements) does not reach: the non-zero
+    // dimensions times the item size fit `i64`.
+    let nonzero_bytes = shape
+        .dims()
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(dtype.size().unwrap_or(1) as u64, |n, &d| n.checked_mul(d));
+    if nonzero_bytes.is_none_or(|n| n > i64::MAX as u64) {
+        return Err(Error::Overflow {
+            what: ".npy array size (numpy's limit: the non-zero dimensions times the item size fit i64)",
+        });
+    }
     Ok(NpyHeader {
         version: (major, minor),
         descr: dict.descr.to_owned(),
@@ -168,6 +185,9 @@ struct Parser<'a> {
     text: &'a [u8],
     at: usize,
     base: u64,
+    /// Whether integers may carry Python 2's `L` suffix (numpy strips it from
+    /// version 1 and 2 headers only).
+    python2_longs: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -225,11 +245,14 @@ impl<'a> Parser<'a> {
             self.at += 1;
         }
         let digits = std::str::from_utf8(&self.text[start..self.at]).unwrap_or_default();
+        if digits.len() > 1 && digits.starts_with('0') {
+            // `02` is a syntax error in Python 3, which numpy's literal_eval is.
+            return Err(self.error("an integer with a leading zero"));
+        }
         let n = digits
             .parse::<u64>()
             .map_err(|_| self.error("expected a non-negative integer that fits 64 bits"))?;
-        // Python 2 long suffix.
-        if self.text.get(self.at) == Some(&b'L') {
+        if self.python2_longs && self.text.get(self.at) == Some(&b'L') {
             self.at += 1;
         }
         Ok(n)
@@ -331,12 +354,13 @@ impl<'a> HeaderDict<'a> {
         })
     }
 
-    fn parse(text: &'a str, base: u64) -> Result<HeaderDict<'a>> {
+    fn parse(text: &'a str, base: u64, python2_longs: bool) -> Result<HeaderDict<'a>> {
         let mut p = Parser {
             src: text,
             text: text.as_bytes(),
             at: 0,
             base,
+            python2_longs,
         };
         let (mut descr, mut fortran, mut shape) = (None, None, None);
         p.expect(b'{')?;
@@ -728,6 +752,11 @@ fn inflate_head(input: &Input, entry: &ZipEntry) -> Result<Vec<u8>> {
         }
     };
     let head = inflate(4096)?;
+    let whole = head.len() as u64 == entry.size;
+    if !sniff(&head) || whole {
+        // Not an array, or all of the member: `parse_member` names the problem.
+        return Ok(head);
+    }
     let (_, _, fixed, len) = preamble(&head).map_err(|e| match e {
         e @ Error::Truncated { .. } => decode(format!("inflated member too short: {e}")),
         e => e,
@@ -812,7 +841,7 @@ impl TensorSource for NumpyReader {
     /// does when it reads them; an `.npy` file has no digest (`Ok(0)`).
     fn verify(&self) -> Result<usize> {
         match &self.archive {
-            Some(archive) => archive.verify(&self.input, self.limits.max_decoded_bytes),
+            Some(archive) => archive.verify(&self.input, self.limits.max_decoded_bytes, false),
             None => Ok(0),
         }
     }
@@ -846,7 +875,7 @@ mod tests {
 
     /// The dict `HeaderDict::parse` reads from `text`, as comparable values.
     fn general(text: &str) -> Option<(String, bool, Vec<u64>)> {
-        HeaderDict::parse(text, 0)
+        HeaderDict::parse(text, 0, true)
             .ok()
             .map(|d| (d.descr.to_owned(), d.fortran_order, d.shape.to_vec()))
     }

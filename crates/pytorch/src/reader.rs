@@ -589,7 +589,7 @@ impl PtReader {
         if let Some(zip) = &self.zip {
             return zip
                 .archive
-                .verify(&self.input, self.limits.max_decoded_bytes);
+                .verify(&self.input, self.limits.max_decoded_bytes, true);
         }
         for (key, data) in &self.storages {
             if let StorageData::Legacy { storage, counted } = data {

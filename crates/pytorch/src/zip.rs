@@ -101,21 +101,32 @@ fn find_directory(input: &Input) -> Result<Directory> {
     // The end record is 22 bytes plus a comment of at most 65 535 bytes. Archives
     // rarely have a comment (torch and numpy write none), so the last few KiB are
     // read first, and all 64 KiB only when the record is not among them.
-    let find = |tail_len: u64| -> Result<Option<(Bytes, usize, u64)>> {
+    // A record whose comment ends exactly at the end of the file is preferred; failing
+    // that, the last one whose comment fits (bytes appended after an archive, which
+    // Python's zipfile reads too).
+    let find = |tail_len: u64, exact: bool| -> Result<Option<(Bytes, usize, u64)>> {
         let tail_start = len - tail_len;
         let tail = input.read_meta(tail_start, tail_len)?;
         let pos = (0..=tail.len() - EOCD_LEN as usize).rev().find(|&i| {
+            let end = i + EOCD_LEN as usize + usize::from(u16_at(&tail, i + 20));
             u32_at(&tail, i) == EOCD_SIG
-                && i + EOCD_LEN as usize + usize::from(u16_at(&tail, i + 20)) == tail.len()
+                && if exact {
+                    end == tail.len()
+                } else {
+                    end <= tail.len()
+                }
         });
         Ok(pos.map(|pos| (tail, pos, tail_start)))
     };
     let short = len.min(EOCD_SHORT_TAIL);
     let full = len.min(EOCD_LEN + 0xffff);
-    let found = match find(short)? {
+    let found = match find(short, true)? {
         Some(found) => Some(found),
-        None if full > short => find(full)?,
-        None => None,
+        None if full > short => match find(full, true)? {
+            Some(found) => Some(found),
+            None => find(full, false)?,
+        },
+        None => find(short, false)?,
     };
     let Some((tail, pos, tail_start)) = found else {
         let last = input.read_meta(len - 4, 4)?;
@@ -135,7 +146,9 @@ fn find_directory(input: &Input) -> Result<Directory> {
         size: u32_at(eocd, 12).into(),
         offset: u32_at(eocd, 16).into(),
     };
-    let needs_zip64 = dir.entries == 0xffff || dir.size == 0xffff_ffff || dir.offset == 0xffff_ffff;
+    // Saturated values (0xFFFF records, 0xFFFF_FFFF bytes) defer to a ZIP64 end
+    // record when a locator is there, and are taken as they are otherwise: Python's
+    // zipfile writes exactly 65 535 records without ZIP64.
     if eocd_offset >= 20 {
         // The ZIP64 locator, if any, sits right before the end record: usually in the
         // tail already read.
@@ -156,8 +169,6 @@ fn find_directory(input: &Input) -> Result<Directory> {
                 size: u64_at(&record, 40),
                 offset: u64_at(&record, 48),
             };
-        } else if needs_zip64 {
-            return Err(bad(eocd_offset, "ZIP64 values without a ZIP64 locator"));
         }
     }
     match dir.offset.checked_add(dir.size) {
@@ -236,12 +247,13 @@ impl ZipArchive {
         self.by_name.get(name).map(|&i| &self.entries[i])
     }
 
-    /// Checks every record's CRC-32 (records with a zero CRC, which torch writes when
-    /// CRCs are off, are skipped). Returns how many were checked.
-    pub fn verify(&self, input: &Input, max_bytes: u64) -> Result<usize> {
+    /// Checks every record's CRC-32 and returns how many were checked. With
+    /// `zero_is_unset`, records whose stored CRC is 0 are skipped: torch writes 0 when
+    /// CRCs are switched off (`torch.serialization.set_crc32_options(False)`).
+    pub fn verify(&self, input: &Input, max_bytes: u64, zero_is_unset: bool) -> Result<usize> {
         let mut checked = 0;
         for entry in &self.entries {
-            if entry.crc32 == 0 {
+            if zero_is_unset && entry.crc32 == 0 {
                 continue;
             }
             let data = read_entry(input, entry, max_bytes, false)?;
@@ -379,6 +391,19 @@ impl ZipDirectory {
             });
             pos += CENTRAL_LEN + name_len + extra_len + comment_len;
         }
+        // The end record's count and size must describe the same records: a count
+        // that falls short would hide members, and a size too large would hide bytes
+        // other readers take for records.
+        if pos != central.len() {
+            return Err(bad(
+                dir.offset + pos as u64,
+                format!(
+                    "the end record counts {} records, which take {pos} of the central directory's {} bytes",
+                    dir.entries,
+                    central.len()
+                ),
+            ));
+        }
         Ok(ZipDirectory {
             entries,
             by_name,
@@ -434,11 +459,12 @@ impl ZipDirectory {
         if let Some(&bad_index) = which.iter().find(|&&i| i >= entries.len()) {
             return Err(self.no_record(bad_index));
         }
-        // What a read must cover from a header: the fixed part, and with a head, the
-        // name, room for torch-style alignment padding in the extra field, and the head.
+        // What a read must cover from a header: the fixed part and the name (checked
+        // against the directory's), and with a head, room for torch-style alignment
+        // padding in the extra field, and the head.
         let want = |e: &ZipEntry| -> u64 {
             if head_len == 0 {
-                LOCAL_LEN
+                LOCAL_LEN + e.name.len() as u64
             } else {
                 LOCAL_LEN
                     + e.name.len() as u64
@@ -583,6 +609,9 @@ impl ZipDirectory {
     }
 }
 
+/// The most output one byte of deflate data can make.
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
 /// Bytes one read may span to cover the local headers of several records: records
 /// smaller than this (norms, biases) share reads with their neighbours.
 const GROUP_SPAN: u64 = 8 << 10;
@@ -614,7 +643,23 @@ fn parse_local_header<'a>(
             format!("bad local-header signature for `{}`", entry.name),
         ));
     }
-    let var = u64::from(u16_at(local, 26)) + u64::from(u16_at(local, 28));
+    let name_len = usize::from(u16_at(local, 26));
+    let name_at = LOCAL_LEN as usize;
+    match local.get(name_at..name_at + name_len) {
+        Some(name) if name == entry.name.as_bytes() => {}
+        Some(name) => {
+            return Err(bad(
+                header_offset,
+                format!(
+                    "record `{}` is called `{}` in its local header",
+                    entry.name,
+                    String::from_utf8_lossy(name)
+                ),
+            ))
+        }
+        None => return Err(local_out_of_bounds(input, entry)),
+    }
+    let var = name_len as u64 + u64::from(u16_at(local, 28));
     let data_offset = header_offset + LOCAL_LEN + var;
     let start = ((LOCAL_LEN + var) as usize).min(local.len());
     let len = entry.compressed_size.min(head_len) as usize;
@@ -668,6 +713,21 @@ pub fn read_entry_prefix(
 /// the record's size, the stream must end there.
 fn inflate(raw: &[u8], entry: &ZipEntry, len: u64, max_bytes: u64) -> Result<Bytes> {
     Error::check_limit("decompressed zip record size", len, max_bytes)?;
+    // Deflate expands at most 1032:1 (a 258-byte match per 2 bits), so a declared
+    // size beyond that cannot be true: refuse it before allocating the buffer.
+    let most = (raw.len() as u64)
+        .saturating_mul(MAX_DEFLATE_RATIO)
+        .saturating_add(258);
+    if len > most {
+        return Err(Error::Decode {
+            tensor: entry.name.to_string(),
+            encoding: "deflate".into(),
+            reason: format!(
+                "{len} bytes cannot come from {} compressed bytes (deflate expands at most {MAX_DEFLATE_RATIO}:1)",
+                raw.len()
+            ),
+        });
+    }
     let whole = len == entry.size;
     let len = usize::try_from(len).map_err(|_| Error::Overflow {
         what: "zip record size as usize",

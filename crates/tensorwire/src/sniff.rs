@@ -84,6 +84,11 @@ pub fn sniff(head: &[u8]) -> Result<FileFormat> {
     if npy::sniff(head) {
         return Ok(FileFormat::Npy);
     }
+    if head.starts_with(b"PK\x05\x06") {
+        // An archive with no records at all (`np.savez(path)`); a checkpoint always
+        // holds some.
+        return Ok(FileFormat::Npz);
+    }
     if head.starts_with(b"PK\x03\x04") {
         return Ok(match first_zip_name(head) {
             Some(name) if name.ends_with(b".npy") => FileFormat::Npz,
@@ -209,6 +214,9 @@ fn open_zip_or_pickle(
     input: Input,
     limits: &Limits,
 ) -> Result<Box<dyn TensorSource>> {
+    if image.starts_with(b"PK\x05\x06") {
+        return Ok(Box::new(NumpyReader::npz(input, limits)?));
+    }
     if image.starts_with(b"PK\x03\x04") {
         let format = match first_zip_name(image) {
             Some(name) if name.ends_with(b".npy") => FileFormat::Npz,
@@ -276,8 +284,10 @@ mod tests {
             sniff(b"{\n  \"metadata\": {\"total_size\": 8},").unwrap(),
             FileFormat::ShardIndex
         );
+        // An end record first: an archive with no records, as `np.savez(path)` writes.
+        assert_eq!(sniff(b"PK\x05\x06....").unwrap(), FileFormat::Npz);
         assert!(matches!(
-            sniff(b"PK\x05\x06...."),
+            sniff(b"PK\x07\x08...."),
             Err(Error::UnknownFormat { .. })
         ));
         assert!(matches!(
