@@ -249,6 +249,20 @@ def main(argv=None) -> int:
         ("gguf", "tensorwire read_numpy(keys()), one call", tw_numpy_all(paths["gguf"])),
         ("gguf", "gguf.GGUFReader(path).tensors[i].data", gguf_reader),
     ]
+    # The same tensors behind a Llama 3-sized tokenizer vocabulary (real GGUF models
+    # carry one). gguf.GGUFReader takes seconds on it: timed once, after the table.
+    vocab_gguf = os.path.join(args.data, "model.vocab.gguf")
+    if os.path.exists(vocab_gguf):
+        with open(vocab_gguf, "rb") as f:
+            while f.read(1 << 24):
+                pass
+        rows += [
+            ("gguf+vocab", "numpy floor: mmap + frombuffer", floor(vocab_gguf, plan_gguf(vocab_gguf))),
+            ("gguf+vocab", "tensorwire read_numpy(k)", tw_numpy(vocab_gguf)),
+            ("gguf+vocab", "tensorwire read_numpy(keys()), one call", tw_numpy_all(vocab_gguf)),
+        ]
+    else:
+        print(f"{vocab_gguf} missing (make_checkpoint.py writes it): its rows are skipped")
     try:
         import ztensor
 
@@ -293,6 +307,16 @@ def main(argv=None) -> int:
             base[kind] = ms
         vs_ref = f"{ms / reference[kind]:.2f}" if kind in reference else "–"
         print(f"| {kind} | {label} | {fmt(ms / 1e3)} | {ms / base[kind]:.2f} | {vs_ref} |", flush=True)
+    if os.path.exists(vocab_gguf):
+        import time
+
+        start = time.perf_counter()
+        r = gguf.GGUFReader(vocab_gguf)
+        got = {t.name: t.data for t in r.tensors}
+        took = time.perf_counter() - start
+        assert sorted(got) == sorted(ref["gguf+vocab"])
+        print(f"\ngguf+vocab: gguf.GGUFReader(path).tensors[i].data, one run: {fmt(took)} "
+              f"({took * 1e3 / base['gguf+vocab']:.0f}× the floor)")
     return 0
 
 

@@ -9,6 +9,9 @@ Files (each skipped when it already exists, unless --force):
   model.zt           written by ztensor 1.2.3 (`ztensor.Writer(...).write_numpy`)
   model.npz          written by `np.savez` (stored members)
   model.gguf         written by `gguf.GGUFWriter` (float32 tensors)
+  model.vocab.gguf   the same, plus the tokenizer metadata of a Llama 3-sized
+                     vocabulary (128 256 tokens with scores and types, 280 147
+                     merges), as real GGUF models carry
   model.tw.zt        written by tensorwire (`tensorwire.Writer(...).add`), only when
                      `import tensorwire` works
   model.safetensors.index.json
@@ -159,6 +162,36 @@ def write_gguf(path: str, tensors: dict[str, np.ndarray]) -> None:
     _write_atomically(path, w)
 
 
+def write_gguf_vocab(path: str, tensors: dict[str, np.ndarray]) -> None:
+    """model.gguf plus Llama 3-sized tokenizer metadata: fixed-seed random tokens of
+    1-12 letters, as many merges as Llama 3 has."""
+    import random
+    import string
+
+    import gguf
+
+    n_tokens, n_merges = 128_256, 280_147
+    rng = random.Random(0)
+    tokens = ["".join(rng.choices(string.ascii_letters, k=rng.randint(1, 12))) for _ in range(n_tokens)]
+    merges = [f"{tokens[rng.randrange(n_tokens)]} {tokens[rng.randrange(n_tokens)]}" for _ in range(n_merges)]
+
+    def w(p: str) -> None:
+        wr = gguf.GGUFWriter(p, "llama")
+        wr.add_tokenizer_model("gpt2")
+        wr.add_token_list(tokens)
+        wr.add_token_scores([float(-i) for i in range(n_tokens)])
+        wr.add_token_types([1] * n_tokens)
+        wr.add_token_merges(merges)
+        for name, arr in tensors.items():
+            wr.add_tensor(name, arr)
+        wr.write_header_to_file()
+        wr.write_kv_data_to_file()
+        wr.write_tensors_to_file()
+        wr.close()
+
+    _write_atomically(path, w)
+
+
 def write_tensorwire(path: str, tensors: dict[str, np.ndarray]) -> None:
     import tensorwire
 
@@ -185,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         ("model.zt", write_ztensor, "ztensor"),
         ("model.npz", write_npz, "numpy"),
         ("model.gguf", write_gguf, "gguf"),
+        ("model.vocab.gguf", write_gguf_vocab, "gguf"),
         ("model.safetensors.index.json", write_sharded_safetensors, "safetensors"),
     ]
     try:

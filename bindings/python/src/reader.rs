@@ -40,6 +40,9 @@ pub struct Reader {
     /// The base of the zero-copy arrays over the file map.
     owner: arrays::SharedOwner,
     names: PyOnceLock<NameCache>,
+    /// The file-level attributes as a dict, converted once (a GGUF vocabulary is
+    /// hundreds of thousands of values).
+    attributes: PyOnceLock<Py<PyDict>>,
 }
 
 impl Reader {
@@ -547,6 +550,7 @@ impl Reader {
             path,
             owner: arrays::SharedOwner::default(),
             names: PyOnceLock::new(),
+            attributes: PyOnceLock::new(),
         })
     }
 
@@ -715,10 +719,16 @@ impl Reader {
             .map(|r| r.has_metadata()))
     }
 
-    /// File-level attributes (a dict).
+    /// File-level attributes (a new dict each time, of values converted on the first
+    /// access).
     #[getter]
-    fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        values::map_to_py(py, Some(self.src()?.attributes()))
+    fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let src = self.src()?;
+        let cached = self.attributes.get_or_try_init(py, || {
+            let dict = values::map_to_py(py, Some(src.attributes()))?;
+            Ok::<_, PyErr>(dict.cast_into::<PyDict>()?.unbind())
+        })?;
+        cached.bind(py).copy()
     }
 
     /// Dense tensor(s) as numpy arrays: a name gives an array, a list gives a dict

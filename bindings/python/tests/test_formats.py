@@ -336,6 +336,20 @@ def test_gguf_reads_what_the_gguf_package_reads():
         assert r.attributes["general.architecture"] == "tensorwire-test"
 
 
+def test_attributes_are_a_new_dict_of_values_converted_once():
+    r = tensorwire.open(os.path.join(GGUF, "plain.gguf"))
+    first = r.attributes
+    first["general.architecture"] = "changed"
+    del first["test.u8"]
+    second = r.attributes
+    assert second is not first
+    assert second["general.architecture"] == "tensorwire-test"
+    assert "test.u8" in second
+    r.close()
+    with pytest.raises(tensorwire.InvalidArgumentError):
+        r.attributes
+
+
 @pytest.mark.parametrize(
     "path",
     [os.path.join(NUMPY, "arrays.npz"), os.path.join(SAFETENSORS, "dtypes.safetensors"),
