@@ -66,7 +66,7 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
                 out,
                 "  {}: {}",
                 table_cell(key, MAX_NAME_WIDTH),
-                table_cell(&value.to_string(), MAX_ATTR_WIDTH)
+                value_cell(value, MAX_ATTR_WIDTH)
             )?;
         }
     }
@@ -267,4 +267,61 @@ fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
         }
     }
     obj
+}
+
+/// An attribute value for the header, at most about `max` columns: a list too long to
+/// show whole keeps the items that fit and says how many it has (a GGUF vocabulary
+/// is hundreds of thousands of strings), rather than cutting an item in two.
+fn value_cell(value: &tensorwire::Value, max: usize) -> String {
+    let tensorwire::Value::List(items) = value else {
+        return table_cell(&value.to_string(), max);
+    };
+    let plural = if items.len() == 1 { "" } else { "s" };
+    let count = format!("… {} item{plural}]", items.len());
+    let mut out = String::from("[");
+    for (i, item) in items.iter().enumerate() {
+        let text = value_cell(item, max);
+        let separator = if i == 0 { "" } else { ", " };
+        // What must still fit after this item: `]`, or the count of a cut list.
+        let after = if i + 1 == items.len() {
+            1
+        } else {
+            2 + width(&count)
+        };
+        if width(&out) + separator.len() + width(&text) + after > max {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&count);
+            return out;
+        }
+        out.push_str(separator);
+        out.push_str(&text);
+    }
+    out.push(']');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorwire::Value;
+
+    #[test]
+    fn long_lists_keep_whole_items_and_say_how_many() {
+        let tokens = Value::List(
+            (0..128_256)
+                .map(|i| Value::Str(format!("tok{i}")))
+                .collect(),
+        );
+        let cell = value_cell(&tokens, 40);
+        assert_eq!(cell, "[\"tok0\", \"tok1\", \"tok2\", … 128256 items]");
+        assert!(width(&cell) <= 40);
+        let short = Value::List(vec![Value::Int(1), Value::Int(2)]);
+        assert_eq!(value_cell(&short, 40), "[1, 2]");
+        assert_eq!(value_cell(&Value::List(vec![]), 40), "[]");
+        // Not even one item fits: only the count.
+        let wide = Value::List(vec![Value::Str("x".repeat(100)), Value::Int(1)]);
+        assert_eq!(value_cell(&wide, 20), "[… 2 items]");
+    }
 }
