@@ -4,6 +4,7 @@ write read back by the real safetensors package."""
 
 import glob
 import hashlib
+import io
 import json
 import os
 
@@ -87,6 +88,28 @@ def test_npz_archives_numpy_reads_at_the_edges_are_read(tmp_path):
     np.testing.assert_array_equal(tensorwire.open(str(tail))["x"], np.load(str(tail))["x"])
 
 
+def test_npz_end_records_are_chosen_as_zipfile_chooses_them(tmp_path):
+    arrays = dict(x=np.arange(3), y=np.ones(2))
+    data = _npz_bytes(tmp_path, **arrays)
+    eocd = data.rfind(b"PK\x05\x06")
+    # A saturated count (more than 65 535 members without ZIP64): the directory's
+    # size says how many.
+    saturated = bytearray(data)
+    saturated[eocd + 8:eocd + 12] = b"\xff\xff\xff\xff"
+    assert sorted(_open_bytes(tmp_path, saturated).keys()) == ["x", "y"]
+    # A comment cut short, and bytes appended: still the last end record.
+    cut = data + b"trailing bytes"
+    cut[eocd + 20:eocd + 22] = (50).to_bytes(2, "little")
+    assert sorted(_open_bytes(tmp_path, cut).keys()) == ["x", "y"]
+    # A fake archive inside the last member's data does not win over the real end
+    # record (zipfile and miniz take the last signature).
+    fake = np.frombuffer(b"PK\x05\x06" + bytes(18), np.uint8)
+    data = _npz_bytes(tmp_path, a=np.arange(3), pad=fake)
+    data[data.rfind(b"PK\x05\x06") + 20] = 9   # the real record's comment runs past
+    with np.load(io.BytesIO(bytes(data))) as want, _open_bytes(tmp_path, data) as got:
+        assert sorted(got.keys()) == sorted(want.files) == ["a", "pad"]
+
+
 def _npz_bytes(tmp_path, compressed=False, **arrays):
     path = str(tmp_path / "src.npz")
     (np.savez_compressed if compressed else np.savez)(path, **arrays)
@@ -160,6 +183,7 @@ def _npy(header, major=1, data=b""):
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 9223372036854775807, 3), }", 1,
      "MalformedError"),
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3), }", 1, None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (00, 3), }", 1, None),
     # numpy's limit: the non-zero dimensions times the item size fit int64.
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387903), }", 1,
      "MalformedError"),

@@ -247,6 +247,8 @@ def test_lazily_conjugated_and_negated_tensors_save_their_values(tmp_path):
     for value in ([1.0], np.ones(2, np.float32), 3):
         with pytest.raises(ValueError, match="Key `v` is invalid, expected torch.Tensor"):
             formats.torch.save({"v": value})
+    with pytest.raises(ValueError, match="Expected a dict of"):
+        formats.torch.save([x])
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

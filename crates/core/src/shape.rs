@@ -227,6 +227,25 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn the_non_zero_dimensions_must_multiply_within_i64() {
+        let max = i64::MAX as u64;
+        assert!(Shape::new(vec![max]).is_ok());
+        assert!(Shape::new(vec![0, max]).is_ok());
+        assert!(Shape::new(vec![max, 1, 0]).is_ok());
+        for dims in [
+            vec![max + 1],
+            vec![0, max + 1],
+            vec![0, 1 << 32, 1 << 31],
+            vec![u64::MAX, 0],
+        ] {
+            assert!(
+                matches!(Shape::new(dims.clone()), Err(Error::Overflow { .. })),
+                "{dims:?}"
+            );
+        }
+    }
+
+    #[test]
     fn scalar_and_empty() {
         assert_eq!(Shape::scalar().numel().unwrap(), 1);
         assert_eq!(Shape::new(vec![0, 3]).unwrap().numel().unwrap(), 0);

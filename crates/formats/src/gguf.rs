@@ -359,7 +359,10 @@ impl GgufReader {
         self.data_offset
     }
 
-    /// The key-value metadata, in file order (decoded on the first call).
+    /// The key-value metadata, in file order (decoded on the first call; like the
+    /// attributes and [`GgufReader::metadata_value`], from the map, so a file rewritten
+    /// after it was opened reads as what it now holds, and a value that no longer
+    /// decodes as `Null`).
     pub fn metadata(&self) -> &[(String, Value)] {
         self.metadata.get_or_init(|| {
             self.raw_metadata
@@ -735,8 +738,15 @@ fn read_value(
     }
     // Values are only decoded from bytes checked without decoding first, so every
     // counted item is there: reserve them all (a list grown by doubling would keep up
-    // to twice its memory).
-    let mut items = Vec::with_capacity(n);
+    // to twice its memory). Arrays of arrays reserve a bounded part: should the
+    // file change under the map after the check, each nesting level would otherwise
+    // reserve for the bytes left.
+    let reserve = if item_type == vt::ARRAY {
+        n.min(MAX_RESERVED_ARRAYS)
+    } else {
+        n
+    };
+    let mut items = Vec::with_capacity(reserve);
     for _ in 0..n {
         items.push(read_value(c, item_type, item_at, depth, max_depth, build)?);
     }
@@ -784,6 +794,9 @@ fn read_scalar(c: &mut Cursor<'_>, vtype: u32, type_at: u64, build: Build) -> Re
         other => return Err(unknown_value_type(type_at, other)),
     })
 }
+
+/// Most items an array of arrays reserves before its items are decoded.
+const MAX_RESERVED_ARRAYS: usize = 1 << 12;
 
 /// The size of a value of a fixed-size type (numbers and `BOOL`), `None` for strings,
 /// arrays and unknown types.
@@ -870,11 +883,10 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
         let type_at = c.pos();
         let vtype = c.u32()?;
         let value_at = c.pos;
-        read_value(&mut c, vtype, type_at, 0, max_depth, Build::Nothing)?;
         if key == ALIGNMENT_KEY {
-            let mut again = Cursor { pos: value_at, ..c };
-            let value = read_value(&mut again, vtype, type_at, 0, max_depth, Build::Values)?;
-            alignment = check_alignment(vtype, &value, key_at)?;
+            alignment = read_alignment(&mut c, vtype, key_at)?;
+        } else {
+            read_value(&mut c, vtype, type_at, 0, max_depth, Build::Nothing)?;
         }
         metadata.push(RawKv {
             key: key.to_owned(),
@@ -991,18 +1003,16 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
     })
 }
 
-/// `general.alignment` must be a `UINT32` holding a non-zero power of two (as gguf-py
-/// and llama.cpp require).
-fn check_alignment(vtype: u32, value: &Value, key_at: u64) -> Result<u64> {
+/// `general.alignment`, whose type tag was read: it must be a `UINT32` holding a
+/// non-zero power of two (as gguf-py and llama.cpp require).
+fn read_alignment(c: &mut Cursor<'_>, vtype: u32, key_at: u64) -> Result<u64> {
     let bad = |reason: String| Error::malformed(key_at, format!("{ALIGNMENT_KEY}: {reason}"));
     if vtype != vt::UINT32 {
         return Err(bad(format!("type {vtype} is not UINT32")));
     }
-    match value {
-        Value::Int(a) if *a > 0 && (*a & (*a - 1)) == 0 => {
-            u64::try_from(*a).map_err(|_| bad(format!("{a} is not a u32")))
-        }
-        other => Err(bad(format!("{other} is not a non-zero power of two"))),
+    match c.u32()? {
+        a if a.is_power_of_two() => Ok(a.into()),
+        a => Err(bad(format!("{a} is not a non-zero power of two"))),
     }
 }
 

@@ -245,8 +245,9 @@ impl<'a> Parser<'a> {
             self.at += 1;
         }
         let digits = std::str::from_utf8(&self.text[start..self.at]).unwrap_or_default();
-        if digits.len() > 1 && digits.starts_with('0') {
-            // `02` is a syntax error in Python 3, which numpy's literal_eval is.
+        if digits.starts_with('0') && digits.bytes().any(|b| b != b'0') {
+            // `02` is a syntax error in Python 3, which numpy's literal_eval is (`00`
+            // is not).
             return Err(self.error("an integer with a leading zero"));
         }
         let n = digits

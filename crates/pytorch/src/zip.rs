@@ -86,7 +86,9 @@ fn bad(offset: u64, reason: impl Into<String>) -> Error {
 struct Directory {
     offset: u64,
     size: u64,
-    entries: u64,
+    /// The record count; `None` when the end record's is saturated (0xFFFF) and no
+    /// ZIP64 record gives the real one: the records then fill the directory's size.
+    entries: Option<u64>,
 }
 
 fn find_directory(input: &Input) -> Result<Directory> {
@@ -101,32 +103,28 @@ fn find_directory(input: &Input) -> Result<Directory> {
     // The end record is 22 bytes plus a comment of at most 65 535 bytes. Archives
     // rarely have a comment (torch and numpy write none), so the last few KiB are
     // read first, and all 64 KiB only when the record is not among them.
-    // A record whose comment ends exactly at the end of the file is preferred; failing
-    // that, the last one whose comment fits (bytes appended after an archive, which
-    // Python's zipfile reads too).
-    let find = |tail_len: u64, exact: bool| -> Result<Option<(Bytes, usize, u64)>> {
+    // The record is chosen as Python's zipfile and miniz (torch's reader) choose it:
+    // one with no comment in the last 22 bytes, else the last signature with a whole
+    // record after it (a comment cut short, or bytes appended after the archive, do
+    // not matter).
+    let find = |tail_len: u64| -> Result<Option<(Bytes, usize, u64)>> {
         let tail_start = len - tail_len;
         let tail = input.read_meta(tail_start, tail_len)?;
-        let pos = (0..=tail.len() - EOCD_LEN as usize).rev().find(|&i| {
-            let end = i + EOCD_LEN as usize + usize::from(u16_at(&tail, i + 20));
-            u32_at(&tail, i) == EOCD_SIG
-                && if exact {
-                    end == tail.len()
-                } else {
-                    end <= tail.len()
-                }
-        });
+        let last = tail.len() - EOCD_LEN as usize;
+        if u32_at(&tail, last) == EOCD_SIG && u16_at(&tail, last + 20) == 0 {
+            return Ok(Some((tail, last, tail_start)));
+        }
+        let pos = (0..=last).rev().find(|&i| u32_at(&tail, i) == EOCD_SIG);
         Ok(pos.map(|pos| (tail, pos, tail_start)))
     };
+    // The last signature of a window is also the last of any longer window ending at
+    // the same byte, so the short tail alone decides when it holds one.
     let short = len.min(EOCD_SHORT_TAIL);
     let full = len.min(EOCD_LEN + 0xffff);
-    let found = match find(short, true)? {
+    let found = match find(short)? {
         Some(found) => Some(found),
-        None if full > short => match find(full, true)? {
-            Some(found) => Some(found),
-            None => find(full, false)?,
-        },
-        None => find(short, false)?,
+        None if full > short => find(full)?,
+        None => None,
     };
     let Some((tail, pos, tail_start)) = found else {
         let last = input.read_meta(len - 4, 4)?;
@@ -142,7 +140,13 @@ fn find_directory(input: &Input) -> Result<Directory> {
         return Err(Error::unsupported("multi-disk ZIP archives"));
     }
     let mut dir = Directory {
-        entries: u16_at(eocd, 10).into(),
+        entries: match u16_at(eocd, 10) {
+            // Saturated: unless a ZIP64 record below gives the real count, the records
+            // fill the directory's size (zipfile writes more than 65 535 records so
+            // when ZIP64 is off).
+            0xffff => None,
+            n => Some(n.into()),
+        },
         size: u32_at(eocd, 12).into(),
         offset: u32_at(eocd, 16).into(),
     };
@@ -165,7 +169,7 @@ fn find_directory(input: &Input) -> Result<Directory> {
                 return Err(bad(record_offset, "bad ZIP64 end-record signature"));
             }
             dir = Directory {
-                entries: u64_at(&record, 32),
+                entries: Some(u64_at(&record, 32)),
                 size: u64_at(&record, 40),
                 offset: u64_at(&record, 48),
             };
@@ -311,25 +315,35 @@ impl ZipDirectory {
     /// `max_entries` records, names of at most `max_name` bytes.
     pub fn read(input: &Input, max_entries: u64, max_name: usize) -> Result<ZipDirectory> {
         let dir = find_directory(input)?;
-        Error::check_limit("zip record count", dir.entries, max_entries)?;
+        if let Some(count) = dir.entries {
+            Error::check_limit("zip record count", count, max_entries)?;
+        }
         let central = input.read_meta(dir.offset, dir.size)?;
         // Each record takes at least its fixed part: a count the directory cannot
         // hold is refused before anything is reserved for it.
-        if dir.entries.saturating_mul(CENTRAL_LEN as u64) > central.len() as u64 {
+        let most = central.len() as u64 / CENTRAL_LEN as u64;
+        if let Some(count) = dir.entries.filter(|&count| count > most) {
             return Err(bad(
                 dir.offset,
                 format!(
-                    "{} records cannot fit a central directory of {} bytes",
-                    dir.entries,
+                    "{count} records cannot fit a central directory of {} bytes",
                     central.len()
                 ),
             ));
         }
-        let mut entries = Vec::with_capacity(dir.entries as usize);
-        let mut by_name =
-            NameMap::with_capacity_and_hasher(dir.entries as usize, Default::default());
+        let capacity = dir.entries.unwrap_or(most).min(max_entries) as usize;
+        let mut entries = Vec::with_capacity(capacity);
+        let mut by_name = NameMap::with_capacity_and_hasher(capacity, Default::default());
         let mut pos = 0usize;
-        for _ in 0..dir.entries {
+        loop {
+            match dir.entries {
+                Some(count) if entries.len() as u64 == count => break,
+                None if pos == central.len() => break,
+                None => {
+                    Error::check_limit("zip record count", entries.len() as u64 + 1, max_entries)?
+                }
+                Some(_) => {}
+            }
             let at = dir.offset + pos as u64;
             let head = central
                 .get(pos..pos + CENTRAL_LEN)
@@ -399,7 +413,7 @@ impl ZipDirectory {
                 dir.offset + pos as u64,
                 format!(
                     "the end record counts {} records, which take {pos} of the central directory's {} bytes",
-                    dir.entries,
+                    entries.len(),
                     central.len()
                 ),
             ));

@@ -154,13 +154,19 @@ fn indices_past_the_directory_are_errors() {
 
 #[test]
 fn a_record_count_the_directory_cannot_hold_is_refused_up_front() {
-    // An end record declaring 65 535 records in a 0-byte central directory.
-    let mut eocd = 0x0605_4b50u32.to_le_bytes().to_vec();
-    eocd.extend([0u8; 4]);
-    eocd.extend(u16::MAX.to_le_bytes());
-    eocd.extend(u16::MAX.to_le_bytes());
-    eocd.extend([0u8; 10]);
-    let input = Input::mapped(tensorwire_core::Bytes::from(eocd));
-    let err = ZipDirectory::read(&input, 1 << 20, 1 << 10).unwrap_err();
+    // An end record declaring `count` records in a 0-byte central directory.
+    let end_record = |count: u16| {
+        let mut eocd = 0x0605_4b50u32.to_le_bytes().to_vec();
+        eocd.extend([0u8; 4]);
+        eocd.extend(count.to_le_bytes());
+        eocd.extend(count.to_le_bytes());
+        eocd.extend([0u8; 10]);
+        Input::mapped(tensorwire_core::Bytes::from(eocd))
+    };
+    let err = ZipDirectory::read(&end_record(65_534), 1 << 20, 1 << 10).unwrap_err();
     assert!(err.to_string().contains("cannot fit"), "{err}");
+    // 0xFFFF is a saturated count: with no ZIP64 record, the directory's size says
+    // how many (none here), as Python's zipfile reads it.
+    let directory = ZipDirectory::read(&end_record(u16::MAX), 1 << 20, 1 << 10).unwrap();
+    assert!(directory.is_empty());
 }

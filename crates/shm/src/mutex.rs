@@ -231,6 +231,11 @@ type ClockLock = unsafe extern "C" fn(
 /// and linking it directly would keep the Python wheel (built for older glibc) from
 /// loading there. `None` where the C library lacks it.
 fn monotonic_clock_lock() -> Option<ClockLock> {
+    // On 32-bit targets the unversioned symbol takes a 32-bit `time_t` timespec,
+    // which need not be the libc crate's: keep to the wall-clock call there.
+    if cfg!(not(target_pointer_width = "64")) {
+        return None;
+    }
     static CLOCK_LOCK: OnceLock<Option<ClockLock>> = OnceLock::new();
     *CLOCK_LOCK.get_or_init(|| {
         // SAFETY: `RTLD_DEFAULT` and a NUL-terminated name: dlsym only looks the
@@ -242,7 +247,8 @@ fn monotonic_clock_lock() -> Option<ClockLock> {
         }
         // SAFETY: the C library's `pthread_mutex_clocklock` is declared
         // `int (pthread_mutex_t *, clockid_t, const struct timespec *)`, which is
-        // `ClockLock`; a non-null dlsym result is the function's address.
+        // `ClockLock` on the 64-bit targets this runs on (their `timespec` is the
+        // libc crate's); a non-null dlsym result is the function's address.
         Some(unsafe { std::mem::transmute::<*mut libc::c_void, ClockLock>(symbol) })
     })
 }
@@ -308,10 +314,15 @@ mod tests {
         assert!(m.try_lock().unwrap().is_some());
     }
 
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[cfg(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64"))]
     #[test]
-    fn glibc_waits_on_the_monotonic_clock() {
-        assert!(monotonic_clock_lock().is_some());
+    fn glibc_from_2_30_waits_on_the_monotonic_clock() {
+        // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+        let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+        let mut parts = version.to_str().unwrap().split('.');
+        let major: u32 = parts.next().unwrap().parse().unwrap();
+        let minor: u32 = parts.next().unwrap().parse().unwrap();
+        assert_eq!(monotonic_clock_lock().is_some(), (major, minor) >= (2, 30));
     }
 
     #[test]

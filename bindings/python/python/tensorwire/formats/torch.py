@@ -20,12 +20,12 @@ __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model",
 
 
 def _check_torch_tensors(tensors):
-    """The package's checks before writing: torch tensors only, and dense ones (both
+    """The package's checks before writing: a dict of torch tensors, dense ones (each
     a ``ValueError``, worded as the package words them)."""
     import torch
 
     if not isinstance(tensors, dict):
-        raise TypeError("tensors must be a dict {name: torch tensor}")
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
     sparse = []
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor):
