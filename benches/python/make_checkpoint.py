@@ -147,11 +147,14 @@ def write_npz(path: str, tensors: dict[str, np.ndarray]) -> None:
     _write_atomically(path, w)
 
 
-def write_gguf(path: str, tensors: dict[str, np.ndarray]) -> None:
+def write_gguf(path: str, tensors: dict[str, np.ndarray], add_metadata=None) -> None:
+    """`tensors` by `gguf.GGUFWriter`; `add_metadata(writer)` adds keys first."""
     import gguf
 
     def w(p: str) -> None:
         wr = gguf.GGUFWriter(p, "llama")
+        if add_metadata is not None:
+            add_metadata(wr)
         for name, arr in tensors.items():
             wr.add_tensor(name, arr)
         wr.write_header_to_file()
@@ -168,28 +171,19 @@ def write_gguf_vocab(path: str, tensors: dict[str, np.ndarray]) -> None:
     import random
     import string
 
-    import gguf
-
     n_tokens, n_merges = 128_256, 280_147
     rng = random.Random(0)
     tokens = ["".join(rng.choices(string.ascii_letters, k=rng.randint(1, 12))) for _ in range(n_tokens)]
     merges = [f"{tokens[rng.randrange(n_tokens)]} {tokens[rng.randrange(n_tokens)]}" for _ in range(n_merges)]
 
-    def w(p: str) -> None:
-        wr = gguf.GGUFWriter(p, "llama")
+    def tokenizer(wr) -> None:
         wr.add_tokenizer_model("gpt2")
         wr.add_token_list(tokens)
         wr.add_token_scores([float(-i) for i in range(n_tokens)])
         wr.add_token_types([1] * n_tokens)
         wr.add_token_merges(merges)
-        for name, arr in tensors.items():
-            wr.add_tensor(name, arr)
-        wr.write_header_to_file()
-        wr.write_kv_data_to_file()
-        wr.write_tensors_to_file()
-        wr.close()
 
-    _write_atomically(path, w)
+    write_gguf(path, tensors, tokenizer)
 
 
 def write_tensorwire(path: str, tensors: dict[str, np.ndarray]) -> None:

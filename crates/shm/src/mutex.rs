@@ -325,30 +325,19 @@ mod tests {
         assert_eq!(monotonic_clock_lock().is_some(), (major, minor) >= (2, 30));
     }
 
-    #[test]
-    fn a_timed_wait_for_a_free_or_dead_holders_lock_succeeds() {
+    /// A mutex whose holder, a thread, exited holding it.
+    fn abandoned_mutex() -> Arc<RobustMutex> {
         let m = Arc::new(new_mutex());
-        drop(m.lock(Some(Duration::from_secs(1))).unwrap());
-        {
-            let m = Arc::clone(&m);
-            std::thread::spawn(move || std::mem::forget(m.lock(None).unwrap()))
-                .join()
-                .unwrap();
-        }
-        let mut g = m.lock(Some(Duration::from_secs(1))).unwrap();
-        assert!(g.owner_died());
-        g.mark_consistent().unwrap();
+        let held = Arc::clone(&m);
+        std::thread::spawn(move || std::mem::forget(held.lock(None).unwrap()))
+            .join()
+            .unwrap();
+        m
     }
 
     #[test]
     fn a_dead_holder_is_reported_and_recovered() {
-        let m = Arc::new(new_mutex());
-        {
-            let m = Arc::clone(&m);
-            std::thread::spawn(move || std::mem::forget(m.lock(None).unwrap()))
-                .join()
-                .unwrap();
-        }
+        let m = abandoned_mutex();
         let mut g = m.lock(Some(Duration::from_secs(5))).unwrap();
         assert!(g.owner_died());
         g.mark_consistent().unwrap();
@@ -358,13 +347,7 @@ mod tests {
 
     #[test]
     fn unrepaired_state_makes_the_mutex_unrecoverable() {
-        let m = Arc::new(new_mutex());
-        {
-            let m = Arc::clone(&m);
-            std::thread::spawn(move || std::mem::forget(m.lock(None).unwrap()))
-                .join()
-                .unwrap();
-        }
+        let m = abandoned_mutex();
         drop(m.lock(None).unwrap()); // owner died, not marked consistent
         let err = m.lock(None).err().unwrap();
         assert!(matches!(err, Error::LockUnrecoverable { .. }), "{err}");
