@@ -17,16 +17,21 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     Ok(match value {
         Value::Null => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Int(i) => i.into_bound_py_any(py)?,
+        // Through i64 when it fits: an i128 takes the slow byte-array path.
+        Value::Int(i) => match i64::try_from(*i) {
+            Ok(small) => small.into_bound_py_any(py)?,
+            Err(_) => i.into_bound_py_any(py)?,
+        },
         Value::Float(x) => PyFloat::new(py, *x).into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
         Value::Bytes(b) => PyBytes::new(py, b).into_any(),
         Value::List(items) => {
-            let list = PyList::empty(py);
-            for v in items {
-                list.append(to_py(py, v)?)?;
-            }
-            list.into_any()
+            // Built at its length (appending one by one regrows the list).
+            let items = items
+                .iter()
+                .map(|v| to_py(py, v))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any()
         }
         Value::Map(entries) => {
             let dict = PyDict::new(py);
