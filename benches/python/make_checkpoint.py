@@ -167,13 +167,18 @@ def write_gguf(path: str, tensors: dict[str, np.ndarray], add_metadata=None) -> 
 
 def write_gguf_vocab(path: str, tensors: dict[str, np.ndarray]) -> None:
     """model.gguf plus Llama 3-sized tokenizer metadata: fixed-seed random tokens of
-    1-12 letters, as many merges as Llama 3 has."""
+    1-12 letters, half of them starting with `Ġ` (U+0120, byte-level BPE's space, two
+    bytes in UTF-8, as in GPT-2 and Llama 3 vocabularies), and as many merges as
+    Llama 3 has."""
     import random
     import string
 
     n_tokens, n_merges = 128_256, 280_147
     rng = random.Random(0)
-    tokens = ["".join(rng.choices(string.ascii_letters, k=rng.randint(1, 12))) for _ in range(n_tokens)]
+    tokens = [
+        ("\u0120" if rng.random() < 0.5 else "") + "".join(rng.choices(string.ascii_letters, k=rng.randint(1, 12)))
+        for _ in range(n_tokens)
+    ]
     merges = [f"{tokens[rng.randrange(n_tokens)]} {tokens[rng.randrange(n_tokens)]}" for _ in range(n_merges)]
 
     def tokenizer(wr) -> None:

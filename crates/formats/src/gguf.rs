@@ -649,7 +649,8 @@ impl Cursor<'_> {
             .buf
             .len()
             .min(usize::try_from(self.limit).unwrap_or(usize::MAX));
-        let valid = |from: usize, to: usize| std::str::from_utf8(&self.buf[from..to]).is_ok();
+        let valid =
+            |from: usize, to: usize| simdutf8::basic::from_utf8(&self.buf[from..to]).is_ok();
         let mut pos = self.pos;
         let mut run = pos;
         for _ in 0..n {
