@@ -40,9 +40,9 @@ pub struct Reader {
     /// The base of the zero-copy arrays over the file map.
     owner: arrays::SharedOwner,
     names: PyOnceLock<NameCache>,
-    /// The file-level attributes as a dict, converted once (a GGUF vocabulary is
-    /// hundreds of thousands of values).
-    attributes: PyOnceLock<Py<PyDict>>,
+    /// The file-level attributes, converted once (a GGUF vocabulary is hundreds of
+    /// thousands of values).
+    attributes: PyOnceLock<values::FrozenAttributes>,
 }
 
 impl Reader {
@@ -719,16 +719,15 @@ impl Reader {
             .map(|r| r.has_metadata()))
     }
 
-    /// File-level attributes (a new dict each time, of values converted on the first
-    /// access).
+    /// File-level attributes: new dicts and lists on each access (the caller may
+    /// change them), over values converted once.
     #[getter]
     fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let src = self.src()?;
-        let cached = self.attributes.get_or_try_init(py, || {
-            let dict = values::map_to_py(py, Some(src.attributes()))?;
-            Ok::<_, PyErr>(dict.cast_into::<PyDict>()?.unbind())
-        })?;
-        cached.bind(py).copy()
+        let cached = self
+            .attributes
+            .get_or_try_init(py, || values::FrozenAttributes::new(py, src.attributes()))?;
+        cached.to_dict(py)
     }
 
     /// Dense tensor(s) as numpy arrays: a name gives an array, a list gives a dict
@@ -961,6 +960,7 @@ impl Reader {
     fn close(&mut self) {
         self.source = None;
         self.names = PyOnceLock::new();
+        self.attributes = PyOnceLock::new();
         // Arrays handed out keep the map; the reader itself no longer does.
         self.owner = arrays::SharedOwner::default();
     }

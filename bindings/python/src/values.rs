@@ -43,6 +43,90 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     })
 }
 
+/// An attribute map converted to Python objects once, handed out as new containers
+/// each time: the caller may change what it gets without changing what the next
+/// caller gets.
+pub struct FrozenAttributes {
+    entries: Vec<(Py<PyString>, Py<PyAny>, Shape)>,
+}
+
+/// How an attribute value is copied.
+enum Shape {
+    /// Immutable (str, int, float, bytes, None, bool): shared.
+    Leaf,
+    /// A list of leaves: one slice copy.
+    FlatList,
+    /// Holds lists or dicts: copied all the way down.
+    Nested,
+}
+
+impl FrozenAttributes {
+    /// Converts `map` (see [`to_py`]).
+    pub fn new(py: Python<'_>, map: &BTreeMap<String, Value>) -> PyResult<FrozenAttributes> {
+        let entries = map
+            .iter()
+            .map(|(key, value)| {
+                let shape = match value {
+                    Value::List(items)
+                        if items
+                            .iter()
+                            .all(|v| !matches!(v, Value::List(_) | Value::Map(_))) =>
+                    {
+                        Shape::FlatList
+                    }
+                    Value::List(_) | Value::Map(_) => Shape::Nested,
+                    _ => Shape::Leaf,
+                };
+                Ok((
+                    PyString::new(py, key).unbind(),
+                    to_py(py, value)?.unbind(),
+                    shape,
+                ))
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(FrozenAttributes { entries })
+    }
+
+    /// A new dict of the attributes, with new lists and dicts.
+    pub fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (key, value, shape) in &self.entries {
+            let value = value.bind(py);
+            let copy = match shape {
+                Shape::Leaf => value.clone(),
+                Shape::FlatList => {
+                    let list = value.cast::<PyList>()?;
+                    list.get_slice(0, list.len()).into_any()
+                }
+                Shape::Nested => fresh_containers(value)?,
+            };
+            dict.set_item(key.bind(py), copy)?;
+        }
+        Ok(dict)
+    }
+}
+
+/// `value` with its dicts and lists made anew, all the way down, and the rest
+/// (immutable) shared.
+fn fresh_containers<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    if let Ok(list) = value.cast::<PyList>() {
+        let items = list
+            .iter()
+            .map(|item| fresh_containers(&item))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(PyList::new(py, items)?.into_any());
+    }
+    if let Ok(dict) = value.cast::<PyDict>() {
+        let copy = PyDict::new(py);
+        for (k, v) in dict.iter() {
+            copy.set_item(k, fresh_containers(&v)?)?;
+        }
+        return Ok(copy.into_any());
+    }
+    Ok(value.clone())
+}
+
 /// An attribute map as a Python dict (`None` stays `None`).
 pub fn map_to_py<'py>(
     py: Python<'py>,

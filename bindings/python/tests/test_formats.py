@@ -360,15 +360,25 @@ def test_gguf_reads_what_the_gguf_package_reads():
         assert r.attributes["general.architecture"] == "tensorwire-test"
 
 
-def test_attributes_are_a_new_dict_of_values_converted_once():
+def test_attributes_are_new_containers_of_values_converted_once():
     r = tensorwire.open(os.path.join(GGUF, "plain.gguf"))
     first = r.attributes
+    lists = [k for k, v in first.items() if isinstance(v, list) and v]
+    assert lists
     first["general.architecture"] = "changed"
     del first["test.u8"]
+    first["test.nested_i32"][0].append(99)          # an inner list
+    for key in lists:
+        first[key].append("extra")
+        first[key][0] = "changed"
     second = r.attributes
     assert second is not first
     assert second["general.architecture"] == "tensorwire-test"
     assert "test.u8" in second
+    for key in lists:
+        assert second[key] is not first[key]
+        assert "extra" not in second[key] and second[key][0] != "changed"
+    assert 99 not in second["test.nested_i32"][0]
     r.close()
     with pytest.raises(tensorwire.InvalidArgumentError):
         r.attributes
