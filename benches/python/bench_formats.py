@@ -315,6 +315,8 @@ def main(argv=None) -> int:
         got = {t.name: t.data for t in r.tensors}
         took = time.perf_counter() - start
         assert sorted(got) == sorted(ref["gguf+vocab"])
+        for k, v in got.items():
+            assert np.array_equal(v, ref["gguf+vocab"][k]), k
         print(f"\ngguf+vocab: gguf.GGUFReader(path).tensors[i].data, one run: {fmt(took)} "
               f"({took * 1e3 / base['gguf+vocab']:.0f}× the floor)")
     return 0

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -92,8 +93,8 @@ def test_npz_end_records_are_chosen_as_zipfile_chooses_them(tmp_path):
     arrays = dict(x=np.arange(3), y=np.ones(2))
     data = _npz_bytes(tmp_path, **arrays)
     eocd = data.rfind(b"PK\x05\x06")
-    # A saturated count (more than 65 535 members without ZIP64): the directory's
-    # size says how many.
+    # A saturated count with no ZIP64 record: the directory's size says how many,
+    # as zipfile reads it.
     saturated = bytearray(data)
     saturated[eocd + 8:eocd + 12] = b"\xff\xff\xff\xff"
     assert sorted(_open_bytes(tmp_path, saturated).keys()) == ["x", "y"]
@@ -108,6 +109,34 @@ def test_npz_end_records_are_chosen_as_zipfile_chooses_them(tmp_path):
     data[data.rfind(b"PK\x05\x06") + 20] = 9   # the real record's comment runs past
     with np.load(io.BytesIO(bytes(data))) as want, _open_bytes(tmp_path, data) as got:
         assert sorted(got.keys()) == sorted(want.files) == ["a", "pad"]
+
+
+def _with_zip64_end(data, count=None):
+    """An archive's end records rebuilt with a ZIP64 end record and locator (as
+    zipfile writes them past 65 535 members), the 32-bit count saturated."""
+    eocd = len(data) - 22
+    n, size, offset = struct.unpack("<HII", data[eocd + 10:eocd + 20])
+    out = bytes(data[:offset + size])
+    record_at = len(out)
+    c = n if count is None else count
+    out += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, c, c, size, offset)
+    out += struct.pack("<IIQI", 0x07064B50, 0, record_at, 1)
+    return out + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, size, offset, 0)
+
+
+def test_zip64_end_records_are_held_to_their_locator(tmp_path):
+    data = _npz_bytes(tmp_path, a=np.arange(3), b=np.ones(2), c=np.zeros(1))
+    good = _with_zip64_end(data)
+    assert sorted(_open_bytes(tmp_path, good).keys()) == ["a", "b", "c"]
+    with pytest.raises(tensorwire.MalformedError):
+        _open_bytes(tmp_path, _with_zip64_end(data, count=2))
+    # A copy of the locator and a planted end record in the archive comment: the
+    # copied locator points at a record that does not end where it starts.
+    fake = good[-42:-22] + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0, 0, 0, 0, 0)
+    planted = bytearray(good)
+    planted[-2:] = struct.pack("<H", len(fake))
+    with pytest.raises(tensorwire.MalformedError, match="ZIP64 end record"):
+        _open_bytes(tmp_path, bytes(planted) + fake)
 
 
 def _npz_bytes(tmp_path, compressed=False, **arrays):

@@ -269,25 +269,56 @@ fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
     obj
 }
 
-/// An attribute value for the header, at most about `max` columns: a list too long to
-/// show whole keeps the items that fit and says how many it has (a GGUF vocabulary
-/// is hundreds of thousands of strings), rather than cutting an item in two.
+/// An attribute value for the header, at most about `max` columns: a list or map too
+/// long to show whole keeps the items that fit and says how many it has (a GGUF
+/// vocabulary is hundreds of thousands of strings), rather than cutting an item in two.
 fn value_cell(value: &tensorwire::Value, max: usize) -> String {
-    let tensorwire::Value::List(items) = value else {
-        return table_cell(&value.to_string(), max);
-    };
-    let plural = if items.len() == 1 { "" } else { "s" };
-    let count = format!("… {} item{plural}]", items.len());
-    let mut out = String::from("[");
-    for (i, item) in items.iter().enumerate() {
-        let text = value_cell(item, max);
+    match value {
+        tensorwire::Value::List(items) => {
+            let items: Vec<(String, &tensorwire::Value)> =
+                items.iter().map(|v| (String::new(), v)).collect();
+            container_cell(&items, ('[', ']'), ("item", "items"), max)
+        }
+        tensorwire::Value::Map(entries) => {
+            let entries: Vec<(String, &tensorwire::Value)> = entries
+                .iter()
+                .map(|(k, v)| (format!("{k:?}: "), v))
+                .collect();
+            container_cell(&entries, ('{', '}'), ("entry", "entries"), max)
+        }
+        other => table_cell(&other.to_string(), max),
+    }
+}
+
+/// The items of a list or map (each with its `"key": ` prefix, empty for a list)
+/// between `open` and `close`, as many as fit in `max` columns with the count of all.
+fn container_cell(
+    items: &[(String, &tensorwire::Value)],
+    (open, close): (char, char),
+    (one, many): (&str, &str),
+    max: usize,
+) -> String {
+    let noun = if items.len() == 1 { one } else { many };
+    let count = format!("… {} {noun}{close}", items.len());
+    let mut out = String::from(open);
+    for (i, (prefix, item)) in items.iter().enumerate() {
         let separator = if i == 0 { "" } else { ", " };
-        // What must still fit after this item: `]`, or the count of a cut list.
+        // What must still fit after this item: the closing bracket, or the count of
+        // a cut container.
         let after = if i + 1 == items.len() {
             1
         } else {
             2 + width(&count)
         };
+        // Lists and maps inside take the room left (they cut between their own
+        // items); a scalar is cut only when it comes first, so that something shows.
+        let room = max.saturating_sub(width(&out) + separator.len() + width(prefix) + after);
+        let shown = match item {
+            tensorwire::Value::List(_) | tensorwire::Value::Map(_) => value_cell(item, room),
+            _ if i == 0 => value_cell(item, room),
+            _ => value_cell(item, max),
+        };
+        let text = format!("{prefix}{shown}");
         if width(&out) + separator.len() + width(&text) + after > max {
             if i > 0 {
                 out.push_str(", ");
@@ -298,7 +329,7 @@ fn value_cell(value: &tensorwire::Value, max: usize) -> String {
         out.push_str(separator);
         out.push_str(&text);
     }
-    out.push(']');
+    out.push(close);
     out
 }
 
@@ -320,8 +351,25 @@ mod tests {
         let short = Value::List(vec![Value::Int(1), Value::Int(2)]);
         assert_eq!(value_cell(&short, 40), "[1, 2]");
         assert_eq!(value_cell(&Value::List(vec![]), 40), "[]");
-        // Not even one item fits: only the count.
+        // A long string item is cut to the room left; with no room, only the count.
         let wide = Value::List(vec![Value::Str("x".repeat(100)), Value::Int(1)]);
-        assert_eq!(value_cell(&wide, 20), "[… 2 items]");
+        let cell = value_cell(&wide, 20);
+        assert!(
+            cell.starts_with("[\"x") && cell.ends_with("x\", 1]"),
+            "{cell}"
+        );
+        assert!(cell.contains('…') && width(&cell) <= 20, "{cell}");
+        assert_eq!(value_cell(&wide, 12), "[… 2 items]");
+        // Nested lists get the room left; maps are cut between entries.
+        let nested = Value::List(vec![
+            Value::List((0..50).map(Value::Int).collect()),
+            Value::List(vec![Value::Int(7)]),
+        ]);
+        assert_eq!(
+            value_cell(&nested, 40),
+            "[[0, 1, 2, 3, 4, … 50 items], [7]]"
+        );
+        let map = Value::Map((0..20).map(|i| (format!("k{i}"), Value::Int(i))).collect());
+        assert_eq!(value_cell(&map, 30), "{\"k0\": 0, … 20 entries}");
     }
 }

@@ -1120,16 +1120,48 @@ mod tests {
         ) {
             let buf = encoded(&strings);
             let limit = buf.len().saturating_sub(limit_cut % 8 * (limit_cut / 8)) as u64;
-            let n = strings.len() + extra;
-            let mut fast = Cursor { buf: &buf, pos: 0, limit };
-            let mut slow = Cursor { buf: &buf, pos: 0, limit };
-            let fast_result = fast.check_strings(n);
-            let slow_result = (0..n).try_for_each(|_| slow.str(None).map(drop));
-            prop_assert_eq!(format!("{fast_result:?}"), format!("{slow_result:?}"));
-            if fast_result.is_ok() {
-                prop_assert_eq!(fast.pos, slow.pos);
-            }
+            same_as_string_reads(&buf, 0, strings.len() + extra, limit)?;
         }
+
+        /// The same from any start, with the header limit anywhere, past the input
+        /// or absent.
+        #[test]
+        fn check_strings_at_any_start_and_limit(
+            prefix in proptest::collection::vec(any::<u8>(), 0..10),
+            strings in proptest::collection::vec((proptest::option::weighted(0.05, 0u64..300), text()), 0..20),
+            extra in 0usize..3,
+            cut in prop_oneof![(0u64..400).prop_map(Some), Just(None)],
+        ) {
+            let mut buf = prefix.clone();
+            buf.extend(encoded(&strings));
+            let limit = cut.map_or(u64::MAX, |cut| (buf.len() as u64 + 8).saturating_sub(cut));
+            same_as_string_reads(&buf, prefix.len(), strings.len() + extra, limit)?;
+        }
+    }
+
+    fn same_as_string_reads(
+        buf: &[u8],
+        start: usize,
+        n: usize,
+        limit: u64,
+    ) -> Result<(), TestCaseError> {
+        let mut fast = Cursor {
+            buf,
+            pos: start,
+            limit,
+        };
+        let mut slow = Cursor {
+            buf,
+            pos: start,
+            limit,
+        };
+        let fast_result = fast.check_strings(n);
+        let slow_result = (0..n).try_for_each(|_| slow.str(None).map(drop));
+        prop_assert_eq!(format!("{fast_result:?}"), format!("{slow_result:?}"));
+        if fast_result.is_ok() {
+            prop_assert_eq!(fast.pos, slow.pos);
+        }
+        Ok(())
     }
 
     #[test]

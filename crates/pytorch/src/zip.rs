@@ -142,17 +142,19 @@ fn find_directory(input: &Input) -> Result<Directory> {
     let mut dir = Directory {
         entries: match u16_at(eocd, 10) {
             // Saturated: unless a ZIP64 record below gives the real count, the records
-            // fill the directory's size (zipfile writes more than 65 535 records so
-            // when ZIP64 is off).
+            // fill the directory's size, as Python's zipfile reads them (its writer
+            // stores exactly 65 535 records so without ZIP64; other writers may store
+            // more).
             0xffff => None,
             n => Some(n.into()),
         },
         size: u32_at(eocd, 12).into(),
         offset: u32_at(eocd, 16).into(),
     };
-    // Saturated values (0xFFFF records, 0xFFFF_FFFF bytes) defer to a ZIP64 end
-    // record when a locator is there, and are taken as they are otherwise: Python's
-    // zipfile writes exactly 65 535 records without ZIP64.
+    // With a ZIP64 locator before the end record, the ZIP64 end record gives every
+    // value; without one, the end record's values are taken as they are (a
+    // saturated count as above).
+    let mut directory_end_limit = eocd_offset;
     if eocd_offset >= 20 {
         // The ZIP64 locator, if any, sits right before the end record: usually in the
         // tail already read.
@@ -168,6 +170,20 @@ fn find_directory(input: &Input) -> Result<Directory> {
             if u32_at(&record, 0) != ZIP64_EOCD_SIG {
                 return Err(bad(record_offset, "bad ZIP64 end-record signature"));
             }
+            // The record ends where the locator starts (its size field counts the
+            // bytes after itself), as every writer puts it and Python's zipfile
+            // requires: a locator copied into a comment, before a planted end record,
+            // points at a record that does not.
+            let record_end = u64_at(&record, 4)
+                .checked_add(record_offset)
+                .and_then(|end| end.checked_add(12));
+            if record_end != Some(eocd_offset - 20) {
+                return Err(bad(
+                    record_offset,
+                    "the ZIP64 end record does not end where its locator starts",
+                ));
+            }
+            directory_end_limit = record_offset;
             dir = Directory {
                 entries: Some(u64_at(&record, 32)),
                 size: u64_at(&record, 40),
@@ -176,12 +192,12 @@ fn find_directory(input: &Input) -> Result<Directory> {
         }
     }
     match dir.offset.checked_add(dir.size) {
-        Some(end) if end <= eocd_offset => Ok(dir),
+        Some(end) if end <= directory_end_limit => Ok(dir),
         _ => Err(Error::OutOfBounds {
             tensor: "zip central directory".into(),
             offset: dir.offset,
             length: dir.size,
-            limit: eocd_offset,
+            limit: directory_end_limit,
         }),
     }
 }
