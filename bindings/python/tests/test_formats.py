@@ -213,6 +213,10 @@ def _npy(header, major=1, data=b""):
      "MalformedError"),
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3), }", 1, None),
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (00, 3), }", 1, None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (0_0, 1_0), }", 1, None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (1__0,), }", 1, "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (0_1,), }", 1, "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (3_,), }", 1, "MalformedError"),
     # numpy's limit: the non-zero dimensions times the item size fit int64.
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387903), }", 1,
      "MalformedError"),

@@ -240,11 +240,17 @@ impl<'a> Parser<'a> {
 
     fn integer(&mut self) -> Result<u64> {
         self.skip_space();
-        let start = self.at;
-        while self.text.get(self.at).is_some_and(u8::is_ascii_digit) {
+        // Digits, with single underscores between them as Python 3 allows (`1_000`).
+        let mut digits = String::new();
+        while let Some(&b) = self.text.get(self.at) {
+            let next_is_digit = self.text.get(self.at + 1).is_some_and(u8::is_ascii_digit);
+            match b {
+                b'0'..=b'9' => digits.push(char::from(b)),
+                b'_' if !digits.is_empty() && next_is_digit => {}
+                _ => break,
+            }
             self.at += 1;
         }
-        let digits = std::str::from_utf8(&self.text[start..self.at]).unwrap_or_default();
         if digits.starts_with('0') && digits.bytes().any(|b| b != b'0') {
             // `02` is a syntax error in Python 3, which numpy's literal_eval is (`00`
             // is not).
