@@ -266,7 +266,11 @@ fn dense_array<'py>(
     } else {
         (info.dtype, info.shape.dims().into())
     };
-    if !copy && info.encoding.is_none() {
+    // A Fortran-order NumPy array stays column-major even when it must be copied
+    // (byte-swapped, or a deflated NPZ member), as np.load gives it.
+    let fortran =
+        !raw && info.attributes.get("npy.fortran_order") == Some(&tensorwire::Value::Bool(true));
+    if !copy && (info.encoding.is_none() || fortran) {
         let (bytes, zero_copy) = if raw {
             let view = src.view_at(at).or_raise()?;
             (view.bytes, view.zero_copy)
@@ -290,6 +294,11 @@ fn dense_array<'py>(
                 );
             } else if strided.is_contiguous() {
                 (strided.bytes, strided.zero_copy)
+            } else if fortran {
+                // The C-order array of the reversed shape, transposed: F-contiguous.
+                let reversed: Vec<u64> = strided.shape.dims().iter().rev().copied().collect();
+                let array = copied_array(py, name, &strided.bytes, strided.dtype, &reversed)?;
+                return array.call_method0("transpose");
             } else {
                 let max = tensorwire::Limits::default().max_decoded_bytes;
                 (strided.to_contiguous(max).or_raise()?.into_bytes(), false)

@@ -51,6 +51,23 @@ def test_fortran_arrays_are_zero_copy_strided_views():
     np.testing.assert_array_equal(copied, got)
 
 
+def test_fortran_arrays_that_are_copied_stay_column_major(tmp_path):
+    a = np.asfortranarray(np.arange(24, dtype=">f4").reshape(2, 3, 4))
+    np.save(tmp_path / "be.npy", a)
+    np.savez_compressed(tmp_path / "z.npz", f=np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+                        c=np.arange(6).reshape(2, 3))
+    with np.load(tmp_path / "z.npz") as z:
+        cases = [(tmp_path / "be.npy", "array", np.load(tmp_path / "be.npy")),
+                 (tmp_path / "z.npz", "f", z["f"]), (tmp_path / "z.npz", "c", z["c"])]
+    for path, key, want in cases:
+        got = tensorwire.open(str(path))[key]
+        assert got.flags.f_contiguous == want.flags.f_contiguous, (path, key)
+        assert got.flags.c_contiguous == want.flags.c_contiguous, (path, key)
+        assert got.dtype == want.dtype.newbyteorder("=") and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        assert got.flags.writeable
+
+
 def test_c_order_arrays_are_zero_copy_and_big_endian_ones_are_swapped_copies():
     c = tensorwire.open(os.path.join(NUMPY, "c_order.npy"))["array"]
     assert isinstance(c.base, tensorwire.BytesOwner)
