@@ -268,8 +268,11 @@ fn dense_array<'py>(
     };
     // A Fortran-order NumPy array stays column-major even when it must be copied
     // (byte-swapped, or a deflated NPZ member), as np.load gives it.
-    let fortran =
-        !raw && info.attributes.get("npy.fortran_order") == Some(&tensorwire::Value::Bool(true));
+    // (Only from NumPy files: a `.zt` converted from one keeps the attribute over C
+    // order.)
+    let fortran = !raw
+        && matches!(src.format(), "npy" | "npz")
+        && info.attributes.get("npy.fortran_order") == Some(&tensorwire::Value::Bool(true));
     if !copy && (info.encoding.is_none() || fortran) {
         let (bytes, zero_copy) = if raw {
             let view = src.view_at(at).or_raise()?;

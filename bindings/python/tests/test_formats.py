@@ -66,6 +66,11 @@ def test_fortran_arrays_that_are_copied_stay_column_major(tmp_path):
         assert got.dtype == want.dtype.newbyteorder("=") and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
         assert got.flags.writeable
+    # A .zt converted from a Fortran-order array keeps the attribute over C order.
+    tensorwire.convert(str(tmp_path / "be.npy"), str(tmp_path / "be.zt"), compress=True)
+    got = tensorwire.open(str(tmp_path / "be.zt"))["array"]
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, a)
 
 
 def test_c_order_arrays_are_zero_copy_and_big_endian_ones_are_swapped_copies():
@@ -234,6 +239,9 @@ def _npy(header, major=1, data=b""):
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (1__0,), }", 1, "MalformedError"),
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (0_1,), }", 1, "MalformedError"),
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (3_,), }", 1, "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2 L, 3L L), }", 1, None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2LL, 3), }", 1, "MalformedError"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2L_, 3), }", 1, "MalformedError"),
     # numpy's limit: the non-zero dimensions times the item size fit int64.
     ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387903), }", 1,
      "MalformedError"),

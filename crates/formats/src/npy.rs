@@ -259,8 +259,18 @@ impl<'a> Parser<'a> {
         let n = digits
             .parse::<u64>()
             .map_err(|_| self.error("expected a non-negative integer that fits 64 bits"))?;
-        if self.python2_longs && self.text.get(self.at) == Some(&b'L') {
-            self.at += 1;
+        // numpy drops every `L` name token that follows a number in version 1 and 2
+        // headers (`1L`, `1 L`, `0L L`), not `LL` or `L_`.
+        while self.python2_longs {
+            let mut at = self.at;
+            while matches!(self.text.get(at), Some(b' ' | b'\t')) {
+                at += 1;
+            }
+            let ident = |b: Option<&u8>| b.is_some_and(|&b| b.is_ascii_alphanumeric() || b == b'_');
+            if self.text.get(at) != Some(&b'L') || ident(self.text.get(at + 1)) {
+                break;
+            }
+            self.at = at + 1;
         }
         Ok(n)
     }
