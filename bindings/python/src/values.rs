@@ -47,11 +47,11 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
 /// each time: the caller may change what it gets without changing what the next
 /// caller gets.
 pub struct FrozenAttributes {
-    entries: Vec<(Py<PyString>, Py<PyAny>, Shape)>,
+    entries: Vec<(Py<PyString>, Py<PyAny>, Copying)>,
 }
 
 /// How an attribute value is copied.
-enum Shape {
+enum Copying {
     /// Immutable (str, int, float, bytes, None, bool): shared.
     Leaf,
     /// A list of leaves: one slice copy.
@@ -66,21 +66,21 @@ impl FrozenAttributes {
         let entries = map
             .iter()
             .map(|(key, value)| {
-                let shape = match value {
+                let copying = match value {
                     Value::List(items)
                         if items
                             .iter()
                             .all(|v| !matches!(v, Value::List(_) | Value::Map(_))) =>
                     {
-                        Shape::FlatList
+                        Copying::FlatList
                     }
-                    Value::List(_) | Value::Map(_) => Shape::Nested,
-                    _ => Shape::Leaf,
+                    Value::List(_) | Value::Map(_) => Copying::Nested,
+                    _ => Copying::Leaf,
                 };
                 Ok((
                     PyString::new(py, key).unbind(),
                     to_py(py, value)?.unbind(),
-                    shape,
+                    copying,
                 ))
             })
             .collect::<PyResult<_>>()?;
@@ -90,15 +90,15 @@ impl FrozenAttributes {
     /// A new dict of the attributes, with new lists and dicts.
     pub fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        for (key, value, shape) in &self.entries {
+        for (key, value, copying) in &self.entries {
             let value = value.bind(py);
-            let copy = match shape {
-                Shape::Leaf => value.clone(),
-                Shape::FlatList => {
+            let copy = match copying {
+                Copying::Leaf => value.clone(),
+                Copying::FlatList => {
                     let list = value.cast::<PyList>()?;
                     list.get_slice(0, list.len()).into_any()
                 }
-                Shape::Nested => fresh_containers(value)?,
+                Copying::Nested => fresh_containers(value)?,
             };
             dict.set_item(key.bind(py), copy)?;
         }

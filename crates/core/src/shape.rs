@@ -100,6 +100,13 @@ impl std::ops::Deref for Dims {
     }
 }
 
+/// The product of the non-zero numbers in `dims`, `None` on overflow.
+fn nonzero_product(dims: &[u64]) -> Option<u64> {
+    dims.iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+}
+
 /// The dimensions of a tensor, outermost first. An empty shape is a 0-d scalar (one
 /// element); any zero dimension makes an empty tensor.
 ///
@@ -127,17 +134,18 @@ impl Shape {
     /// A shape of `dims`, checked as by [`Shape::new`].
     pub fn try_from_dims(dims: Dims) -> Result<Shape> {
         Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
-        let nonzero = dims
-            .as_slice()
-            .iter()
-            .filter(|&&d| d != 0)
-            .try_fold(1u64, |n, &d| n.checked_mul(d));
-        match nonzero {
+        match nonzero_product(dims.as_slice()) {
             Some(n) if n <= i64::MAX as u64 => Ok(Shape { dims }),
             _ => Err(Error::Overflow {
                 what: "element count (of the non-zero dimensions, which must fit i64)",
             }),
         }
+    }
+
+    /// The product of the non-zero dimensions (at most `i64::MAX`, checked on
+    /// construction): the element count, or for an empty tensor what strides span.
+    pub fn nonzero_numel(&self) -> u64 {
+        nonzero_product(self.dims()).unwrap_or(u64::MAX)
     }
 
     /// The 0-d (scalar) shape.

@@ -364,12 +364,7 @@ impl GgufReader {
     /// after it was opened reads as what it now holds, and a value that no longer
     /// decodes as `Null`).
     pub fn metadata(&self) -> &[(String, Value)] {
-        self.metadata.get_or_init(|| {
-            self.raw_metadata
-                .iter()
-                .map(|kv| (kv.key.clone(), self.decode(kv)))
-                .collect()
-        })
+        self.metadata.get_or_init(|| self.decode_all().collect())
     }
 
     /// The metadata keys, in file order (nothing decoded).
@@ -384,6 +379,13 @@ impl GgufReader {
             Some(decoded) => decoded[at].1.clone(),
             None => self.decode(&self.raw_metadata[at]),
         })
+    }
+
+    /// Every key and its decoded value, in file order.
+    fn decode_all(&self) -> impl Iterator<Item = (String, Value)> + '_ {
+        self.raw_metadata
+            .iter()
+            .map(|kv| (kv.key.clone(), self.decode(kv)))
     }
 
     /// A value validated on open, read again from the input. It cannot fail unless
@@ -440,11 +442,7 @@ impl TensorSource for GgufReader {
     fn attributes(&self) -> &BTreeMap<String, Value> {
         self.attributes.get_or_init(|| match self.metadata.get() {
             Some(decoded) => decoded.iter().cloned().collect(),
-            None => self
-                .raw_metadata
-                .iter()
-                .map(|kv| (kv.key.clone(), self.decode(kv)))
-                .collect(),
+            None => self.decode_all().collect(),
         })
     }
 
@@ -744,13 +742,7 @@ fn read_value(
     if build == Build::Nothing {
         match fixed_value_size(item_type) {
             // `need_items` checked they are all there.
-            Some(size) => {
-                let at = c.pos();
-                let bytes = c.take(count * size)?;
-                if item_type == vt::BOOL {
-                    check_bools(bytes, at)?;
-                }
-            }
+            Some(size) => skip_fixed(c, item_type, count * size)?,
             None if item_type == vt::STRING => c.check_strings(n)?,
             None => {
                 for _ in 0..n {
@@ -783,11 +775,7 @@ fn read_value(
 fn read_scalar(c: &mut Cursor<'_>, vtype: u32, type_at: u64, build: Build) -> Result<Value> {
     if build == Build::Nothing {
         if let Some(size) = fixed_value_size(vtype) {
-            let at = c.pos();
-            let bytes = c.take(size)?;
-            if vtype == vt::BOOL {
-                check_bools(bytes, at)?;
-            }
+            skip_fixed(c, vtype, size)?;
             return Ok(Value::Null);
         }
     }
@@ -829,6 +817,16 @@ fn fixed_value_size(vtype: u32) -> Option<u64> {
         vt::STRING | vt::ARRAY => None,
         other => min_value_size(other),
     }
+}
+
+/// Steps over `len` bytes of fixed-size values of type `vtype`, checking `BOOL`s.
+fn skip_fixed(c: &mut Cursor<'_>, vtype: u32, len: u64) -> Result<()> {
+    let at = c.pos();
+    let bytes = c.take(len)?;
+    if vtype == vt::BOOL {
+        check_bools(bytes, at)?;
+    }
+    Ok(())
 }
 
 /// `BOOL` values must be 0 or 1; `at` is the offset of `bytes`.

@@ -143,10 +143,8 @@ pub fn parse_header(npy: &[u8], limits: &Limits) -> Result<NpyHeader> {
     // numpy's own limit, which the shape's (in elements) does not reach: the non-zero
     // dimensions times the item size fit `i64`.
     let nonzero_bytes = shape
-        .dims()
-        .iter()
-        .filter(|&&d| d != 0)
-        .try_fold(dtype.size().unwrap_or(1) as u64, |n, &d| n.checked_mul(d));
+        .nonzero_numel()
+        .checked_mul(dtype.size().unwrap_or(1) as u64);
     if nonzero_bytes.is_none_or(|n| n > i64::MAX as u64) {
         return Err(Error::Overflow {
             what: ".npy array size (numpy's limit: the non-zero dimensions times the item size fit i64)",
@@ -240,25 +238,30 @@ impl<'a> Parser<'a> {
 
     fn integer(&mut self) -> Result<u64> {
         self.skip_space();
-        // Digits, with single underscores between them as Python 3 allows (`1_000`).
-        let mut digits = String::new();
+        // Digits, with single underscores between them as Python 3 allows (`1_000`),
+        // added up as they come (`None` once past u64).
+        let (mut n, mut digits, mut leading_zero) = (Some(0u64), 0usize, false);
         while let Some(&b) = self.text.get(self.at) {
             let next_is_digit = self.text.get(self.at + 1).is_some_and(u8::is_ascii_digit);
             match b {
-                b'0'..=b'9' => digits.push(char::from(b)),
-                b'_' if !digits.is_empty() && next_is_digit => {}
+                b'0'..=b'9' => {
+                    // `02` is a syntax error in Python 3, which numpy's literal_eval
+                    // is (`00` is not).
+                    leading_zero |= n == Some(0) && digits > 0 && b != b'0';
+                    n = n.and_then(|n| n.checked_mul(10)?.checked_add(u64::from(b - b'0')));
+                    digits += 1;
+                }
+                b'_' if digits > 0 && next_is_digit => {}
                 _ => break,
             }
             self.at += 1;
         }
-        if digits.starts_with('0') && digits.bytes().any(|b| b != b'0') {
-            // `02` is a syntax error in Python 3, which numpy's literal_eval is (`00`
-            // is not).
+        if leading_zero {
             return Err(self.error("an integer with a leading zero"));
         }
-        let n = digits
-            .parse::<u64>()
-            .map_err(|_| self.error("expected a non-negative integer that fits 64 bits"))?;
+        let n = n
+            .filter(|_| digits > 0)
+            .ok_or_else(|| self.error("expected a non-negative integer that fits 64 bits"))?;
         // numpy drops every `L` name token that follows a number in version 1 and 2
         // headers (`1L`, `1 L`, `0L L`), not `LL` or `L_`.
         while self.python2_longs {

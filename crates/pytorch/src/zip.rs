@@ -110,10 +110,8 @@ fn find_directory(input: &Input) -> Result<Directory> {
     let find = |tail_len: u64| -> Result<Option<(Bytes, usize, u64)>> {
         let tail_start = len - tail_len;
         let tail = input.read_meta(tail_start, tail_len)?;
+        // Searching backwards, a record in the last 22 bytes is found first.
         let last = tail.len() - EOCD_LEN as usize;
-        if u32_at(&tail, last) == EOCD_SIG && u16_at(&tail, last + 20) == 0 {
-            return Ok(Some((tail, last, tail_start)));
-        }
         let pos = (0..=last).rev().find(|&i| u32_at(&tail, i) == EOCD_SIG);
         Ok(pos.map(|pos| (tail, pos, tail_start)))
     };
