@@ -274,45 +274,43 @@ fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
 /// vocabulary is hundreds of thousands of strings), rather than cutting an item in two.
 fn value_cell(value: &tensorwire::Value, max: usize) -> String {
     match value {
-        tensorwire::Value::List(items) => {
-            let items: Vec<(String, &tensorwire::Value)> =
-                items.iter().map(|v| (String::new(), v)).collect();
-            container_cell(&items, ('[', ']'), ("item", "items"), max)
-        }
-        tensorwire::Value::Map(entries) => {
-            let entries: Vec<(String, &tensorwire::Value)> = entries
-                .iter()
-                .map(|(k, v)| (format!("{k:?}: "), v))
-                .collect();
-            container_cell(&entries, ('{', '}'), ("entry", "entries"), max)
-        }
+        tensorwire::Value::List(items) => container_cell(
+            items.iter().map(|v| (String::new(), v)),
+            ('[', ']'),
+            ("item", "items"),
+            max,
+        ),
+        tensorwire::Value::Map(entries) => container_cell(
+            entries.iter().map(|(k, v)| (format!("{k:?}: "), v)),
+            ('{', '}'),
+            ("entry", "entries"),
+            max,
+        ),
         other => table_cell(&other.to_string(), max),
     }
 }
 
 /// The items of a list or map (each with its `"key": ` prefix, empty for a list)
 /// between `open` and `close`, as many as fit in `max` columns with the count of all.
-fn container_cell(
-    items: &[(String, &tensorwire::Value)],
+fn container_cell<'v>(
+    items: impl ExactSizeIterator<Item = (String, &'v tensorwire::Value)>,
     (open, close): (char, char),
     (one, many): (&str, &str),
     max: usize,
 ) -> String {
-    let noun = if items.len() == 1 { one } else { many };
-    let count = format!("… {} {noun}{close}", items.len());
+    let total = items.len();
+    let noun = if total == 1 { one } else { many };
+    let count = format!("… {total} {noun}{close}");
     let mut out = String::from(open);
-    for (i, (prefix, item)) in items.iter().enumerate() {
+    // Items are made (keys formatted) only as far as the cell reaches.
+    for (i, (prefix, item)) in items.enumerate() {
         let separator = if i == 0 { "" } else { ", " };
         // What must still fit after this item: the closing bracket, or the count of
         // a cut container.
-        let after = if i + 1 == items.len() {
-            1
-        } else {
-            2 + width(&count)
-        };
+        let after = if i + 1 == total { 1 } else { 2 + width(&count) };
         // Lists and maps inside take the room left (they cut between their own
         // items); a scalar is cut only when it comes first, so that something shows.
-        let room = max.saturating_sub(width(&out) + separator.len() + width(prefix) + after);
+        let room = max.saturating_sub(width(&out) + separator.len() + width(&prefix) + after);
         let shown = match item {
             tensorwire::Value::List(_) | tensorwire::Value::Map(_) => value_cell(item, room),
             _ if i == 0 => value_cell(item, room),
