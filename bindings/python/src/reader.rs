@@ -474,7 +474,7 @@ fn node_to_py<'py>(
     make: &NodeMakers<'_, 'py>,
     shared: &mut std::collections::HashMap<u64, Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    use tensorwire::pytorch::Node;
+    use tensorwire::pytorch::{DictKind, Node};
     let mut all = |items: &[Node]| -> PyResult<Vec<Bound<'py, PyAny>>> {
         items
             .iter()
@@ -488,11 +488,11 @@ fn node_to_py<'py>(
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
-        Node::Dict { items, ordered } => {
-            let dict = if *ordered {
-                make.ordered_dict.call0()?
-            } else {
-                PyDict::new(py).into_any()
+        Node::Dict { items, kind } => {
+            let dict = match kind {
+                DictKind::Dict => PyDict::new(py).into_any(),
+                DictKind::OrderedDict => make.ordered_dict.call0()?,
+                DictKind::Counter => make.counter.call0()?,
             };
             for (key, value) in items {
                 dict.set_item(
@@ -524,10 +524,13 @@ fn node_to_py<'py>(
 struct NodeMakers<'a, 'py> {
     /// `tensor(name)`: the tensor (or array) of that flat name.
     tensor: &'a Bound<'py, PyAny>,
-    /// `dtype(name)`: a torch dtype from its name.
+    /// `dtype(name)`: a torch object (dtype, quantization scheme, legacy tensor
+    /// class) from its dotted name.
     dtype: &'a Bound<'py, PyAny>,
     /// `collections.OrderedDict`.
     ordered_dict: &'a Bound<'py, PyAny>,
+    /// `collections.Counter`.
+    counter: &'a Bound<'py, PyAny>,
 }
 
 #[pymethods]
@@ -619,8 +622,8 @@ impl Reader {
 
     /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (`OrderedDict`
     /// where the checkpoint has one), lists, tuples, sets and scalars, with each
-    /// tensor replaced by `tensor(name)` and each torch dtype by `dtype(name)`
-    /// (`"torch.float16"`).
+    /// tensor replaced by `tensor(name)` and each torch dtype, quantization scheme or
+    /// legacy tensor class by `dtype(name)` (`"torch.float16"`).
     fn _pytorch_structure<'py>(
         &self,
         py: Python<'py>,
@@ -629,11 +632,14 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let reader = pytorch(self.src()?)?;
         let tree = py.detach(|| reader.structure()).or_raise()?;
-        let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
+        let collections = py.import("collections")?;
+        let ordered_dict = collections.getattr("OrderedDict")?;
+        let counter = collections.getattr("Counter")?;
         let make = NodeMakers {
             tensor,
             dtype,
             ordered_dict: &ordered_dict,
+            counter: &counter,
         };
         node_to_py(py, &tree, &make, &mut Default::default())
     }

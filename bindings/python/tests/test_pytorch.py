@@ -30,7 +30,8 @@ def _cases(errors):
     for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
         with open(path) as f:
             want = json.load(f)
-        if ("error" in want) == errors:
+        # errors: the malicious files (a refused global); else those that read
+        if (want.get("error") == "refused global") if errors else ("error" not in want):
             out.append(pytest.param(os.path.join(FIXTURES, os.path.basename(path)[:-5]), want,
                                     id=os.path.basename(path)[:-5]))
     return out
@@ -143,6 +144,32 @@ def test_malicious_pickles_are_refused(path, want):
     # As torch.load(weights_only=True) raises, and a FormatError (ValueError) too.
     assert isinstance(info.value, pickle.UnpicklingError)
     assert isinstance(info.value, tw.FormatError)
+
+
+def _unsupported_cases():
+    for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
+        with open(path) as f:
+            want = json.load(f)
+        if want.get("error") == "unsupported":
+            yield pytest.param(os.path.join(FIXTURES, os.path.basename(path)[:-5]), want,
+                               id=os.path.basename(path)[:-5])
+
+
+@pytest.mark.parametrize("path,want", list(_unsupported_cases()))
+def test_what_torch_allows_but_tensorwire_cannot_build_is_unsupported(path, want):
+    # torch.load(weights_only=True) reads these files (make_fixtures.py checks): no
+    # UnsafePickleError, but a clear UnsupportedError naming what is missing.
+    with pytest.raises(tw.UnsupportedError, match=want["builds"]) as info:
+        tw.Reader(path)
+    assert not isinstance(info.value, pickle.UnpicklingError)
+
+
+def test_values_torch_allows_beside_tensors_read_as_names():
+    with tw.Reader(os.path.join(FIXTURES, "torch_values.pt")) as r:
+        assert r.attributes["config"] == {
+            "dtype": "torch.float16", "qdtype": "torch.qint8", "int4": "torch.int4",
+            "qscheme": "torch.per_channel_affine", "tensor_type": "torch.FloatTensor"}
+        assert r.attributes["token_counts"] == {"a": 2, "b": 1}
 
 
 def test_truncated_checkpoints_raise_format_errors(tmp_path):

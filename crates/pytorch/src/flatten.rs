@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use tensorwire_core::{Error, NameSet, Result, Value};
 
-use crate::globals::{torch_dtype_name, Global};
-use crate::pickle::{Arena, Id, Obj};
+use crate::globals::Global;
+use crate::pickle::{Arena, DictKind, Id, Obj};
 use crate::tensor::TensorRecord;
 
 /// The name of the tensor when the checkpoint is one bare tensor.
@@ -29,14 +29,16 @@ pub enum Node {
     /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global (a
     /// class or function) by name.
     Value(Value),
-    /// A torch dtype, by its name (`torch.float16`).
+    /// A torch object kept as its dotted name: a dtype (`torch.float16`), a
+    /// quantization scheme (`torch.per_tensor_affine`) or a legacy tensor class
+    /// (`torch.cuda.FloatTensor`).
     Dtype(&'static str),
-    /// A dict (`ordered` for an `OrderedDict`), in insertion order.
+    /// A dict, in insertion order.
     Dict {
         /// Keys and values.
         items: Vec<(Node, Node)>,
-        /// True for an `OrderedDict`.
-        ordered: bool,
+        /// Which dict class (`OrderedDict` where the checkpoint has one).
+        kind: DictKind,
     },
     /// A list.
     List(Vec<Node>),
@@ -418,7 +420,7 @@ impl<'a> Walker<'a> {
                     self.arena.storage(*s).map_or("?", |s| &*s.key)
                 )))
             }
-            Obj::Dict { items, ordered } => Node::Dict {
+            Obj::Dict { items, kind } => Node::Dict {
                 items: items
                     .iter()
                     .map(|&(k, v)| {
@@ -427,12 +429,14 @@ impl<'a> Walker<'a> {
                         Ok((key, value))
                     })
                     .collect::<Result<_>>()?,
-                ordered: *ordered,
+                kind: *kind,
             },
             Obj::List(list) => Node::List(items(self, list)?),
             Obj::Set(set) => Node::Set(items(self, set)?),
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
-            Obj::Global(Global::Dtype(d)) => Node::Dtype(torch_dtype_name(*d)),
+            Obj::Global(g @ (Global::Dtype(_) | Global::TorchConstant(_) | Global::Named(_))) => {
+                Node::Dtype(g.name())
+            }
             _ => Node::Value(self.value_uncounted(id, depth)?),
         };
         Ok(if self.shared.get(id).copied().unwrap_or(false) {
@@ -499,7 +503,6 @@ impl<'a> Walker<'a> {
                     })
                     .collect::<Result<_>>()?,
             ),
-            Obj::Global(Global::Dtype(d)) => Value::Str(torch_dtype_name(*d).to_owned()),
             Obj::Global(g) => Value::Str(g.name().to_owned()),
             Obj::Storage(_) | Obj::Tensor(_) => {
                 return Err(Error::unsupported("a tensor inside a metadata value"))

@@ -9,7 +9,7 @@
 
 use tensorwire_core::{DType, Error, Result};
 
-use crate::pickle::{Arena, Id, Obj, Span};
+use crate::pickle::{Arena, DictKind, Id, Obj, Span};
 use crate::tensor::{storage_dtype, TensorRecord};
 
 /// An allowlisted global.
@@ -37,6 +37,29 @@ pub enum Global {
     Storage(DType),
     /// A dtype object, `torch.float32` and friends.
     Dtype(DType),
+    /// A torch dtype tensorwire has no dtype for (`torch.qint8`, `torch.int4`), or a
+    /// quantization scheme (`torch.per_tensor_affine`): a value, kept as its name. A
+    /// tensor of such a dtype is [`Error::Unsupported`].
+    TorchConstant(&'static str),
+    /// A harmless class `torch.load(weights_only=True)` allows as a value (the legacy
+    /// tensor types, `torch.FloatTensor` and friends): kept as its name.
+    Named(&'static str),
+    /// `collections.Counter` (a dict).
+    Counter,
+    /// `torch.serialization._get_layout(name)`: the layout's name.
+    GetLayout,
+    /// `torch._utils._rebuild_device_tensor_from_cpu_tensor(data, dtype, device,
+    /// requires_grad)`: `data`, for a tensor saved from a device without storages.
+    RebuildFromCpuTensor,
+    /// An allowlisted global whose objects tensorwire cannot build (sparse, meta and
+    /// subclassed tensors, complex scalars): naming it is fine, calling it is
+    /// [`Error::Unsupported`], saying what it builds.
+    Unsupported {
+        /// The global's name.
+        name: &'static str,
+        /// What calling it builds, for the error.
+        builds: &'static str,
+    },
     /// `collections.OrderedDict`.
     OrderedDict,
     /// `torch.Size` (a tuple).
@@ -63,7 +86,12 @@ impl Global {
             Global::RebuildFromTypeV2 => "torch._tensor._rebuild_from_type_v2",
             Global::TensorClass => "torch.Tensor",
             Global::Storage(_) => "a torch storage class",
-            Global::Dtype(_) => "a torch dtype",
+            Global::Dtype(d) => torch_dtype_name(d),
+            Global::TorchConstant(name) | Global::Named(name) => name,
+            Global::Counter => "collections.Counter",
+            Global::GetLayout => "torch.serialization._get_layout",
+            Global::RebuildFromCpuTensor => "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+            Global::Unsupported { name, .. } => name,
             Global::OrderedDict => "collections.OrderedDict",
             Global::Size => "torch.Size",
             Global::Device => "torch.device",
@@ -97,22 +125,52 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
             Some(Global::TensorClass)
         }
         ("torch.storage" | "torch", "UntypedStorage") => Some(Global::Storage(DType::U8)),
+        ("torch" | "torch.cuda", "QUInt4x2Storage" | "QUInt2x4Storage") => {
+            // Storage data, not code: say what is missing.
+            return Err(Error::unsupported(format!(
+                "{module}.{name}: quantized tensors of 4 or 2 bits"
+            )));
+        }
         ("torch" | "torch.cuda", storage) if storage.ends_with("Storage") => {
             storage_dtype(storage).map(Global::Storage)
         }
         ("torch", "Size") => Some(Global::Size),
         ("torch", "device") => Some(Global::Device),
-        ("torch", dtype) if UNSUPPORTED_TORCH_DTYPES.contains(&dtype) => {
-            // A dtype object is data, not code: say what is missing.
-            return Err(Error::unsupported(format!(
-                "tensors of torch.{dtype}, which tensorwire has no dtype for"
-            )));
+        ("torch", name) => torch_dtype(name)
+            .map(Global::Dtype)
+            .or_else(|| constant(TORCH_CONSTANTS, "torch.", name).map(Global::TorchConstant))
+            .or_else(|| constant(LEGACY_TENSOR_TYPES, "torch.", name).map(Global::Named)),
+        ("torch.cuda", name) => {
+            constant(LEGACY_TENSOR_TYPES, "torch.cuda.", name).map(Global::Named)
         }
-        ("torch", dtype) => torch_dtype(dtype).map(Global::Dtype),
+        ("torch.sparse" | "torch.cuda.sparse", name)
+            if LEGACY_TENSOR_TYPES
+                .iter()
+                .any(|t| t.strip_prefix("torch.") == Some(name)) =>
+        {
+            Some(Global::Unsupported {
+                name: "torch.sparse.*Tensor",
+                builds: "legacy sparse tensors",
+            })
+        }
+        ("torch.storage", "TypedStorage") => Some(Global::Named("torch.storage.TypedStorage")),
+        ("torch.serialization", "_get_layout") => Some(Global::GetLayout),
+        ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") => {
+            Some(Global::RebuildFromCpuTensor)
+        }
+        ("torch._utils", name) => UNSUPPORTED_REBUILDS
+            .iter()
+            .find(|(n, _)| n.strip_prefix("torch._utils.") == Some(name))
+            .map(|&(name, builds)| Global::Unsupported { name, builds }),
         ("collections", "OrderedDict") => Some(Global::OrderedDict),
         ("_codecs", "encode") => Some(Global::CodecsEncode),
         ("builtins", "set" | "frozenset") => Some(Global::Set),
         ("builtins", "bytearray") => Some(Global::ByteArray),
+        ("builtins", "complex") => Some(Global::Unsupported {
+            name: "builtins.complex",
+            builds: "complex numbers outside tensors",
+        }),
+        ("collections", "Counter") => Some(Global::Counter),
         _ => None,
     };
     global.ok_or_else(|| Error::RefusedGlobal {
@@ -121,37 +179,94 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
     })
 }
 
-/// torch dtypes that tensorwire cannot represent: a checkpoint naming one is
-/// `Unsupported`, not refused as unsafe.
-const UNSUPPORTED_TORCH_DTYPES: &[&str] = &[
-    "float8_e8m0fnu",
-    "float4_e2m1fn_x2",
-    "complex32",
-    "chalf",
-    "qint8",
-    "quint8",
-    "qint32",
-    "quint4x2",
-    "quint2x4",
-    "bits1x8",
-    "bits2x4",
-    "bits4x2",
-    "bits8",
-    "bits16",
-    "uint1",
-    "uint2",
-    "uint3",
-    "uint4",
-    "uint5",
-    "uint6",
-    "uint7",
-    "int1",
-    "int2",
-    "int3",
-    "int4",
-    "int5",
-    "int6",
-    "int7",
+/// `prefix + name` from `names`, as a `&'static str`.
+fn constant(names: &[&'static str], prefix: &str, name: &str) -> Option<&'static str> {
+    names
+        .iter()
+        .copied()
+        .find(|full| full.strip_prefix(prefix) == Some(name))
+}
+
+/// torch dtypes that tensorwire cannot represent, and the quantization schemes: data
+/// that `torch.load(weights_only=True)` allows as values.
+const TORCH_CONSTANTS: &[&str] = &[
+    "torch.float8_e8m0fnu",
+    "torch.float4_e2m1fn_x2",
+    "torch.complex32",
+    "torch.chalf",
+    "torch.bcomplex32",
+    "torch.qint8",
+    "torch.quint8",
+    "torch.qint32",
+    "torch.quint4x2",
+    "torch.quint2x4",
+    "torch.bits1x8",
+    "torch.bits2x4",
+    "torch.bits4x2",
+    "torch.bits8",
+    "torch.bits16",
+    "torch.uint1",
+    "torch.uint2",
+    "torch.uint3",
+    "torch.uint4",
+    "torch.uint5",
+    "torch.uint6",
+    "torch.uint7",
+    "torch.int1",
+    "torch.int2",
+    "torch.int3",
+    "torch.int4",
+    "torch.int5",
+    "torch.int6",
+    "torch.int7",
+    "torch.per_tensor_affine",
+    "torch.per_tensor_symmetric",
+    "torch.per_channel_affine",
+    "torch.per_channel_symmetric",
+    "torch.per_channel_affine_float_qparams",
+];
+
+/// torch's legacy tensor types (also under `torch.cuda.`), allowed as values.
+const LEGACY_TENSOR_TYPES: &[&str] = &[
+    "torch.DoubleTensor",
+    "torch.FloatTensor",
+    "torch.HalfTensor",
+    "torch.BFloat16Tensor",
+    "torch.LongTensor",
+    "torch.IntTensor",
+    "torch.ShortTensor",
+    "torch.CharTensor",
+    "torch.ByteTensor",
+    "torch.BoolTensor",
+    "torch.cuda.DoubleTensor",
+    "torch.cuda.FloatTensor",
+    "torch.cuda.HalfTensor",
+    "torch.cuda.BFloat16Tensor",
+    "torch.cuda.LongTensor",
+    "torch.cuda.IntTensor",
+    "torch.cuda.ShortTensor",
+    "torch.cuda.CharTensor",
+    "torch.cuda.ByteTensor",
+    "torch.cuda.BoolTensor",
+];
+
+/// torch's rebuild functions that `torch.load(weights_only=True)` allows and
+/// tensorwire cannot follow, with what they build.
+const UNSUPPORTED_REBUILDS: &[(&str, &str)] = &[
+    ("torch._utils._rebuild_qtensor", "quantized tensors"),
+    ("torch._utils._rebuild_sparse_tensor", "sparse tensors"),
+    (
+        "torch._utils._rebuild_meta_tensor_no_storage",
+        "meta tensors (which hold no data)",
+    ),
+    (
+        "torch._utils._rebuild_wrapper_subclass",
+        "tensor subclasses (DTensor and the like)",
+    ),
+    (
+        "torch._utils._rebuild_device_tensor_from_numpy",
+        "device tensors saved as numpy arrays",
+    ),
 ];
 
 /// The dtype a `torch.<name>` global names.
@@ -261,8 +376,14 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             if argv.len() < 7 || argv.len() > 8 {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
-            let Obj::Global(Global::Dtype(dtype)) = arena.get(argv[6]) else {
-                return Err(bad_args(what, offset, "the dtype argument is not a dtype"));
+            let dtype = match arena.get(argv[6]) {
+                Obj::Global(Global::Dtype(dtype)) => dtype,
+                Obj::Global(Global::TorchConstant(name)) => {
+                    return Err(Error::unsupported(format!(
+                        "tensors of {name}, which tensorwire has no dtype for"
+                    )))
+                }
+                _ => return Err(bad_args(what, offset, "the dtype argument is not a dtype")),
             };
             TensorRecord::from_rebuild(
                 arena,
@@ -293,7 +414,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
         Global::OrderedDict => match argv {
             [] => Ok(Obj::Dict {
                 items: Vec::new(),
-                ordered: true,
+                kind: DictKind::OrderedDict,
             }),
             [pairs] => {
                 let list = arena
@@ -308,7 +429,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                     .collect::<Result<Vec<_>>>()?;
                 Ok(Obj::Dict {
                     items,
-                    ordered: true,
+                    kind: DictKind::OrderedDict,
                 })
             }
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
@@ -379,7 +500,49 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             },
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
-        Global::TensorClass | Global::Storage(_) | Global::Dtype(_) => Err(Error::malformed(
+        Global::Counter => match argv {
+            [] => Ok(Obj::Dict {
+                items: Vec::new(),
+                kind: DictKind::Counter,
+            }),
+            [counts] => match arena.get(*counts) {
+                Obj::Dict { items, .. } => Ok(Obj::Dict {
+                    items: items.clone(),
+                    kind: DictKind::Counter,
+                }),
+                other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
+            },
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
+        },
+        Global::GetLayout => match argv {
+            [layout] => match arena.get(*layout) {
+                Obj::Str(s) => Ok(Obj::Str(s.clone())),
+                other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
+            },
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
+        },
+        Global::RebuildFromCpuTensor => {
+            let [data, dtype, _device, _requires_grad] = argv else {
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
+            };
+            let tensor = tensor_arg(arena, *data, what, offset)?;
+            match (arena.get(*dtype), &tensor) {
+                (Obj::Global(Global::Dtype(d)), Obj::Tensor(t)) if *d == t.dtype => Ok(tensor),
+                (Obj::Global(g), _) => Err(Error::unsupported(format!(
+                    "{what} converting a tensor to {}",
+                    g.name()
+                ))),
+                (other, _) => Err(bad_args(what, offset, format!("a {}", other.kind()))),
+            }
+        }
+        Global::Unsupported { name, builds } => Err(Error::unsupported(format!(
+            "{builds} ({name}, which torch.load(weights_only=True) allows)"
+        ))),
+        Global::TensorClass
+        | Global::Storage(_)
+        | Global::Dtype(_)
+        | Global::TorchConstant(_)
+        | Global::Named(_) => Err(Error::malformed(
             offset,
             format!("pickle: {what} is not callable here"),
         )),
@@ -404,13 +567,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dtypes_without_a_tensorwire_dtype_are_unsupported_not_unsafe() {
-        for name in ["float8_e8m0fnu", "float4_e2m1fn_x2", "complex32"] {
-            let err = resolve("torch", name, 7).unwrap_err();
-            assert!(
-                matches!(&err, Error::Unsupported { .. }) && err.to_string().contains(name),
-                "{err}"
-            );
+    fn dtypes_without_a_tensorwire_dtype_are_values_and_unsupported_for_tensors() {
+        for name in [
+            "float8_e8m0fnu",
+            "float4_e2m1fn_x2",
+            "complex32",
+            "qint8",
+            "int4",
+        ] {
+            let global = resolve("torch", name, 7).unwrap();
+            assert_eq!(global.name(), format!("torch.{name}"));
+            assert!(matches!(global, Global::TorchConstant(_)), "{global:?}");
         }
         assert!(matches!(
             resolve("torch", "float8_e4m3fn", 0),
@@ -419,6 +586,14 @@ mod tests {
         assert!(matches!(
             resolve("torch", "load", 3),
             Err(Error::RefusedGlobal { offset: 3, .. })
+        ));
+        assert!(matches!(
+            resolve("torch.cuda", "FloatTensor", 0),
+            Ok(Global::Named("torch.cuda.FloatTensor"))
+        ));
+        assert!(matches!(
+            resolve("torch.cuda", "load", 0),
+            Err(Error::RefusedGlobal { .. })
         ));
     }
 }

@@ -37,6 +37,7 @@ pub mod zip;
 
 pub use crate::flatten::{Node, ROOT_TENSOR_NAME};
 pub use crate::input::Input;
+pub use crate::pickle::DictKind;
 pub use crate::reader::{PtFormat, PtReader};
 pub use crate::tensor::{StorageRef, TensorRecord};
 

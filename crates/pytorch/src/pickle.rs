@@ -70,12 +70,12 @@ pub enum Obj {
     /// A tuple: its items are [`Arena::items`] (tuples are immutable, so they live
     /// in one buffer shared by all tuples, and a copy of a tuple shares its items).
     Tuple(Span),
-    /// A dict (`ordered` for `collections.OrderedDict`), items in insertion order.
+    /// A dict, items in insertion order.
     Dict {
         /// Key and value ids, in insertion order.
         items: Vec<(Id, Id)>,
-        /// True for an `OrderedDict`.
-        ordered: bool,
+        /// Which dict class.
+        kind: DictKind,
     },
     /// A set or frozenset.
     Set(Vec<Id>),
@@ -85,6 +85,17 @@ pub enum Obj {
     Storage(StorageId),
     /// A tensor rebuilt by one of torch's rebuild functions.
     Tensor(Box<TensorRecord>),
+}
+
+/// The class of a pickled dict: `torch.load` gives back the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DictKind {
+    /// `dict`.
+    Dict,
+    /// `collections.OrderedDict`.
+    OrderedDict,
+    /// `collections.Counter`.
+    Counter,
 }
 
 impl Obj {
@@ -783,7 +794,7 @@ impl Machine<'_> {
                 b')' => self.push_new(Obj::Tuple(Span::EMPTY))?,
                 b'}' => self.push_new(Obj::Dict {
                     items: Vec::new(),
-                    ordered: false,
+                    kind: DictKind::Dict,
                 })?,
                 0x8f => self.push_new(Obj::Set(Vec::new()))?,
                 b'l' => {
@@ -812,7 +823,7 @@ impl Machine<'_> {
                     let items = pairs(&flat, at)?;
                     self.push_new(Obj::Dict {
                         items,
-                        ordered: false,
+                        kind: DictKind::Dict,
                     })?;
                 }
                 0x91 => {

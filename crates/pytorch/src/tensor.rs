@@ -289,6 +289,10 @@ pub fn storage_dtype(class: &str) -> Option<DType> {
         "Float8_e5m2Storage" => DType::F8E5M2,
         "Float8_e4m3fnuzStorage" => DType::F8E4M3Fnuz,
         "Float8_e5m2fnuzStorage" => DType::F8E5M2Fnuz,
+        // Quantized tensors' integer values.
+        "QInt8Storage" => DType::I8,
+        "QUInt8Storage" => DType::U8,
+        "QInt32Storage" => DType::I32,
         _ => return None,
     })
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 use tensorwire_core::{DType, Error, Limits, TensorSource, Value};
-use tensorwire_pytorch::PtReader;
+use tensorwire_pytorch::{DictKind, PtReader};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch")
@@ -302,7 +302,9 @@ fn partial_storages_are_those_torch_shares_or_covers_in_part() {
 fn malicious_pickles_are_refused_naming_the_global() {
     let mut refused = 0;
     for (path, want) in expectations() {
-        let Some(_) = want.get("error") else { continue };
+        if want.get("error").and_then(Json::as_str) != Some("refused global") {
+            continue;
+        }
         let err = PtReader::open(&path).unwrap_err();
         match err.root() {
             Error::RefusedGlobal { global, .. } => {
@@ -319,6 +321,64 @@ fn malicious_pickles_are_refused_naming_the_global() {
         refused += 1;
     }
     assert!(refused >= 4, "{refused}");
+}
+
+/// Files `torch.load(weights_only=True)` reads (the fixture script checks) that hold
+/// what tensorwire cannot build: `Unsupported`, naming it, not refused as unsafe.
+#[test]
+fn what_torch_allows_but_tensorwire_cannot_build_is_unsupported() {
+    let mut seen = 0;
+    for (path, want) in expectations() {
+        if want.get("error").and_then(Json::as_str) != Some("unsupported") {
+            continue;
+        }
+        let builds = want["builds"].as_str().unwrap();
+        let err = PtReader::open(&path).unwrap_err();
+        assert!(
+            matches!(err.root(), Error::Unsupported { .. }) && err.to_string().contains(builds),
+            "{}: {err}",
+            path.display()
+        );
+        assert!(!err.is_corrupt_data(), "{}: {err}", path.display());
+        seen += 1;
+    }
+    assert!(seen >= 3, "{seen}");
+}
+
+/// Every global torch's `weights_only=True` unpickler allows (listed by the fixture
+/// script from torch itself) resolves, or is `Unsupported` (a storage of 4 or 2-bit
+/// quantized values): none is refused as unsafe.
+#[test]
+fn every_global_torch_allows_resolves_or_is_unsupported() {
+    let list = std::fs::read_to_string(dir().join("weights_only_globals.txt")).unwrap();
+    let mut resolved = 0;
+    let mut wrong = Vec::new();
+    for full in list.lines() {
+        let (module, name) = full.rsplit_once('.').unwrap();
+        match tensorwire_pytorch::globals::resolve(module, name, 0) {
+            Ok(_) => resolved += 1,
+            Err(Error::Unsupported { what }) if what.contains(full) => {}
+            Err(other) => wrong.push(format!("{full}: {other}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(resolved >= 140, "{resolved}");
+    for refused in [
+        "torch.load",
+        "builtins.eval",
+        "os.system",
+        "torch._utils._rebuild_nested_tensor",
+        "numpy.core.multiarray._reconstruct",
+    ] {
+        let (module, name) = refused.rsplit_once('.').unwrap();
+        assert!(
+            matches!(
+                tensorwire_pytorch::globals::resolve(module, name, 0),
+                Err(Error::RefusedGlobal { .. })
+            ),
+            "{refused}"
+        );
+    }
 }
 
 #[test]
@@ -348,7 +408,7 @@ fn the_nested_structure_is_what_torch_saved() {
     let int = |n: i64| Node::Value(Value::Int(n.into()));
     let dict = |items: Vec<(Node, Node)>| Node::Dict {
         items,
-        ordered: false,
+        kind: DictKind::Dict,
     };
     let layer = |i: usize| {
         dict(vec![
@@ -365,7 +425,7 @@ fn the_nested_structure_is_what_torch_saved() {
                     s("head"),
                     Node::Dict {
                         items: vec![(s("proj"), t("model.head.proj"))],
-                        ordered: true,
+                        kind: DictKind::OrderedDict,
                     },
                 ),
             ]),

@@ -120,8 +120,19 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             return tensors
         import torch
 
-        return reader._pytorch_structure(
-            tensors.__getitem__, lambda name: getattr(torch, name[len("torch."):]))
+        return reader._pytorch_structure(tensors.__getitem__, _torch_object)
+
+
+def _torch_object(name):
+    """The torch object a checkpoint names (``"torch.float16"``,
+    ``"torch.cuda.FloatTensor"``): one of the dtypes, quantization schemes and legacy
+    tensor classes of torch's ``weights_only`` allowlist."""
+    import torch
+
+    obj = torch
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
 
 
 def _same_objects_once(same, values):
