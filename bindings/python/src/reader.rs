@@ -703,6 +703,53 @@ impl Reader {
             .collect()
     }
 
+    /// The quantized tensors of a PyTorch checkpoint, in the order of `keys()`:
+    /// `(name, scheme, scale, zero point, axis)`, where for a per-channel scheme the
+    /// scale and zero point are the names of the tensors holding them and `axis` is
+    /// an int (`None` for `torch.per_tensor_affine`).
+    #[allow(clippy::type_complexity)]
+    fn _pytorch_quantized<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<
+        Vec<(
+            String,
+            &'static str,
+            Bound<'py, PyAny>,
+            Bound<'py, PyAny>,
+            Option<u64>,
+        )>,
+    > {
+        use tensorwire::pytorch::Quantization;
+        let src = self.src()?;
+        let reader = pytorch(src)?;
+        let mut out = Vec::new();
+        for (record, info) in reader.records().iter().zip(src.tensors()) {
+            let Some(q) = &record.quantization else {
+                continue;
+            };
+            let name = &*info.name;
+            let (scale, zero_point, axis) = match &**q {
+                Quantization::PerTensor { scale, zero_point } => (
+                    scale.into_pyobject(py)?.into_any(),
+                    zero_point.into_pyobject(py)?.into_any(),
+                    None,
+                ),
+                Quantization::PerChannel { axis, .. } => (
+                    Quantization::part_name(name, Quantization::SCALES)
+                        .into_pyobject(py)?
+                        .into_any(),
+                    Quantization::part_name(name, Quantization::ZERO_POINTS)
+                        .into_pyobject(py)?
+                        .into_any(),
+                    Some(*axis),
+                ),
+            };
+            out.push((name.to_owned(), q.scheme(), scale, zero_point, axis));
+        }
+        Ok(out)
+    }
+
     /// The whole stored storage that tensor `name` lies in (a legacy view's root
     /// storage), as a `uint8` array for torch: a view of the reader's private map
     /// where it is mapped, writable, aligned for every torch type and little-endian

@@ -57,6 +57,7 @@ def test_fixture_reads_back(path, want):
         for t in want["tensors"]:
             meta = r.metadata(t["name"])
             assert list(meta.shape) == t["shape"]
+            assert dict(meta.attributes) == t.get("attributes", {}), t["name"]
             if t["npy_view"] is None:
                 got = r.read_numpy(t["name"])
                 assert got.shape == tuple(t["shape"])
@@ -229,9 +230,16 @@ class TestTorchInterop:
                     walk(v, f"{prefix}.{i}" if prefix else str(i))
 
         walk(loaded, "")
+        for k, v in list(flat.items()):  # per-channel quantization parameters
+            if v.is_quantized and v.qscheme() != torch.per_tensor_affine:
+                flat[k + ".q_per_channel_scales"] = v.q_per_channel_scales()
+                flat[k + ".q_per_channel_zero_points"] = v.q_per_channel_zero_points()
         r = tw.Reader(path)
         assert sorted(r.keys()) == sorted(flat)
         for k, v in flat.items():
+            if v.is_quantized:  # read as its integers, with its scheme beside
+                assert r.metadata(k).attributes["torch.qscheme"] == str(v.qscheme()), k
+                v = v.int_repr()
             if "big_endian" in path and v.dtype in V3_DTYPES(torch):
                 # torch.load does not byte-swap tensors rebuilt from untyped storages
                 # (_rebuild_tensor_v3); the .npy expectations check ours.

@@ -105,7 +105,10 @@ def test_open_refuses_other_formats_and_bad_arguments():
 
 def _torch_bytes(t):
     """A tensor's values as bytes, in C order (any dtype, 0-d too; a fresh tensor, as
-    `contiguous()` keeps the free strides of size-1 dimensions)."""
+    `contiguous()` keeps the free strides of size-1 dimensions); a quantized tensor's
+    integers."""
+    if t.is_quantized:
+        t = t.int_repr()
     fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t)
     return fresh.reshape(-1).view(torch.uint8).numpy().tobytes()
 
@@ -115,15 +118,37 @@ def _torch_bytes(t):
 def test_load_reads_what_torch_saved(path, want):
     got = pytorch.load(path)
     copies = pytorch.load(path, mmap=False)
-    assert list(got) == list(copies) == [t["name"] for t in want["tensors"]]
-    for t in want["tensors"]:
+    assert list(got) == list(copies) == [t["name"] for t in _loaded(want)]
+    for t in _loaded(want):
         g, c = got[t["name"]], copies[t["name"]]
         assert isinstance(g, torch.Tensor) and list(g.shape) == t["shape"], t["name"]
         assert list(c.shape) == t["shape"] and c.stride() == tuple(t["strides"]), t["name"]
         assert _torch_bytes(c) == _torch_bytes(g), t["name"]
+        assert _quantization(c) == _quantization(g), t["name"]
+        if "attributes" in t:
+            assert str(g.qscheme()) == t["attributes"]["torch.qscheme"], t["name"]
         if t["npy_view"] is None:
             want_bytes = np.load(os.path.join(EXPECTED, t["npy"])).tobytes()
             assert _torch_bytes(g) == want_bytes, t["name"]
+
+
+def _quantization(t):
+    """A torch tensor's scheme and quantization parameters (None unless quantized)."""
+    if not t.is_quantized:
+        return None
+    if t.qscheme() == torch.per_tensor_affine:
+        return t.qscheme(), t.q_scale(), t.q_zero_point()
+    return (t.qscheme(), t.q_per_channel_scales().tolist(),
+            t.q_per_channel_zero_points().tolist(), t.q_per_channel_axis())
+
+
+def _loaded(want):
+    """The fixture's tensors that `pytorch.load` gives: all but the scales and zero
+    points of per-channel quantized tensors, which are parts of their tensor."""
+    parts = {t["attributes"][k] for t in want["tensors"]
+             for k in ("torch.q_per_channel_scales", "torch.q_per_channel_zero_points")
+             if k in t.get("attributes", {})}
+    return [t for t in want["tensors"] if t["name"] not in parts]
 
 
 def _torch_load_or_skip(path, **kwargs):
@@ -338,6 +363,7 @@ def _same_object(got, want, where="root"):
         assert isinstance(got, torch.Tensor), where
         assert got.dtype == want.dtype and got.shape == want.shape, where
         assert _torch_bytes(got) == _torch_bytes(want), where
+        assert _quantization(got) == _quantization(want), where
         return
     assert type(got) is type(want), (where, type(got), type(want))
     if isinstance(want, dict):
@@ -369,7 +395,7 @@ def test_load_nested_equals_torch_load(path, want):
     _same_object(got, ref)
     if not path.endswith(".legacy.pt"):  # legacy storages are unaligned: copies
         flat = pytorch.load(path)
-        for t in want["tensors"]:
+        for t in _loaded(want):
             assert flat[t["name"]].stride() == tuple(t["strides"]), t["name"]
 
 
@@ -444,11 +470,13 @@ def test_map_location_function_gets_each_storage_once(path, want, mmap):
         return storage
 
     got = pytorch.load(path, map_location=keep, mmap=mmap)
-    assert list(got) == [t["name"] for t in want["tensors"]]
+    assert list(got) == [t["name"] for t in _loaded(want)]
     keys = _storage_keys(path)
     assert len(calls) == len(set(keys)) and {loc for _, loc in calls} == {"cpu"}
     first = {}
     for t, key in zip(want["tensors"], keys):
+        if t["name"] not in got:  # a quantized tensor's scales or zero points
+            continue
         g = got[t["name"]]
         assert list(g.shape) == t["shape"] and g.stride() == tuple(t["strides"]), t["name"]
         if t["npy_view"] is None:

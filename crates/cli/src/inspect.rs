@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde_json::{json, Map, Value as J};
+use tensorwire::pytorch::Quantization;
 use tensorwire::zt::ZtReader;
 use tensorwire::{ShardedSource, TensorInfo, TensorSource};
 
@@ -103,10 +104,19 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
             Some(enc) => format!("{} {enc}", human_bytes(t.stored_bytes)),
             None => "-".to_owned(),
         };
-        // A `.zt` type tensorwire has no dtype for is shown over its storage dtype.
+        // A `.zt` type tensorwire has no dtype for, or a torch quantized dtype, is
+        // shown over the dtype it is stored as.
+        let quantized = t
+            .attributes
+            .contains_key("torch.qscheme")
+            .then(|| Quantization::torch_dtype(t.dtype))
+            .flatten();
         let dtype = match zt.and_then(|zt| zt.opaque_type(&t.name).ok().flatten()) {
             Some(logical) => format!("{logical} ({})", t.dtype),
-            None => t.dtype.to_string(),
+            None => match quantized {
+                Some(qdtype) => format!("{qdtype} ({})", t.dtype),
+                None => t.dtype.to_string(),
+            },
         };
         let mut row = vec![
             table_cell(&t.name, MAX_NAME_WIDTH),

@@ -786,6 +786,91 @@ fn converts_every_readable_format_to_zt_and_safetensors() {
     assert!(!dst.exists());
 }
 
+/// A quantized torch checkpoint: `inspect` names torch's quantized dtypes over the
+/// integers they hold; `.zt` output keeps each tensor's scheme and parameters, and
+/// safetensors output (which has no per-tensor metadata) keeps them in
+/// `__metadata__` as `<tensor>.torch.q_scale` and so on.
+#[test]
+fn quantized_checkpoints_keep_their_quantization_through_convert() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch/quantized.pt");
+    let o = tw([OsStr::new("inspect"), src.as_os_str()]);
+    assert_exit(&o, 0);
+    let table = stdout(&o);
+    for row in [
+        "fc.weight  ",
+        "act  ",
+        "acc  ",
+        "emb.weight.q_per_channel_scales  ",
+    ] {
+        assert!(table.lines().any(|l| l.starts_with(row)), "{row}: {table}");
+    }
+    let dtype_of = |table: &str, name: &str| {
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name}: {table}"))
+            .to_owned();
+        line.split("  ")
+            .filter(|c| !c.is_empty())
+            .nth(1)
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(dtype_of(&table, "fc.weight"), "qint8 (i8)");
+    assert_eq!(dtype_of(&table, "act"), "quint8 (u8)");
+    assert_eq!(dtype_of(&table, "acc"), "qint32 (i32)");
+    assert_eq!(dtype_of(&table, "fc.bias"), "f32");
+
+    let dir = tempfile::tempdir().unwrap();
+    let zt = dir.path().join("q.zt");
+    assert_exit(
+        &tw([OsStr::new("convert"), src.as_os_str(), zt.as_os_str()]),
+        0,
+    );
+    assert_eq!(
+        dtype_of(
+            &stdout(&tw([OsStr::new("inspect"), zt.as_os_str()])),
+            "fc.weight"
+        ),
+        "qint8 (i8)"
+    );
+    let from_zt = tensorwire::open(&zt).unwrap();
+    let from_pt = tensorwire::open(&src).unwrap();
+    for t in from_pt.tensors() {
+        let got = from_zt.tensors().iter().find(|z| z.name == t.name).unwrap();
+        assert_eq!(*got.attributes, *t.attributes, "{}", t.name);
+    }
+    let conv = from_zt
+        .tensors()
+        .iter()
+        .find(|t| &*t.name == "conv.weight")
+        .unwrap();
+    assert_eq!(
+        conv.attributes.get("torch.q_per_channel_axis"),
+        Some(&Value::Int(1))
+    );
+
+    let st = dir.path().join("q.safetensors");
+    assert_exit(
+        &tw([OsStr::new("convert"), src.as_os_str(), st.as_os_str()]),
+        0,
+    );
+    let meta = tensorwire::open(&st).unwrap().attributes().clone();
+    let text = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
+    assert_eq!(
+        text("fc.weight.torch.qscheme").as_deref(),
+        Some("torch.per_tensor_affine")
+    );
+    assert_eq!(text("fc.weight.torch.q_scale").as_deref(), Some("0.05"));
+    assert_eq!(text("acc.torch.q_zero_point").as_deref(), Some("-5"));
+    assert_eq!(
+        text("emb.weight.torch.qscheme").as_deref(),
+        Some("torch.per_channel_affine_float_qparams")
+    );
+    assert_eq!(text("fc.bias.torch.qscheme"), None);
+}
+
 /// `--zt-version 2` writes `.zt` version 2 (xxh3 digests, zstd-seekable compression),
 /// which opens as `zt-2` with the same tensors and verifies.
 #[test]

@@ -911,7 +911,9 @@ fn write_header(out: &mut dyn Write, header: &[u8]) -> Result<()> {
 /// Dense tensors of a dtype safetensors has and the raw-byte types a
 /// [`SafetensorsReader`] lists (`safetensors:F4`, …) are written; anything else fails
 /// with [`Error::Unsupported`] before a byte is written. String attributes of the
-/// source become `__metadata__` (others are rendered with their display form).
+/// source become `__metadata__` (others are rendered with their display form), and
+/// so does the quantization of a quantized torch tensor, which safetensors has no
+/// place for: its `torch.qscheme`, `torch.q_scale`, … as `<tensor>.torch.q_scale`.
 /// `progress` is called after each tensor with (tensors done, total, bytes done).
 pub fn write_source(
     source: &dyn TensorSource,
@@ -947,16 +949,31 @@ pub fn write_source(
             nbytes: info.nbytes,
         });
     }
-    let metadata: BTreeMap<String, String> = source
+    let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+    let mut metadata: BTreeMap<String, String> = source
         .attributes()
         .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-            )
-        })
+        .map(|(k, v)| (k.clone(), text(v)))
         .collect();
+    for info in source.tensors() {
+        if !info.attributes.contains_key("torch.qscheme") {
+            continue;
+        }
+        for (k, v) in info
+            .attributes
+            .iter()
+            .filter(|(k, _)| k.starts_with("torch."))
+        {
+            let key = format!("{}.{k}", info.name);
+            if metadata.insert(key.clone(), text(v)).is_some() {
+                return Err(Error::unsupported(format!(
+                    "writing the quantization of tensor `{}` to safetensors: the \
+                     metadata key `{key}` is taken",
+                    info.name
+                )));
+            }
+        }
+    }
     // An empty `__metadata__` of a safetensors source is kept, so rewriting a file
     // gives its bytes back.
     let keep_empty = source

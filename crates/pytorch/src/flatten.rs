@@ -14,7 +14,7 @@ use tensorwire_core::{Error, NameSet, Result, Value};
 
 use crate::globals::Global;
 use crate::pickle::{Arena, DictKind, Id, Obj};
-use crate::tensor::TensorRecord;
+use crate::tensor::{Quantization, TensorRecord};
 
 /// The name of the tensor when the checkpoint is one bare tensor.
 pub const ROOT_TENSOR_NAME: &str = "tensor";
@@ -322,6 +322,19 @@ impl<'a> Walker<'a> {
         Ok(found)
     }
 
+    fn add_tensor(&mut self, name: Arc<str>, record: &'a TensorRecord) -> Result<()> {
+        Error::check_limit(
+            "tensor count",
+            self.flat.tensors.len() as u64 + 1,
+            self.max_tensors,
+        )?;
+        if !self.names.insert(Arc::clone(&name)) {
+            return Err(name_taken(&name));
+        }
+        self.flat.tensors.push((name, record));
+        Ok(())
+    }
+
     fn add_attribute(&mut self, name: Arc<str>, value: Value) -> Result<()> {
         if !self.names.insert(Arc::clone(&name)) {
             return Err(name_taken(&name));
@@ -338,15 +351,24 @@ impl<'a> Walker<'a> {
         let arena = self.arena;
         match arena.get(id) {
             Obj::Tensor(record) => {
-                Error::check_limit(
-                    "tensor count",
-                    self.flat.tensors.len() as u64 + 1,
-                    self.max_tensors,
-                )?;
-                if !self.names.insert(Arc::clone(&name)) {
-                    return Err(name_taken(&name));
+                // A per-channel quantized tensor's scales and zero points follow it,
+                // as tensors of their own (`<name>.q_per_channel_scales`).
+                let parts = match record.quantization.as_deref() {
+                    Some(Quantization::PerChannel {
+                        scales,
+                        zero_points,
+                        ..
+                    }) => Some([
+                        (Quantization::SCALES, &**scales),
+                        (Quantization::ZERO_POINTS, &**zero_points),
+                    ]),
+                    _ => None,
+                };
+                self.add_tensor(Arc::clone(&name), record)?;
+                for (suffix, part) in parts.into_iter().flatten() {
+                    let part_name = self.join(&name, suffix)?;
+                    self.add_tensor(part_name, part)?;
                 }
-                self.flat.tensors.push((name, record));
                 Ok(())
             }
             Obj::Storage(s) => Err(Error::unsupported(format!(

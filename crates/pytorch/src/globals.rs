@@ -10,7 +10,7 @@
 use tensorwire_core::{DType, Error, Result};
 
 use crate::pickle::{Arena, DictKind, Id, Obj, Span};
-use crate::tensor::{storage_dtype, TensorRecord};
+use crate::tensor::{storage_dtype, Quantization, TensorRecord};
 
 /// An allowlisted global.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,9 @@ pub enum Global {
     RebuildParameterWithState,
     /// `torch._tensor._rebuild_from_type_v2(func, new_type, args, state)`.
     RebuildFromTypeV2,
+    /// `torch._utils._rebuild_qtensor(storage, storage_offset, size, stride,
+    /// quantizer_params, requires_grad, backward_hooks)`: a quantized tensor.
+    RebuildQTensor,
     /// `torch.Tensor` or `torch.nn.parameter.Parameter` (as a `new_type`).
     TensorClass,
     /// A storage class: `torch.FloatStorage` and friends (the element type), or
@@ -84,6 +87,7 @@ impl Global {
             Global::RebuildParameter => "torch._utils._rebuild_parameter",
             Global::RebuildParameterWithState => "torch._utils._rebuild_parameter_with_state",
             Global::RebuildFromTypeV2 => "torch._tensor._rebuild_from_type_v2",
+            Global::RebuildQTensor => "torch._utils._rebuild_qtensor",
             Global::TensorClass => "torch.Tensor",
             Global::Storage(_) => "a torch storage class",
             Global::Dtype(d) => torch_dtype_name(d),
@@ -155,6 +159,7 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         }
         ("torch.storage", "TypedStorage") => Some(Global::Named("torch.storage.TypedStorage")),
         ("torch.serialization", "_get_layout") => Some(Global::GetLayout),
+        ("torch._utils", "_rebuild_qtensor") => Some(Global::RebuildQTensor),
         ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") => {
             Some(Global::RebuildFromCpuTensor)
         }
@@ -253,7 +258,6 @@ const LEGACY_TENSOR_TYPES: &[&str] = &[
 /// torch's rebuild functions that `torch.load(weights_only=True)` allows and
 /// tensorwire cannot follow, with what they build.
 const UNSUPPORTED_REBUILDS: &[(&str, &str)] = &[
-    ("torch._utils._rebuild_qtensor", "quantized tensors"),
     ("torch._utils._rebuild_sparse_tensor", "sparse tensors"),
     (
         "torch._utils._rebuild_meta_tensor_no_storage",
@@ -395,6 +399,31 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 offset,
             )
             .map(|t| Obj::Tensor(Box::new(t)))
+        }
+        Global::RebuildQTensor => {
+            let [storage, storage_offset, size, stride, params, _requires_grad, _hooks] = argv
+            else {
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
+            };
+            let mut record = TensorRecord::from_rebuild(
+                arena,
+                *storage,
+                *storage_offset,
+                *size,
+                *stride,
+                None,
+                offset,
+            )?;
+            if !matches!(record.dtype, DType::I8 | DType::U8 | DType::I32) {
+                return Err(bad_args(
+                    what,
+                    offset,
+                    format!("a storage of {}, not of quantized integers", record.dtype),
+                ));
+            }
+            let quantization = quantization(arena, *params, &record, offset)?;
+            record.quantization = Some(Box::new(quantization));
+            Ok(Obj::Tensor(Box::new(record)))
         }
         Global::RebuildParameter | Global::RebuildParameterWithState => {
             if argv.is_empty() {
@@ -549,6 +578,79 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
     }
 }
 
+/// The quantizer parameters of `_rebuild_qtensor` for `tensor`: `(scheme, scale,
+/// zero_point)` or `(scheme, scales, zero_points, axis)`.
+fn quantization(
+    arena: &Arena,
+    params: Id,
+    tensor: &TensorRecord,
+    offset: u64,
+) -> Result<Quantization> {
+    let what = Global::RebuildQTensor.name();
+    let bad = |reason: String| bad_args(what, offset, format!("quantizer parameters: {reason}"));
+    let items = arena
+        .items(params)
+        .ok_or_else(|| bad("not a tuple".into()))?;
+    let Some(Obj::Global(Global::TorchConstant(scheme))) = items.first().map(|&i| arena.get(i))
+    else {
+        return Err(bad("the first is not a quantization scheme".into()));
+    };
+    match (*scheme, &items[1..]) {
+        ("torch.per_tensor_affine", &[scale, zero_point]) => {
+            let scale = match arena.get(scale) {
+                Obj::Float(f) => *f,
+                Obj::Int(n) => *n as f64,
+                other => return Err(bad(format!("a scale of type {}", other.kind()))),
+            };
+            let Obj::Int(zero_point) = arena.get(zero_point) else {
+                return Err(bad("the zero point is not an int".into()));
+            };
+            Ok(Quantization::PerTensor {
+                scale,
+                zero_point: *zero_point,
+            })
+        }
+        (
+            "torch.per_channel_affine" | "torch.per_channel_affine_float_qparams",
+            &[scales, zero_points, axis],
+        ) => {
+            let dims = tensor.shape.dims();
+            let axis = match arena.get(axis) {
+                Obj::Int(n) if usize::try_from(*n).is_ok_and(|n| n < dims.len()) => *n as u64,
+                other => return Err(bad(format!("axis {other:?} for {} dims", dims.len()))),
+            };
+            let channels = dims[axis as usize];
+            let per_channel = |id: Id, which: &str| match arena.get(id) {
+                Obj::Tensor(t) if t.shape.dims() == [channels] && t.quantization.is_none() => {
+                    Ok(t.clone())
+                }
+                other => Err(bad(format!(
+                    "the {which} are not a tensor of {channels} (found a {})",
+                    other.kind()
+                ))),
+            };
+            let zero_points = per_channel(zero_points, "zero points")?;
+            Ok(Quantization::PerChannel {
+                // torch pickles float_qparams tensors as per_channel_affine and tells
+                // them apart at load by their float zero points: so do we.
+                float_qparams: matches!(
+                    zero_points.dtype,
+                    DType::F16 | DType::BF16 | DType::F32 | DType::F64
+                ),
+                scales: per_channel(scales, "scales")?,
+                zero_points,
+                axis,
+            })
+        }
+        ("torch.per_tensor_symmetric" | "torch.per_channel_symmetric", _) => {
+            Err(Error::unsupported(format!(
+                "quantized tensors with the scheme {scheme} (torch cannot load them either)"
+            )))
+        }
+        (scheme, rest) => Err(bad(format!("{} values for {scheme}", rest.len()))),
+    }
+}
+
 /// Interprets `BUILD` (`target.__setstate__(state)`): the attributes torch attaches to
 /// a state dict (`_metadata`) or to a tensor are accepted and dropped; nothing else
 /// takes state.
@@ -565,6 +667,177 @@ pub fn build(arena: &Arena, target: Id, _state: Id, offset: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pickle::{unpickle, PersistentLoad, PickleLimits};
+    use crate::tensor::StorageRef;
+
+    /// Persistent ids as torch's ZIP files have them.
+    struct Storages;
+    impl PersistentLoad for Storages {
+        fn load(&mut self, arena: &Arena, pid: Id, at: u64) -> Result<StorageRef> {
+            StorageRef::from_persistent_id(arena, pid, at)
+        }
+    }
+
+    /// Protocol-2 pickle text of a 1-d `_rebuild_tensor_v2` tensor of `n` elements
+    /// of storage `class`, key `key`.
+    fn tensor_pickle(class: &str, key: &str, n: u8) -> Vec<u8> {
+        let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n(".to_vec();
+        p.extend(persistent_id(class, key, n));
+        p.extend([
+            b'K', 0, b'K', n, 0x85, b'K', 1, 0x85, 0x89, b'}', b't', b'R',
+        ]);
+        p
+    }
+
+    fn persistent_id(class: &str, key: &str, n: u8) -> Vec<u8> {
+        let mut p = b"(X\x07\x00\x00\x00storagectorch\n".to_vec();
+        p.extend(class.as_bytes());
+        p.push(b'\n');
+        p.extend([b'X', key.len() as u8, 0, 0, 0]);
+        p.extend(key.as_bytes());
+        p.extend(b"X\x03\x00\x00\x00cpuK");
+        p.extend([n, b't', b'Q']);
+        p
+    }
+
+    /// A `_rebuild_qtensor` of a (2, 3) tensor on a storage of `class` with the
+    /// quantizer parameters `params` (pickle text), as torch writes it.
+    fn qtensor(class: &str, params: &[u8]) -> Result<TensorRecord> {
+        let mut p = b"\x80\x02ctorch._utils\n_rebuild_qtensor\n(".to_vec();
+        p.extend(persistent_id(class, "0", 6));
+        p.extend(b"K\x00K\x02K\x03\x86K\x03K\x01\x86");
+        p.extend(params);
+        p.extend(b"\x89}tR.");
+        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
+        match u.arena.get(u.root) {
+            Obj::Tensor(t) => Ok((**t).clone()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Pickle text of `(torch.<scheme>, <rest>)`.
+    fn params(scheme: &str, rest: &[&[u8]]) -> Vec<u8> {
+        let mut p = b"(ctorch\n".to_vec();
+        p.extend(scheme.as_bytes());
+        p.push(b'\n');
+        rest.iter().for_each(|r| p.extend(*r));
+        p.push(b't');
+        p
+    }
+
+    const HALF: &[u8] = b"G\x3f\xe0\x00\x00\x00\x00\x00\x00";
+
+    #[test]
+    fn quantized_tensors_are_their_integers_with_their_parameters() {
+        let t = qtensor(
+            "QInt8Storage",
+            &params("per_tensor_affine", &[HALF, b"K\x03"]),
+        )
+        .unwrap();
+        assert_eq!(t.dtype, DType::I8);
+        assert_eq!(
+            t.quantization.as_deref(),
+            Some(&Quantization::PerTensor {
+                scale: 0.5,
+                zero_point: 3
+            })
+        );
+        for (class, dtype) in [("QUInt8Storage", DType::U8), ("QInt32Storage", DType::I32)] {
+            let t = qtensor(
+                class,
+                &params("per_tensor_affine", &[HALF, b"J\xfb\xff\xff\xff"]),
+            )
+            .unwrap();
+            assert_eq!(t.dtype, dtype);
+            assert!(matches!(
+                t.quantization.as_deref(),
+                Some(Quantization::PerTensor { zero_point: -5, .. })
+            ));
+        }
+        // Per channel along axis 1 (3 channels); float zero points make float_qparams,
+        // as torch tells the two apart at load.
+        for (zero_points, float_qparams) in [("LongStorage", false), ("FloatStorage", true)] {
+            let scales = tensor_pickle("DoubleStorage", "1", 3);
+            let zps = tensor_pickle(zero_points, "2", 3);
+            let p = params("per_channel_affine", &[&scales, &zps, b"K\x01"]);
+            let t = qtensor("QInt8Storage", &p).unwrap();
+            let Some(Quantization::PerChannel {
+                float_qparams: got,
+                scales,
+                zero_points,
+                axis: 1,
+            }) = t.quantization.as_deref()
+            else {
+                panic!("{:?}", t.quantization)
+            };
+            assert_eq!(*got, float_qparams);
+            assert_eq!(scales.shape.dims(), [3]);
+            assert_eq!(&*zero_points.storage.key, "2");
+        }
+    }
+
+    #[test]
+    fn bad_quantizer_parameters_are_malformed_and_symmetric_schemes_unsupported() {
+        let scales = |n| tensor_pickle("DoubleStorage", "1", n);
+        let zps = |n| tensor_pickle("LongStorage", "2", n);
+        let malformed = [
+            // a float storage is not quantized integers
+            (
+                "FloatStorage",
+                params("per_tensor_affine", &[HALF, b"K\x03"]),
+            ),
+            // a zero point that is not an int; one value too many or too few
+            ("QInt8Storage", params("per_tensor_affine", &[HALF, HALF])),
+            (
+                "QInt8Storage",
+                params("per_tensor_affine", &[HALF, b"K\x03K\x03"]),
+            ),
+            ("QInt8Storage", params("per_tensor_affine", &[HALF])),
+            // an axis past the last dimension, negative, or not an int
+            (
+                "QInt8Storage",
+                params("per_channel_affine", &[&scales(3), &zps(3), b"K\x02"]),
+            ),
+            (
+                "QInt8Storage",
+                params(
+                    "per_channel_affine",
+                    &[&scales(3), &zps(3), b"J\xff\xff\xff\xff"],
+                ),
+            ),
+            (
+                "QInt8Storage",
+                params("per_channel_affine", &[&scales(3), &zps(3), HALF]),
+            ),
+            // scales or zero points of the wrong length (axis 1 has 3 channels)
+            (
+                "QInt8Storage",
+                params("per_channel_affine", &[&scales(2), &zps(3), b"K\x01"]),
+            ),
+            (
+                "QInt8Storage",
+                params("per_channel_affine", &[&scales(3), &zps(4), b"K\x01"]),
+            ),
+            // not a scheme first; not a tuple
+            ("QInt8Storage", params("float32", &[HALF, b"K\x03"])),
+            ("QInt8Storage", b"K\x01".to_vec()),
+        ];
+        for (class, p) in malformed {
+            let err = qtensor(class, &p).unwrap_err();
+            assert!(
+                err.is_corrupt_data() && err.to_string().contains("_rebuild_qtensor"),
+                "{class} {}: {err}",
+                String::from_utf8_lossy(&p)
+            );
+        }
+        for scheme in ["per_tensor_symmetric", "per_channel_symmetric"] {
+            let err = qtensor("QInt8Storage", &params(scheme, &[HALF, b"K\x03"])).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { .. }) && err.to_string().contains(scheme),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn dtypes_without_a_tensorwire_dtype_are_values_and_unsupported_for_tensors() {

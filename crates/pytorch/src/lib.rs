@@ -21,8 +21,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Not in scope: writing checkpoints; quantized, sparse and nested torch tensors
-//! (refused by name); the pre-0.1.10 TAR container.
+//! Quantized tensors (`torch.qint8`, `quint8`, `qint32`) read as their integers with
+//! their scheme and parameters as per-tensor attributes ([`Quantization`]).
+//!
+//! Not in scope: writing checkpoints; sparse, meta and subclassed tensors
+//! (`Unsupported`, naming them) and nested ones (refused, as torch refuses them); the
+//! pre-0.1.10 TAR container.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -39,7 +43,7 @@ pub use crate::flatten::{Node, ROOT_TENSOR_NAME};
 pub use crate::input::Input;
 pub use crate::pickle::DictKind;
 pub use crate::reader::{PtFormat, PtReader};
-pub use crate::tensor::{StorageRef, TensorRecord};
+pub use crate::tensor::{Quantization, StorageRef, TensorRecord};
 
 /// True when `head` (a file's first bytes, 32 are enough) looks like a torch
 /// checkpoint: a ZIP archive or the legacy format's magic-number pickle.

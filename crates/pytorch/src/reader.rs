@@ -393,6 +393,7 @@ impl PtReader {
                 StorageData::Legacy { storage, .. } => (storage.data_offset, false),
             };
             let base = data_offset + record.storage.window()?.0;
+            let attributes = quantization_attributes(&name, record);
             index.push(TensorInfo {
                 name,
                 dtype: record.dtype,
@@ -402,7 +403,7 @@ impl PtReader {
                 stored_bytes: end - start,
                 offset: base + start,
                 encoding: deflated.then(|| "deflate".to_owned()),
-                attributes: Default::default(),
+                attributes,
             })?;
             records.push(record.clone());
         }
@@ -597,6 +598,19 @@ impl PtReader {
             }
         }
         Ok(self.storages.len())
+    }
+}
+
+/// The per-tensor attributes of the tensor `name`: a quantized tensor's scheme and
+/// parameters ([`crate::Quantization::attributes`]), none for the others.
+fn quantization_attributes(name: &str, record: &TensorRecord) -> tensorwire_core::Attributes {
+    match &record.quantization {
+        None => Default::default(),
+        Some(q) => q
+            .attributes(name)
+            .into_iter()
+            .collect::<BTreeMap<_, _>>()
+            .into(),
     }
 }
 

@@ -128,6 +128,103 @@ pub struct TensorRecord {
     pub shape: Shape,
     /// Strides, in elements.
     pub strides: Dims,
+    /// For a quantized tensor (`_rebuild_qtensor`), how its integers (`dtype`: i8
+    /// for `torch.qint8`, u8 for `quint8`, i32 for `qint32`) map to real values.
+    pub quantization: Option<Box<Quantization>>,
+}
+
+/// How a quantized tensor's integers map to real values: torch's `qscheme()` and
+/// its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Quantization {
+    /// `torch.per_tensor_affine`: `real = (q - zero_point) * scale`.
+    PerTensor {
+        /// `q_scale()`.
+        scale: f64,
+        /// `q_zero_point()`.
+        zero_point: i64,
+    },
+    /// `torch.per_channel_affine` (or `per_channel_affine_float_qparams`, where the
+    /// zero points are floats): one scale and zero point per index along `axis`.
+    PerChannel {
+        /// True for `torch.per_channel_affine_float_qparams`.
+        float_qparams: bool,
+        /// `q_per_channel_scales()`: one per channel.
+        scales: Box<TensorRecord>,
+        /// `q_per_channel_zero_points()`: one per channel.
+        zero_points: Box<TensorRecord>,
+        /// `q_per_channel_axis()`.
+        axis: u64,
+    },
+}
+
+impl Quantization {
+    /// Suffix of the flat name of a per-channel tensor's scales
+    /// (`fc.weight.q_per_channel_scales`).
+    pub const SCALES: &'static str = "q_per_channel_scales";
+    /// Suffix of the flat name of a per-channel tensor's zero points.
+    pub const ZERO_POINTS: &'static str = "q_per_channel_zero_points";
+
+    /// torch's name of the quantized dtype whose integers are `ints` (`qint8` for
+    /// i8, `quint8` for u8, `qint32` for i32).
+    pub fn torch_dtype(ints: DType) -> Option<&'static str> {
+        match ints {
+            DType::I8 => Some("qint8"),
+            DType::U8 => Some("quint8"),
+            DType::I32 => Some("qint32"),
+            _ => None,
+        }
+    }
+
+    /// torch's name of the scheme (`torch.per_tensor_affine`).
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Quantization::PerTensor { .. } => "torch.per_tensor_affine",
+            Quantization::PerChannel {
+                float_qparams: false,
+                ..
+            } => "torch.per_channel_affine",
+            Quantization::PerChannel {
+                float_qparams: true,
+                ..
+            } => "torch.per_channel_affine_float_qparams",
+        }
+    }
+
+    /// The flat name of the tensor `suffix` ([`Quantization::SCALES`] or
+    /// [`Quantization::ZERO_POINTS`]) of the quantized tensor `name`.
+    pub fn part_name(name: &str, suffix: &str) -> String {
+        format!("{name}.{suffix}")
+    }
+
+    /// The per-tensor attributes a quantized tensor carries in the flat view, named
+    /// after torch's methods: `torch.qscheme`, and `torch.q_scale` and
+    /// `torch.q_zero_point`, or `torch.q_per_channel_axis` and the names of the
+    /// tensors holding the scales and zero points.
+    pub fn attributes(&self, name: &str) -> Vec<(String, tensorwire_core::Value)> {
+        use tensorwire_core::Value;
+        let mut out = vec![("torch.qscheme".to_owned(), Value::Str(self.scheme().into()))];
+        match self {
+            Quantization::PerTensor { scale, zero_point } => {
+                out.push(("torch.q_scale".into(), Value::Float(*scale)));
+                out.push((
+                    "torch.q_zero_point".into(),
+                    Value::Int((*zero_point).into()),
+                ));
+            }
+            Quantization::PerChannel { axis, .. } => {
+                out.push((
+                    "torch.q_per_channel_axis".into(),
+                    Value::Int((*axis).into()),
+                ));
+                for suffix in [Self::SCALES, Self::ZERO_POINTS] {
+                    let key = format!("torch.{suffix}");
+                    out.push((key, Value::Str(Self::part_name(name, suffix))));
+                }
+            }
+        }
+        out
+    }
 }
 
 fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
@@ -184,6 +281,7 @@ impl TensorRecord {
             storage_offset: int_of(arena, storage_offset, "storage offset", offset)?,
             shape: Shape::try_from_dims(dims_of(arena, size, "size", offset)?)?,
             strides: dims_of(arena, stride, "stride", offset)?,
+            quantization: None,
         };
         if record.strides.len() != record.shape.ndim() {
             return Err(Error::malformed(
@@ -314,6 +412,7 @@ mod tests {
             storage_offset: offset,
             shape: Shape::new(shape.to_vec()).unwrap(),
             strides: Dims::new(strides),
+            quantization: None,
         }
     }
 

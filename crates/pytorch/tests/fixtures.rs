@@ -122,6 +122,21 @@ fn check_source(path: &Path, reader: &PtReader, want: &Json) {
                 assert_eq!(&*record.storage.key, key, "{label} {name}");
             }
         }
+        // A quantized tensor's scheme and parameters; none for the others.
+        let want_attributes = t.get("attributes").and_then(Json::as_object);
+        assert_eq!(
+            info.attributes.len(),
+            want_attributes.map_or(0, |a| a.len()),
+            "{label} {name}: {:?}",
+            info.attributes
+        );
+        for (k, v) in want_attributes.into_iter().flatten() {
+            let got = info.attributes.get(k);
+            assert!(
+                got.is_some_and(|got| value_matches(got, v)),
+                "{label} {name} {k}: {got:?} vs {v}"
+            );
+        }
         let view = reader.view(name).unwrap();
         let expected = npy_data(&dir().join("expected").join(t["npy"].as_str().unwrap()));
         assert_eq!(view.bytes.as_slice(), &expected[..], "{label} {name}");
@@ -183,6 +198,8 @@ fn tensors_pickled_once_under_two_names_are_one_object() {
         let file = path.file_name().unwrap().to_str().unwrap();
         let expected: &[(&str, &str)] = if file.starts_with("views.") {
             &[("tied_b", "tied_a")]
+        } else if file.starts_with("quantized.") {
+            &[("tied", "fc.weight")]
         } else if file.starts_with("shared.") {
             &[
                 ("b.0", "a.0"),
@@ -395,7 +412,26 @@ fn every_structure_names_the_flat_tensors_in_order() {
     for (path, _) in readable() {
         let reader = PtReader::open(&path).unwrap();
         let tree = reader.structure().unwrap();
-        let names: Vec<_> = reader.tensors().iter().map(|t| &t.name).collect();
+        // Less the scales and zero points of per-channel quantized tensors: parts of
+        // their tensor in the structure, as in torch's object.
+        let parts: Vec<&str> = reader
+            .tensors()
+            .iter()
+            .flat_map(|t| {
+                [
+                    "torch.q_per_channel_scales",
+                    "torch.q_per_channel_zero_points",
+                ]
+                .map(|k| t.attributes.get(k).and_then(Value::as_str))
+            })
+            .flatten()
+            .collect();
+        let names: Vec<_> = reader
+            .tensors()
+            .iter()
+            .map(|t| &t.name)
+            .filter(|name| !parts.contains(&&***name))
+            .collect();
         assert_eq!(tree.tensor_names(), names, "{}", path.display());
     }
 }

@@ -93,7 +93,9 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             checkpoint's ``epoch``), with these tensors at their places.
 
     Zero-copy tensors keep their strides (transposes, slices), and those that share a
-    storage in the checkpoint share memory here, as with ``torch.load``.
+    storage in the checkpoint share memory here, as with ``torch.load``. Quantized
+    tensors (``torch.qint8``, ``quint8``, ``qint32``; per tensor or per channel) come
+    back quantized, on their storage as well.
     """
     if weights_only is False:
         raise InvalidArgumentError(
@@ -115,7 +117,14 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
                 tensors = {name: _shared_torch(reader, tt, name) for name in reader.keys()}
         else:
             tensors = _restored_tensors(reader, restore or _keep, device_of, copy=mmap is False)
-        _same_objects_once(reader._pytorch_same_objects(), tensors)
+        same = reader._pytorch_same_objects()
+        quantized = reader._pytorch_quantized()
+        if quantized:
+            _quantize(tensors, quantized, skip={name for name, _ in same})
+        _same_objects_once(same, tensors)
+        for name, _, scale, zero_point, axis in quantized:
+            if axis is not None:  # per channel: parts of the tensor, not entries
+                del tensors[scale], tensors[zero_point]
         if flat:
             return tensors
         import torch
@@ -133,6 +142,28 @@ def _torch_object(name):
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)
     return obj
+
+
+def _quantize(tensors, quantized, skip):
+    """Replaces the integer tensor of each quantized tensor (``reader._pytorch_quantized()``,
+    those not in ``skip``) by the quantized tensor over the same storage, as
+    ``torch._utils._rebuild_qtensor`` builds it."""
+    import torch
+
+    qdtypes = {torch.int8: torch.qint8, torch.uint8: torch.quint8, torch.int32: torch.qint32}
+    for name, _scheme, scale, zero_point, axis in quantized:
+        if name in skip:
+            continue
+        ints = tensors[name]
+        qdtype = qdtypes[ints.dtype]
+        if axis is None:
+            q = torch._empty_affine_quantized(
+                ints.size(), scale=scale, zero_point=zero_point, dtype=qdtype, device=ints.device)
+        else:  # the zero points' dtype picks per_channel_affine or its float_qparams form
+            q = torch._empty_per_channel_affine_quantized(
+                ints.size(), scales=tensors[scale], zero_points=tensors[zero_point], axis=axis,
+                dtype=qdtype, device=ints.device)
+        tensors[name] = q.set_(ints.untyped_storage(), ints.storage_offset(), ints.size(), ints.stride())
 
 
 def _same_objects_once(same, values):
@@ -238,7 +269,14 @@ def load_numpy(f, *, mmap=True, flat=True):
     """Every tensor of a checkpoint as ``{dotted name: numpy array}`` (no torch
     needed): views of a private copy-on-write map of the file (writable), or
     read-only views when ``f`` is bytes. ``mmap=False`` gives arrays that own their
-    memory. ``flat=False`` gives the checkpoint's own object, as for :func:`load`."""
+    memory. ``flat=False`` gives the checkpoint's own object, as for :func:`load`.
+
+    numpy has no quantized arrays: a quantized tensor comes as its integers (torch's
+    ``int_repr()``), a per-channel one with its scales and zero points under
+    ``<name>.q_per_channel_scales`` and ``<name>.q_per_channel_zero_points`` (flat
+    only); the scheme and a per-tensor scale and zero point are the tensor's
+    attributes (``Reader.metadata(name).attributes``: ``torch.qscheme``,
+    ``torch.q_scale``, ``torch.q_zero_point``)."""
     with open(f) as reader:
         names = reader.keys()
         same = reader._pytorch_same_objects()
