@@ -483,7 +483,7 @@ fn node_to_py<'py>(
     };
     Ok(match node {
         Node::Tensor(name) => make.tensor.call1((&**name,))?,
-        Node::Dtype(name) => make.dtype.call1((*name,))?,
+        Node::TorchObject(name) => make.dtype.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),

@@ -173,6 +173,36 @@ def test_values_torch_allows_beside_tensors_read_as_names():
         assert r.attributes["token_counts"] == {"a": 2, "b": 1}
 
 
+def _with_pickle_edit(src, dst, old, new):
+    """`src` (a ZIP checkpoint) rewritten to `dst` with `old` replaced by `new` in its
+    data.pkl (the other records as they were, stored)."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                assert old in data
+                data = data.replace(old, new)
+            zout.writestr(info.filename, data)
+
+
+def test_storage_records_must_hold_exactly_what_their_class_declares(tmp_path):
+    # A pickle naming a narrower storage class than the one written: torch refuses
+    # ("record size ... does not match expected size"); reading the first bytes
+    # would give wrong values.
+    p = str(tmp_path / "narrowed.pt")
+    _with_pickle_edit(os.path.join(FIXTURES, "quantized.pt"), p,
+                      b"ctorch\nQInt32Storage\n", b"ctorch\nQInt8Storage\n")
+    with pytest.raises(tw.FormatError, match="acc|data/3"):
+        tw.Reader(p)
+    p = str(tmp_path / "plain.pt")
+    _with_pickle_edit(os.path.join(FIXTURES, "module.pt"), p,
+                      b"ctorch\nLongStorage\n", b"ctorch\nCharStorage\n")
+    with pytest.raises(tw.FormatError):
+        tw.Reader(p)
+
+
 def test_truncated_checkpoints_raise_format_errors(tmp_path):
     data = open(os.path.join(FIXTURES, "module.pt"), "rb").read()
     for cut in (0, 10, len(data) // 2, len(data) - 1):

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use tensorwire_core::{Error, NameSet, Result, Value};
 
-use crate::globals::Global;
 use crate::pickle::{Arena, DictKind, Id, Obj};
 use crate::tensor::{Quantization, TensorRecord};
 
@@ -26,13 +25,13 @@ pub const ROOT_TENSOR_NAME: &str = "tensor";
 pub enum Node {
     /// A tensor, by its name among the reader's tensors.
     Tensor(Arc<str>),
-    /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global (a
-    /// class or function) by name.
+    /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global outside
+    /// torch (`collections.OrderedDict`) by name.
     Value(Value),
-    /// A torch object kept as its dotted name: a dtype (`torch.float16`), a
-    /// quantization scheme (`torch.per_tensor_affine`) or a legacy tensor class
-    /// (`torch.cuda.FloatTensor`).
-    Dtype(&'static str),
+    /// An allowlisted torch object as a value, by its dotted name: a dtype
+    /// (`torch.float16`), a quantization scheme (`torch.per_tensor_affine`), a class
+    /// (`torch.cuda.FloatTensor`, `torch.nn.parameter.Parameter`) or a function.
+    TorchObject(&'static str),
     /// A dict, in insertion order.
     Dict {
         /// Keys and values.
@@ -68,7 +67,7 @@ impl Node {
     fn push_tensor_names<'a>(&'a self, out: &mut Vec<&'a Arc<str>>) {
         match self {
             Node::Tensor(name) => out.push(name),
-            Node::Value(_) | Node::Dtype(_) => {}
+            Node::Value(_) | Node::TorchObject(_) => {}
             Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.push_tensor_names(out)),
             Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
                 items.iter().for_each(|v| v.push_tensor_names(out))
@@ -456,9 +455,7 @@ impl<'a> Walker<'a> {
             Obj::List(list) => Node::List(items(self, list)?),
             Obj::Set(set) => Node::Set(items(self, set)?),
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
-            Obj::Global(g @ (Global::Dtype(_) | Global::TorchConstant(_) | Global::Named(_))) => {
-                Node::Dtype(g.name())
-            }
+            Obj::Global(g) if g.name().starts_with("torch.") => Node::TorchObject(g.name()),
             _ => Node::Value(self.value_uncounted(id, depth)?),
         };
         Ok(if self.shared.get(id).copied().unwrap_or(false) {

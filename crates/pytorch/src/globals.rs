@@ -10,7 +10,7 @@
 use tensorwire_core::{DType, Error, Result};
 
 use crate::pickle::{Arena, DictKind, Id, Obj, Span};
-use crate::tensor::{storage_dtype, Quantization, TensorRecord};
+use crate::tensor::{Quantization, StorageClass, TensorRecord};
 
 /// An allowlisted global.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,11 +33,11 @@ pub enum Global {
     /// `torch._utils._rebuild_qtensor(storage, storage_offset, size, stride,
     /// quantizer_params, requires_grad, backward_hooks)`: a quantized tensor.
     RebuildQTensor,
-    /// `torch.Tensor` or `torch.nn.parameter.Parameter` (as a `new_type`).
-    TensorClass,
-    /// A storage class: `torch.FloatStorage` and friends (the element type), or
+    /// `torch.Tensor` or `torch.nn.parameter.Parameter` (as a `new_type`), by its name.
+    TensorClass(&'static str),
+    /// A storage class: `torch.FloatStorage` and friends, or
     /// `torch.storage.UntypedStorage` (bytes).
-    Storage(DType),
+    Storage(StorageClass),
     /// A dtype object, `torch.float32` and friends.
     Dtype(DType),
     /// A torch dtype tensorwire has no dtype for (`torch.qint8`, `torch.int4`), or a
@@ -88,8 +88,8 @@ impl Global {
             Global::RebuildParameterWithState => "torch._utils._rebuild_parameter_with_state",
             Global::RebuildFromTypeV2 => "torch._tensor._rebuild_from_type_v2",
             Global::RebuildQTensor => "torch._utils._rebuild_qtensor",
-            Global::TensorClass => "torch.Tensor",
-            Global::Storage(_) => "a torch storage class",
+            Global::TensorClass(name) => name,
+            Global::Storage(class) => class.name,
             Global::Dtype(d) => torch_dtype_name(d),
             Global::TorchConstant(name) | Global::Named(name) => name,
             Global::Counter => "collections.Counter",
@@ -125,18 +125,20 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         ("torch._tensor" | "torch._utils", "_rebuild_from_type_v2") => {
             Some(Global::RebuildFromTypeV2)
         }
-        ("torch", "Tensor") | ("torch.nn.parameter", "Parameter") | ("torch.nn", "Parameter") => {
-            Some(Global::TensorClass)
+        ("torch", "Tensor") => Some(Global::TensorClass("torch.Tensor")),
+        ("torch.nn.parameter", "Parameter") => {
+            Some(Global::TensorClass("torch.nn.parameter.Parameter"))
         }
-        ("torch.storage" | "torch", "UntypedStorage") => Some(Global::Storage(DType::U8)),
+        ("torch.nn", "Parameter") => Some(Global::TensorClass("torch.nn.Parameter")),
+        ("torch.storage", "TypedStorage") => Some(Global::Named("torch.storage.TypedStorage")),
         ("torch" | "torch.cuda", "QUInt4x2Storage" | "QUInt2x4Storage") => {
             // Storage data, not code: say what is missing.
             return Err(Error::unsupported(format!(
                 "{module}.{name}: quantized tensors of 4 or 2 bits"
             )));
         }
-        ("torch" | "torch.cuda", storage) if storage.ends_with("Storage") => {
-            storage_dtype(storage).map(Global::Storage)
+        ("torch" | "torch.cuda" | "torch.storage", storage) if storage.ends_with("Storage") => {
+            StorageClass::find(module, storage).map(Global::Storage)
         }
         ("torch", "Size") => Some(Global::Size),
         ("torch", "device") => Some(Global::Device),
@@ -147,17 +149,17 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         ("torch.cuda", name) => {
             constant(LEGACY_TENSOR_TYPES, "torch.cuda.", name).map(Global::Named)
         }
-        ("torch.sparse" | "torch.cuda.sparse", name)
-            if LEGACY_TENSOR_TYPES
-                .iter()
-                .any(|t| t.strip_prefix("torch.") == Some(name)) =>
-        {
-            Some(Global::Unsupported {
-                name: "torch.sparse.*Tensor",
+        ("torch.sparse" | "torch.cuda.sparse", name) => {
+            let prefix = if module == "torch.sparse" {
+                "torch.sparse."
+            } else {
+                "torch.cuda.sparse."
+            };
+            constant(LEGACY_SPARSE_TYPES, prefix, name).map(|name| Global::Unsupported {
+                name,
                 builds: "legacy sparse tensors",
             })
         }
-        ("torch.storage", "TypedStorage") => Some(Global::Named("torch.storage.TypedStorage")),
         ("torch.serialization", "_get_layout") => Some(Global::GetLayout),
         ("torch._utils", "_rebuild_qtensor") => Some(Global::RebuildQTensor),
         ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") => {
@@ -255,6 +257,28 @@ const LEGACY_TENSOR_TYPES: &[&str] = &[
     "torch.cuda.BoolTensor",
 ];
 
+/// torch's legacy sparse tensor types.
+const LEGACY_SPARSE_TYPES: &[&str] = &[
+    "torch.sparse.DoubleTensor",
+    "torch.sparse.FloatTensor",
+    "torch.sparse.HalfTensor",
+    "torch.sparse.BFloat16Tensor",
+    "torch.sparse.LongTensor",
+    "torch.sparse.IntTensor",
+    "torch.sparse.ShortTensor",
+    "torch.sparse.CharTensor",
+    "torch.sparse.ByteTensor",
+    "torch.cuda.sparse.DoubleTensor",
+    "torch.cuda.sparse.FloatTensor",
+    "torch.cuda.sparse.HalfTensor",
+    "torch.cuda.sparse.BFloat16Tensor",
+    "torch.cuda.sparse.LongTensor",
+    "torch.cuda.sparse.IntTensor",
+    "torch.cuda.sparse.ShortTensor",
+    "torch.cuda.sparse.CharTensor",
+    "torch.cuda.sparse.ByteTensor",
+];
+
 /// torch's rebuild functions that `torch.load(weights_only=True)` allows and
 /// tensorwire cannot follow, with what they build.
 const UNSUPPORTED_REBUILDS: &[(&str, &str)] = &[
@@ -341,6 +365,34 @@ fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'
     }
 }
 
+/// `requires_grad`, which torch sets on the tensor: a bool.
+fn requires_grad_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<()> {
+    match arena.get(id) {
+        Obj::Bool(_) => Ok(()),
+        other => Err(bad_args(
+            what,
+            offset,
+            format!("requires_grad is of type {}, not bool", other.kind()),
+        )),
+    }
+}
+
+/// A tensor of a plain rebuild: not on a quantized tensor's storage (only
+/// `_rebuild_qtensor` gives those meaning).
+fn plain_tensor(record: TensorRecord, what: &str, offset: u64) -> Result<Obj> {
+    if record.storage.quantized {
+        return Err(bad_args(
+            what,
+            offset,
+            format!(
+                "storage `{}` holds a quantized tensor's integers",
+                record.storage.key
+            ),
+        ));
+    }
+    Ok(Obj::Tensor(Box::new(record)))
+}
+
 fn tensor_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Obj> {
     match arena.get(id) {
         t @ Obj::Tensor(_) => Ok(t.clone()),
@@ -373,8 +425,13 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             if argv.len() < min || argv.len() > 7 {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
-            TensorRecord::from_rebuild(arena, argv[0], argv[1], argv[2], argv[3], None, offset)
-                .map(|t| Obj::Tensor(Box::new(t)))
+            if global == Global::RebuildTensorV2 {
+                requires_grad_arg(arena, argv[4], what, offset)?;
+            }
+            let record = TensorRecord::from_rebuild(
+                arena, argv[0], argv[1], argv[2], argv[3], None, offset,
+            )?;
+            plain_tensor(record, what, offset)
         }
         Global::RebuildTensorV3 => {
             if argv.len() < 7 || argv.len() > 8 {
@@ -389,7 +446,8 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 }
                 _ => return Err(bad_args(what, offset, "the dtype argument is not a dtype")),
             };
-            TensorRecord::from_rebuild(
+            requires_grad_arg(arena, argv[4], what, offset)?;
+            let record = TensorRecord::from_rebuild(
                 arena,
                 argv[0],
                 argv[1],
@@ -397,8 +455,8 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 argv[3],
                 Some(*dtype),
                 offset,
-            )
-            .map(|t| Obj::Tensor(Box::new(t)))
+            )?;
+            plain_tensor(record, what, offset)
         }
         Global::RebuildQTensor => {
             let [storage, storage_offset, size, stride, params, _requires_grad, _hooks] = argv
@@ -414,11 +472,14 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 None,
                 offset,
             )?;
-            if !matches!(record.dtype, DType::I8 | DType::U8 | DType::I32) {
+            if !record.storage.quantized {
                 return Err(bad_args(
                     what,
                     offset,
-                    format!("a storage of {}, not of quantized integers", record.dtype),
+                    format!(
+                        "storage `{}` holds {}, not a quantized tensor's integers",
+                        record.storage.key, record.dtype
+                    ),
                 ));
             }
             let quantization = quantization(arena, *params, &record, offset)?;
@@ -435,7 +496,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             let [func, new_type, inner_args, _state] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
-            if !matches!(arena.get(*new_type), Obj::Global(Global::TensorClass)) {
+            if !matches!(arena.get(*new_type), Obj::Global(Global::TensorClass(_))) {
                 return Err(bad_args(what, offset, "new_type is not torch.Tensor"));
             }
             call(arena, *func, *inner_args, offset)
@@ -567,7 +628,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
         Global::Unsupported { name, builds } => Err(Error::unsupported(format!(
             "{builds} ({name}, which torch.load(weights_only=True) allows)"
         ))),
-        Global::TensorClass
+        Global::TensorClass(_)
         | Global::Storage(_)
         | Global::Dtype(_)
         | Global::TorchConstant(_)
@@ -620,16 +681,28 @@ fn quantization(
                 other => return Err(bad(format!("axis {other:?} for {} dims", dims.len()))),
             };
             let channels = dims[axis as usize];
-            let per_channel = |id: Id, which: &str| match arena.get(id) {
-                Obj::Tensor(t) if t.shape.dims() == [channels] && t.quantization.is_none() => {
-                    Ok(t.clone())
+            // One value per channel, as torch requires: scales are floats, zero
+            // points ints, or floats (float_qparams).
+            let per_channel = |id: Id, which: &str, ints: bool| {
+                let t = match arena.get(id) {
+                    Obj::Tensor(t) if t.quantization.is_none() => t,
+                    other => return Err(bad(format!("the {which} are a {}", other.kind()))),
+                };
+                if t.shape.dims() != [channels] {
+                    return Err(bad(format!(
+                        "the {which} have shape {}, not [{channels}] (dimension {axis})",
+                        t.shape
+                    )));
                 }
-                other => Err(bad(format!(
-                    "the {which} are not a tensor of {channels} (found a {})",
-                    other.kind()
-                ))),
+                let floats = matches!(t.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+                let int = matches!(t.dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+                if !(floats || ints && int) {
+                    return Err(bad(format!("the {which} are {}", t.dtype)));
+                }
+                Ok(t.clone())
             };
-            let zero_points = per_channel(zero_points, "zero points")?;
+            let scales = per_channel(scales, "scales", false)?;
+            let zero_points = per_channel(zero_points, "zero points", true)?;
             Ok(Quantization::PerChannel {
                 // torch pickles float_qparams tensors as per_channel_affine and tells
                 // them apart at load by their float zero points: so do we.
@@ -637,7 +710,7 @@ fn quantization(
                     zero_points.dtype,
                     DType::F16 | DType::BF16 | DType::F32 | DType::F64
                 ),
-                scales: per_channel(scales, "scales")?,
+                scales,
                 zero_points,
                 axis,
             })
@@ -647,7 +720,11 @@ fn quantization(
                 "quantized tensors with the scheme {scheme} (torch cannot load them either)"
             )))
         }
-        (scheme, rest) => Err(bad(format!("{} values for {scheme}", rest.len()))),
+        (scheme, rest) => Err(bad(format!(
+            "{scheme} with {} values after it (per tensor: scale, zero point; per \
+             channel: scales, zero points, axis)",
+            rest.len()
+        ))),
     }
 }
 
@@ -777,10 +854,69 @@ mod tests {
     }
 
     #[test]
+    fn quantized_storages_are_for_quantized_tensors_only() {
+        // `_rebuild_tensor_v2` over a QInt8Storage: torch fails, so do we.
+        let mut p = b"\x80\x02".to_vec();
+        p.extend(tensor_pickle("QInt8Storage", "0", 3));
+        p.push(b'.');
+        let err = unpickle(&p, 0, &PickleLimits::default(), &mut Storages).unwrap_err();
+        assert!(
+            err.to_string().contains("quantized tensor's integers"),
+            "{err}"
+        );
+        // requires_grad must be a bool (torch sets it on the tensor).
+        let mut p = b"\x80\x02".to_vec();
+        p.extend(tensor_pickle("FloatStorage", "0", 3));
+        p.push(b'.');
+        let not_bool = p.iter().rposition(|&b| b == 0x89).unwrap();
+        p.splice(not_bool..=not_bool, *b"K\x01");
+        let err = unpickle(&p, 0, &PickleLimits::default(), &mut Storages).unwrap_err();
+        assert!(
+            err.to_string().contains("requires_grad is of type int"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn classes_kept_as_values_are_named_exactly() {
+        for (module, name) in [
+            ("torch", "FloatStorage"),
+            ("torch.cuda", "HalfStorage"),
+            ("torch", "QInt8Storage"),
+            ("torch.storage", "UntypedStorage"),
+            ("torch", "UntypedStorage"),
+            ("torch.storage", "TypedStorage"),
+            ("torch.nn.parameter", "Parameter"),
+            ("torch", "Tensor"),
+            ("torch.sparse", "FloatTensor"),
+            ("torch.cuda.sparse", "ByteTensor"),
+            ("torch.cuda", "LongTensor"),
+        ] {
+            let global = resolve(module, name, 0).unwrap();
+            assert_eq!(global.name(), format!("{module}.{name}"), "{global:?}");
+        }
+    }
+
+    #[test]
     fn bad_quantizer_parameters_are_malformed_and_symmetric_schemes_unsupported() {
         let scales = |n| tensor_pickle("DoubleStorage", "1", n);
         let zps = |n| tensor_pickle("LongStorage", "2", n);
+        let bools = |n| tensor_pickle("BoolStorage", "2", n);
         let malformed = [
+            // a plain int storage is not a quantized tensor's
+            (
+                "CharStorage",
+                params("per_tensor_affine", &[HALF, b"K\x03"]),
+            ),
+            // scales that are not floats; zero points that are neither ints nor floats
+            (
+                "QInt8Storage",
+                params("per_channel_affine", &[&zps(3), &zps(3), b"K\x01"]),
+            ),
+            (
+                "QInt8Storage",
+                params("per_channel_affine", &[&scales(3), &bools(3), b"K\x01"]),
+            ),
             // a float storage is not quantized integers
             (
                 "FloatStorage",

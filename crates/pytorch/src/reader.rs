@@ -120,7 +120,9 @@ impl PersistentLoad for ZipStorages<'_> {
                 || Error::malformed(offset, format!("no record `{record}` for a storage"));
             let index = self.directory.index_of(record).ok_or_else(missing)?;
             let size = self.directory.size(index).ok_or_else(missing)?;
-            if size < nbytes {
+            // Exactly, as torch requires: a record holding more than its storage
+            // declares means the storage class or count is not the one written.
+            if size != nbytes {
                 return Err(Error::SizeMismatch {
                     tensor: record.clone(),
                     expected: nbytes,
@@ -483,9 +485,12 @@ impl PtReader {
         for (r, info) in self.records.iter().zip(self.index.infos()) {
             let extent = r.byte_extent().ok();
             let nbytes = r.storage.nbytes().ok();
+            // (The offset, not the extent's start: an empty tensor's extent is kept
+            // inside its storage, its offset is torch's.)
             whole.push(
                 r.storage.view.is_none()
-                    && extent.is_some_and(|(start, end)| start == 0 && Some(end) == nbytes),
+                    && r.storage_offset == 0
+                    && extent.is_some_and(|(_, end)| Some(end) == nbytes),
             );
             let into_root = extent.map_or(0, |(start, _)| start)
                 + r.storage.window().map_or(0, |(start, _)| start);
@@ -497,6 +502,23 @@ impl PtReader {
             shared[first] = true;
         }
         (0..n).filter(|&i| shared[i] || !whole[i]).collect()
+    }
+
+    /// Positions of the tensors that are parts of a per-channel quantized tensor (its
+    /// scales and zero points, listed right after it): tensors of the flat view, but
+    /// not leaves of [`PtReader::structure`], where they belong to their tensor.
+    pub fn quantization_parts(&self) -> Vec<usize> {
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                matches!(
+                    r.quantization.as_deref(),
+                    Some(crate::Quantization::PerChannel { .. })
+                )
+            })
+            .flat_map(|(at, _)| [at + 1, at + 2])
+            .collect()
     }
 
     /// `(position, first position)` for every tensor that is the same pickled object

@@ -15,6 +15,8 @@ pub struct StorageRef {
     pub key: Arc<str>,
     /// The storage class's element type (`u8` for untyped storages).
     pub dtype: DType,
+    /// True for a quantized tensor's storage (`torch.QInt8Storage` …).
+    pub quantized: bool,
     /// Elements in the stored storage.
     pub numel: u64,
     /// Where the tensor lived when saved (`cpu`, `cuda:0`).
@@ -63,9 +65,11 @@ impl StorageRef {
         if items.len() != 5 && items.len() != 6 {
             return Err(bad("expected 5 or 6 fields"));
         }
-        let dtype = match arena.get(items[1]) {
-            Obj::Global(crate::globals::Global::Storage(d)) => *d,
-            Obj::Global(crate::globals::Global::Dtype(d)) => *d,
+        let (dtype, quantized) = match arena.get(items[1]) {
+            Obj::Global(crate::globals::Global::Storage(class)) => {
+                (class.dtype, class.is_quantized())
+            }
+            Obj::Global(crate::globals::Global::Dtype(d)) => (*d, false),
             _ => return Err(bad("the storage type is not a storage class")),
         };
         let key = match arena.get(items[2]) {
@@ -105,6 +109,7 @@ impl StorageRef {
         let storage = StorageRef {
             key,
             dtype,
+            quantized,
             numel,
             location,
             view,
@@ -326,8 +331,10 @@ impl TensorRecord {
             })
     }
 
-    /// The byte range `[start, end)` of the storage the tensor's elements lie in
-    /// (empty at its offset when the tensor has no elements).
+    /// The byte range `[start, end)` of the storage the tensor's elements lie in.
+    /// A tensor with no elements has an empty range at its offset, or at the end of its
+    /// storage when the offset lies past it (torch allows that: `empty(0, 4)[:, 2:]`
+    /// has offset 2 in a storage of no bytes).
     pub fn byte_extent(&self) -> Result<(u64, u64)> {
         let overflow = || Error::Overflow {
             what: "tensor extent",
@@ -335,6 +342,8 @@ impl TensorRecord {
         let elem = self.element_size();
         let start = self.storage_offset.checked_mul(elem).ok_or_else(overflow)?;
         if self.shape.numel()? == 0 {
+            let (window_start, window_end) = self.storage.window()?;
+            let start = start.min(window_end - window_start);
             return Ok((start, start));
         }
         let mut last = 0u64;
@@ -365,35 +374,95 @@ impl TensorRecord {
     }
 }
 
-/// The element type of a `torch.<Name>Storage` class.
-pub fn storage_dtype(class: &str) -> Option<DType> {
-    Some(match class {
-        "FloatStorage" => DType::F32,
-        "DoubleStorage" => DType::F64,
-        "HalfStorage" => DType::F16,
-        "BFloat16Storage" => DType::BF16,
-        "LongStorage" => DType::I64,
-        "IntStorage" => DType::I32,
-        "ShortStorage" => DType::I16,
-        "CharStorage" => DType::I8,
-        "ByteStorage" => DType::U8,
-        "BoolStorage" => DType::Bool,
-        "ComplexFloatStorage" => DType::Complex64,
-        "ComplexDoubleStorage" => DType::Complex128,
-        "UInt16Storage" => DType::U16,
-        "UInt32Storage" => DType::U32,
-        "UInt64Storage" => DType::U64,
-        "Float8_e4m3fnStorage" => DType::F8E4M3Fn,
-        "Float8_e5m2Storage" => DType::F8E5M2,
-        "Float8_e4m3fnuzStorage" => DType::F8E4M3Fnuz,
-        "Float8_e5m2fnuzStorage" => DType::F8E5M2Fnuz,
-        // Quantized tensors' integer values.
-        "QInt8Storage" => DType::I8,
-        "QUInt8Storage" => DType::U8,
-        "QInt32Storage" => DType::I32,
-        _ => return None,
-    })
+/// A torch storage class named in a persistent id: its dotted name and element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageClass {
+    /// `torch.FloatStorage`, `torch.cuda.HalfStorage`, `torch.UntypedStorage`, …
+    pub name: &'static str,
+    /// The element type (`u8` for untyped storages).
+    pub dtype: DType,
 }
+
+impl StorageClass {
+    /// True for the storages of quantized tensors' integers (`torch.QInt8Storage`,
+    /// `QUInt8Storage`, `QInt32Storage`), which only `_rebuild_qtensor` may use.
+    pub fn is_quantized(self) -> bool {
+        self.name.contains(".Q")
+    }
+
+    /// The class `module.name`, when torch has it and tensorwire has its dtype.
+    pub fn find(module: &str, name: &str) -> Option<StorageClass> {
+        STORAGE_CLASSES.iter().copied().find(|class| {
+            class
+                .name
+                .strip_prefix(module)
+                .and_then(|n| n.strip_prefix('.'))
+                == Some(name)
+        })
+    }
+}
+
+/// Each class under `torch.` and `torch.cuda.`.
+macro_rules! storage_classes {
+    ($($class:literal => $dtype:ident),* $(,)?) => {
+        &[$(
+            StorageClass { name: concat!("torch.", $class), dtype: DType::$dtype },
+            StorageClass { name: concat!("torch.cuda.", $class), dtype: DType::$dtype },
+        )*]
+    };
+}
+
+const TYPED_STORAGE_CLASSES: &[StorageClass] = storage_classes![
+    "FloatStorage" => F32,
+    "DoubleStorage" => F64,
+    "HalfStorage" => F16,
+    "BFloat16Storage" => BF16,
+    "LongStorage" => I64,
+    "IntStorage" => I32,
+    "ShortStorage" => I16,
+    "CharStorage" => I8,
+    "ByteStorage" => U8,
+    "BoolStorage" => Bool,
+    "ComplexFloatStorage" => Complex64,
+    "ComplexDoubleStorage" => Complex128,
+    "UInt16Storage" => U16,
+    "UInt32Storage" => U32,
+    "UInt64Storage" => U64,
+    "Float8_e4m3fnStorage" => F8E4M3Fn,
+    "Float8_e5m2Storage" => F8E5M2,
+    "Float8_e4m3fnuzStorage" => F8E4M3Fnuz,
+    "Float8_e5m2fnuzStorage" => F8E5M2Fnuz,
+    // Quantized tensors' integers.
+    "QInt8Storage" => I8,
+    "QUInt8Storage" => U8,
+    "QInt32Storage" => I32,
+];
+
+/// Every storage class tensorwire reads: the typed ones and the untyped (byte) ones.
+static STORAGE_CLASSES: &[StorageClass] = {
+    const UNTYPED: [StorageClass; 2] = [
+        StorageClass {
+            name: "torch.UntypedStorage",
+            dtype: DType::U8,
+        },
+        StorageClass {
+            name: "torch.storage.UntypedStorage",
+            dtype: DType::U8,
+        },
+    ];
+    const N: usize = TYPED_STORAGE_CLASSES.len() + UNTYPED.len();
+    const ALL: [StorageClass; N] = {
+        let mut all = [UNTYPED[0]; N];
+        let mut i = 0;
+        while i < TYPED_STORAGE_CLASSES.len() {
+            all[i] = TYPED_STORAGE_CLASSES[i];
+            i += 1;
+        }
+        all[N - 1] = UNTYPED[1];
+        all
+    };
+    &ALL
+};
 
 #[cfg(test)]
 mod tests {
@@ -404,6 +473,7 @@ mod tests {
             storage: StorageRef {
                 key: "0".into(),
                 dtype: DType::I32,
+                quantized: false,
                 numel: 24,
                 location: "cpu".into(),
                 view: None,
@@ -424,6 +494,19 @@ mod tests {
         b.chunks_exact(4)
             .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn an_empty_tensor_may_start_past_its_storage() {
+        // torch.empty(0, 4)[:, 2:] has offset 2 in a storage of no bytes; here the
+        // storage holds 24 i32 (96 bytes) and the offset is 30 elements.
+        let empty = record(&[0, 2], &[4, 1], 30);
+        assert_eq!(empty.byte_extent().unwrap(), (96, 96));
+        let inside = record(&[0, 2], &[4, 1], 3);
+        assert_eq!(inside.byte_extent().unwrap(), (12, 12));
+        // A tensor with elements may not.
+        let past = record(&[1, 2], &[4, 1], 23);
+        assert_eq!(past.byte_extent().unwrap(), (92, 100));
     }
 
     #[test]

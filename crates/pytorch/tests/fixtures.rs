@@ -414,23 +414,21 @@ fn every_structure_names_the_flat_tensors_in_order() {
         let tree = reader.structure().unwrap();
         // Less the scales and zero points of per-channel quantized tensors: parts of
         // their tensor in the structure, as in torch's object.
-        let parts: Vec<&str> = reader
-            .tensors()
-            .iter()
-            .flat_map(|t| {
-                [
-                    "torch.q_per_channel_scales",
-                    "torch.q_per_channel_zero_points",
-                ]
-                .map(|k| t.attributes.get(k).and_then(Value::as_str))
-            })
-            .flatten()
-            .collect();
+        let parts = reader.quantization_parts();
+        for &at in &parts {
+            let name = &reader.tensors()[at].name;
+            assert!(
+                name.ends_with(".q_per_channel_scales")
+                    || name.ends_with(".q_per_channel_zero_points"),
+                "{name}"
+            );
+        }
         let names: Vec<_> = reader
             .tensors()
             .iter()
-            .map(|t| &t.name)
-            .filter(|name| !parts.contains(&&***name))
+            .enumerate()
+            .filter(|(at, _)| !parts.contains(at))
+            .map(|(_, t)| &t.name)
             .collect();
         assert_eq!(tree.tensor_names(), names, "{}", path.display());
     }
