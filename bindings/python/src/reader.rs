@@ -483,7 +483,7 @@ fn node_to_py<'py>(
     };
     Ok(match node {
         Node::Tensor(name) => make.tensor.call1((&**name,))?,
-        Node::TorchObject(name) => make.dtype.call1((*name,))?,
+        Node::TorchObject(name) => make.torch_object.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
@@ -524,9 +524,9 @@ fn node_to_py<'py>(
 struct NodeMakers<'a, 'py> {
     /// `tensor(name)`: the tensor (or array) of that flat name.
     tensor: &'a Bound<'py, PyAny>,
-    /// `dtype(name)`: a torch object (dtype, quantization scheme, legacy tensor
-    /// class) from its dotted name.
-    dtype: &'a Bound<'py, PyAny>,
+    /// `torch_object(name)`: a torch object (dtype, quantization scheme, class,
+    /// function) from its dotted name.
+    torch_object: &'a Bound<'py, PyAny>,
     /// `collections.OrderedDict`.
     ordered_dict: &'a Bound<'py, PyAny>,
     /// `collections.Counter`.
@@ -620,15 +620,16 @@ impl Reader {
         self.source.is_none()
     }
 
-    /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (`OrderedDict`
-    /// where the checkpoint has one), lists, tuples, sets and scalars, with each
-    /// tensor replaced by `tensor(name)` and each torch dtype, quantization scheme or
-    /// legacy tensor class by `dtype(name)` (`"torch.float16"`).
+    /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (of their
+    /// class: `dict`, `OrderedDict`, `Counter`), lists, tuples, sets and scalars, with
+    /// each tensor replaced by `tensor(name)` and each torch object (a dtype,
+    /// quantization scheme, class or function) by `torch_object(name)`
+    /// (`"torch.float16"`).
     fn _pytorch_structure<'py>(
         &self,
         py: Python<'py>,
         tensor: &Bound<'py, PyAny>,
-        dtype: &Bound<'py, PyAny>,
+        torch_object: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let reader = pytorch(self.src()?)?;
         let tree = py.detach(|| reader.structure()).or_raise()?;
@@ -637,7 +638,7 @@ impl Reader {
         let counter = collections.getattr("Counter")?;
         let make = NodeMakers {
             tensor,
-            dtype,
+            torch_object,
             ordered_dict: &ordered_dict,
             counter: &counter,
         };

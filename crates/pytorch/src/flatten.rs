@@ -365,7 +365,8 @@ impl<'a> Walker<'a> {
                 };
                 self.add_tensor(Arc::clone(&name), record)?;
                 for (suffix, part) in parts.into_iter().flatten() {
-                    let part_name = self.join(&name, suffix)?;
+                    let part_name: Arc<str> = Quantization::part_name(&name, suffix).into();
+                    self.copy(&*part_name)?;
                     self.add_tensor(part_name, part)?;
                 }
                 Ok(())

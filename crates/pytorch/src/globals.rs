@@ -459,10 +459,11 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             plain_tensor(record, what, offset)
         }
         Global::RebuildQTensor => {
-            let [storage, storage_offset, size, stride, params, _requires_grad, _hooks] = argv
+            let [storage, storage_offset, size, stride, params, requires_grad, _hooks] = argv
             else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
+            requires_grad_arg(arena, *requires_grad, what, offset)?;
             let mut record = TensorRecord::from_rebuild(
                 arena,
                 *storage,
@@ -612,9 +613,10 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::RebuildFromCpuTensor => {
-            let [data, dtype, _device, _requires_grad] = argv else {
+            let [data, dtype, _device, requires_grad] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
+            requires_grad_arg(arena, *requires_grad, what, offset)?;
             let tensor = tensor_arg(arena, *data, what, offset)?;
             match (arena.get(*dtype), &tensor) {
                 (Obj::Global(Global::Dtype(d)), Obj::Tensor(t)) if *d == t.dtype => Ok(tensor),
@@ -683,9 +685,15 @@ fn quantization(
             let channels = dims[axis as usize];
             // One value per channel, as torch requires: scales are floats, zero
             // points ints, or floats (float_qparams).
-            let per_channel = |id: Id, which: &str, ints: bool| {
+            let per_channel = |id: Id, which: &str, ints_allowed: bool| {
                 let t = match arena.get(id) {
                     Obj::Tensor(t) if t.quantization.is_none() => t,
+                    // torch turns lists into tensors; tensorwire has no bytes for them.
+                    Obj::List(_) => {
+                        return Err(Error::unsupported(format!(
+                            "per-channel quantization {which} given as a list, not a tensor"
+                        )))
+                    }
                     other => return Err(bad(format!("the {which} are a {}", other.kind()))),
                 };
                 if t.shape.dims() != [channels] {
@@ -694,9 +702,8 @@ fn quantization(
                         t.shape
                     )));
                 }
-                let floats = matches!(t.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
-                let int = matches!(t.dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64);
-                if !(floats || ints && int) {
+                let is_int = matches!(t.dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+                if !(is_float(t.dtype) || ints_allowed && is_int) {
                     return Err(bad(format!("the {which} are {}", t.dtype)));
                 }
                 Ok(t.clone())
@@ -706,10 +713,7 @@ fn quantization(
             Ok(Quantization::PerChannel {
                 // torch pickles float_qparams tensors as per_channel_affine and tells
                 // them apart at load by their float zero points: so do we.
-                float_qparams: matches!(
-                    zero_points.dtype,
-                    DType::F16 | DType::BF16 | DType::F32 | DType::F64
-                ),
+                float_qparams: is_float(zero_points.dtype),
                 scales,
                 zero_points,
                 axis,
@@ -726,6 +730,11 @@ fn quantization(
             rest.len()
         ))),
     }
+}
+
+/// True for the float dtypes torch takes as quantization scales.
+fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
 }
 
 /// Interprets `BUILD` (`target.__setstate__(state)`): the attributes torch attaches to
@@ -803,6 +812,67 @@ mod tests {
     }
 
     const HALF: &[u8] = b"G\x3f\xe0\x00\x00\x00\x00\x00\x00";
+
+    #[test]
+    fn a_tensor_with_elements_must_lie_inside_its_storage_an_empty_one_need_not() {
+        // A 1-d tensor of 3 f32 on a storage of 3, at offset 1 (past the end) and at
+        // offset 5 with no elements (torch.empty(3)[5:] has offset 3 at most, but
+        // torch loads any offset for an empty tensor).
+        let run = |offset: u8, n: u8| {
+            let mut p = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(".to_vec();
+            p.extend(persistent_id("FloatStorage", "0", 3));
+            p.extend([
+                b'K', offset, b'K', n, 0x85, b'K', 1, 0x85, 0x89, b'}', b't', b'R', b'.',
+            ]);
+            unpickle(&p, 0, &PickleLimits::default(), &mut Storages)
+        };
+        assert!(matches!(run(1, 3), Err(Error::OutOfBounds { .. })));
+        assert!(run(0, 3).is_ok());
+        let u = run(5, 0).unwrap();
+        let Obj::Tensor(t) = u.arena.get(u.root) else {
+            panic!()
+        };
+        assert_eq!((t.storage_offset, t.byte_extent().unwrap()), (5, (12, 12)));
+    }
+
+    #[test]
+    fn per_channel_parts_are_named_as_the_flat_view_names() {
+        // {"": q} and {"w": q}: the parts join as every flat name joins.
+        for (key, parts) in [
+            ("", ["q_per_channel_scales", "q_per_channel_zero_points"]),
+            (
+                "w",
+                ["w.q_per_channel_scales", "w.q_per_channel_zero_points"],
+            ),
+        ] {
+            let mut p = b"\x80\x02}X".to_vec();
+            p.extend((key.len() as u32).to_le_bytes());
+            p.extend(key.as_bytes());
+            p.extend(b"ctorch._utils\n_rebuild_qtensor\n(");
+            p.extend(persistent_id("QInt8Storage", "0", 6));
+            p.extend(b"K\x00K\x02K\x03\x86K\x03K\x01\x86");
+            let scales = tensor_pickle("DoubleStorage", "1", 3);
+            let zps = tensor_pickle("LongStorage", "2", 3);
+            p.extend(params("per_channel_affine", &[&scales, &zps, b"K\x01"]));
+            p.extend(b"\x89}tRs.");
+            let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages).unwrap();
+            let flat = crate::flatten::flatten(&u.arena, u.root, 64, 100).unwrap();
+            let names: Vec<&str> = flat.tensors.iter().map(|(n, _)| &**n).collect();
+            assert_eq!(names, [key, parts[0], parts[1]]);
+            let q = flat.tensors[0].1.quantization.as_deref().unwrap();
+            let attributes: Vec<_> = q.attributes(key).into_iter().collect();
+            for (k, part) in [
+                "torch.q_per_channel_scales",
+                "torch.q_per_channel_zero_points",
+            ]
+            .into_iter()
+            .zip(parts)
+            {
+                let named = attributes.iter().find(|(a, _)| a == k).map(|(_, v)| v);
+                assert_eq!(named.and_then(|v| v.as_str()), Some(part));
+            }
+        }
+    }
 
     #[test]
     fn quantized_tensors_are_their_integers_with_their_parameters() {
@@ -966,6 +1036,13 @@ mod tests {
                 String::from_utf8_lossy(&p)
             );
         }
+        // Lists of scales and zero points (torch makes tensors of them): unsupported.
+        let lists = params("per_channel_affine", &[b"]K\x01a", b"]K\x01a", b"K\x00"]);
+        let err = qtensor("QInt8Storage", &lists).unwrap_err();
+        assert!(
+            matches!(err, Error::Unsupported { .. }) && err.to_string().contains("list"),
+            "{err}"
+        );
         for scheme in ["per_tensor_symmetric", "per_channel_symmetric"] {
             let err = qtensor("QInt8Storage", &params(scheme, &[HALF, b"K\x03"])).unwrap_err();
             assert!(

@@ -17,7 +17,7 @@ use crate::flatten::{flatten, structure, Node};
 use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, PersistentLoad, PickleLimits};
-use crate::tensor::{StorageRef, TensorRecord};
+use crate::tensor::{Quantization, StorageRef, TensorRecord};
 use crate::zip::{self, Method, ZipArchive, ZipDirectory, ZipEntry};
 
 /// Which container a checkpoint uses.
@@ -505,20 +505,22 @@ impl PtReader {
     }
 
     /// Positions of the tensors that are parts of a per-channel quantized tensor (its
-    /// scales and zero points, listed right after it): tensors of the flat view, but
-    /// not leaves of [`PtReader::structure`], where they belong to their tensor.
+    /// scales and zero points, named by [`Quantization::part_name`]): tensors of the
+    /// flat view, but not leaves of [`PtReader::structure`], where they belong to
+    /// their tensor.
     pub fn quantization_parts(&self) -> Vec<usize> {
-        self.records
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| {
-                matches!(
-                    r.quantization.as_deref(),
-                    Some(crate::Quantization::PerChannel { .. })
-                )
-            })
-            .flat_map(|(at, _)| [at + 1, at + 2])
-            .collect()
+        let mut parts = Vec::new();
+        for (record, info) in self.records.iter().zip(self.index.infos()) {
+            if let Some(Quantization::PerChannel { .. }) = record.quantization.as_deref() {
+                for suffix in [Quantization::SCALES, Quantization::ZERO_POINTS] {
+                    // `flatten` named them so, or the open failed.
+                    let part = self.position(&Quantization::part_name(&info.name, suffix));
+                    debug_assert!(part.is_ok(), "a part of `{}`", info.name);
+                    parts.extend(part.ok());
+                }
+            }
+        }
+        parts
     }
 
     /// `(position, first position)` for every tensor that is the same pickled object
@@ -624,7 +626,7 @@ impl PtReader {
 }
 
 /// The per-tensor attributes of the tensor `name`: a quantized tensor's scheme and
-/// parameters ([`crate::Quantization::attributes`]), none for the others.
+/// parameters ([`Quantization::attributes`]), none for the others.
 fn quantization_attributes(name: &str, record: &TensorRecord) -> tensorwire_core::Attributes {
     match &record.quantization {
         None => Default::default(),

@@ -66,9 +66,7 @@ impl StorageRef {
             return Err(bad("expected 5 or 6 fields"));
         }
         let (dtype, quantized) = match arena.get(items[1]) {
-            Obj::Global(crate::globals::Global::Storage(class)) => {
-                (class.dtype, class.is_quantized())
-            }
+            Obj::Global(crate::globals::Global::Storage(class)) => (class.dtype, class.quantized),
             Obj::Global(crate::globals::Global::Dtype(d)) => (*d, false),
             _ => return Err(bad("the storage type is not a storage class")),
         };
@@ -197,9 +195,15 @@ impl Quantization {
     }
 
     /// The flat name of the tensor `suffix` ([`Quantization::SCALES`] or
-    /// [`Quantization::ZERO_POINTS`]) of the quantized tensor `name`.
+    /// [`Quantization::ZERO_POINTS`]) of the quantized tensor `name`: joined as the
+    /// flat view joins names (`fc.weight.q_per_channel_scales`; a tensor under the
+    /// empty key has `q_per_channel_scales`).
     pub fn part_name(name: &str, suffix: &str) -> String {
-        format!("{name}.{suffix}")
+        if name.is_empty() {
+            suffix.to_owned()
+        } else {
+            format!("{name}.{suffix}")
+        }
     }
 
     /// The per-tensor attributes a quantized tensor carries in the flat view, named
@@ -320,7 +324,9 @@ impl TensorRecord {
     /// Where the tensor's first element lies in the whole stored storage, in bytes:
     /// its view's start (legacy views) plus its storage offset. Divided by
     /// [`TensorRecord::element_size`], torch's storage offset for a tensor set on
-    /// [`PtReader::storage_bytes`](crate::PtReader::storage_bytes).
+    /// [`PtReader::storage_bytes`](crate::PtReader::storage_bytes) — except for an
+    /// empty tensor whose offset lies past its storage, which is kept at the
+    /// storage's end here ([`TensorRecord::byte_extent`]); `storage_offset` is torch's.
     pub fn stored_byte_offset(&self) -> Result<u64> {
         self.storage
             .window()?
@@ -381,38 +387,49 @@ pub struct StorageClass {
     pub name: &'static str,
     /// The element type (`u8` for untyped storages).
     pub dtype: DType,
+    /// True for the storages of quantized tensors' integers (`torch.QInt8Storage`,
+    /// `QUInt8Storage`, `QInt32Storage`), which only `_rebuild_qtensor` may use.
+    pub quantized: bool,
 }
 
 impl StorageClass {
-    /// True for the storages of quantized tensors' integers (`torch.QInt8Storage`,
-    /// `QUInt8Storage`, `QInt32Storage`), which only `_rebuild_qtensor` may use.
-    pub fn is_quantized(self) -> bool {
-        self.name.contains(".Q")
-    }
-
     /// The class `module.name`, when torch has it and tensorwire has its dtype.
     pub fn find(module: &str, name: &str) -> Option<StorageClass> {
-        STORAGE_CLASSES.iter().copied().find(|class| {
-            class
-                .name
-                .strip_prefix(module)
-                .and_then(|n| n.strip_prefix('.'))
-                == Some(name)
-        })
+        TYPED_STORAGE_CLASSES
+            .iter()
+            .chain(QUANTIZED_STORAGE_CLASSES)
+            .chain(UNTYPED_STORAGE_CLASSES)
+            .copied()
+            .find(|class| {
+                class
+                    .name
+                    .strip_prefix(module)
+                    .and_then(|n| n.strip_prefix('.'))
+                    == Some(name)
+            })
     }
 }
 
-/// Each class under `torch.` and `torch.cuda.`.
+/// Each class under `torch.` and `torch.cuda.`, quantized or not.
 macro_rules! storage_classes {
-    ($($class:literal => $dtype:ident),* $(,)?) => {
+    ($quantized:literal: $($class:literal => $dtype:ident),* $(,)?) => {
         &[$(
-            StorageClass { name: concat!("torch.", $class), dtype: DType::$dtype },
-            StorageClass { name: concat!("torch.cuda.", $class), dtype: DType::$dtype },
+            StorageClass {
+                name: concat!("torch.", $class),
+                dtype: DType::$dtype,
+                quantized: $quantized,
+            },
+            StorageClass {
+                name: concat!("torch.cuda.", $class),
+                dtype: DType::$dtype,
+                quantized: $quantized,
+            },
         )*]
     };
 }
 
-const TYPED_STORAGE_CLASSES: &[StorageClass] = storage_classes![
+/// The typed storages.
+const TYPED_STORAGE_CLASSES: &[StorageClass] = storage_classes![false:
     "FloatStorage" => F32,
     "DoubleStorage" => F64,
     "HalfStorage" => F16,
@@ -432,37 +449,28 @@ const TYPED_STORAGE_CLASSES: &[StorageClass] = storage_classes![
     "Float8_e5m2Storage" => F8E5M2,
     "Float8_e4m3fnuzStorage" => F8E4M3Fnuz,
     "Float8_e5m2fnuzStorage" => F8E5M2Fnuz,
-    // Quantized tensors' integers.
+];
+
+/// The storages of quantized tensors' integers.
+const QUANTIZED_STORAGE_CLASSES: &[StorageClass] = storage_classes![true:
     "QInt8Storage" => I8,
     "QUInt8Storage" => U8,
     "QInt32Storage" => I32,
 ];
 
-/// Every storage class tensorwire reads: the typed ones and the untyped (byte) ones.
-static STORAGE_CLASSES: &[StorageClass] = {
-    const UNTYPED: [StorageClass; 2] = [
-        StorageClass {
-            name: "torch.UntypedStorage",
-            dtype: DType::U8,
-        },
-        StorageClass {
-            name: "torch.storage.UntypedStorage",
-            dtype: DType::U8,
-        },
-    ];
-    const N: usize = TYPED_STORAGE_CLASSES.len() + UNTYPED.len();
-    const ALL: [StorageClass; N] = {
-        let mut all = [UNTYPED[0]; N];
-        let mut i = 0;
-        while i < TYPED_STORAGE_CLASSES.len() {
-            all[i] = TYPED_STORAGE_CLASSES[i];
-            i += 1;
-        }
-        all[N - 1] = UNTYPED[1];
-        all
-    };
-    &ALL
-};
+/// The untyped (byte) storages.
+const UNTYPED_STORAGE_CLASSES: &[StorageClass] = &[
+    StorageClass {
+        name: "torch.UntypedStorage",
+        dtype: DType::U8,
+        quantized: false,
+    },
+    StorageClass {
+        name: "torch.storage.UntypedStorage",
+        dtype: DType::U8,
+        quantized: false,
+    },
+];
 
 #[cfg(test)]
 mod tests {

@@ -288,5 +288,5 @@ def load_numpy(f, *, mmap=True, flat=True):
         else:
             got = reader.read_numpy(names, copy=not mmap)
         if not flat:
-            return reader._pytorch_structure(got.__getitem__, str)  # dtypes by name
+            return reader._pytorch_structure(got.__getitem__, str)  # torch objects by name
         return {name: got[name] for name in names}
