@@ -464,6 +464,11 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
             requires_grad_arg(arena, *requires_grad, what, offset)?;
+            if arena.get(*requires_grad) == &Obj::Bool(true) {
+                // torch: "only Tensors of floating point and complex dtype can require
+                // gradients".
+                return Err(bad_args(what, offset, "a quantized tensor requiring grad"));
+            }
             let mut record = TensorRecord::from_rebuild(
                 arena,
                 *storage,
@@ -1043,6 +1048,14 @@ mod tests {
             matches!(err, Error::Unsupported { .. }) && err.to_string().contains("list"),
             "{err}"
         );
+        // requires_grad=True: torch refuses it for quantized tensors.
+        let mut p = b"\x80\x02ctorch._utils\n_rebuild_qtensor\n(".to_vec();
+        p.extend(persistent_id("QInt8Storage", "0", 6));
+        p.extend(b"K\x00K\x02K\x03\x86K\x03K\x01\x86");
+        p.extend(params("per_tensor_affine", &[HALF, b"K\x03"]));
+        p.extend(b"\x88}tR.");
+        let err = unpickle(&p, 0, &PickleLimits::default(), &mut Storages).unwrap_err();
+        assert!(err.to_string().contains("requiring grad"), "{err}");
         for scheme in ["per_tensor_symmetric", "per_channel_symmetric"] {
             let err = qtensor("QInt8Storage", &params(scheme, &[HALF, b"K\x03"])).unwrap_err();
             assert!(
