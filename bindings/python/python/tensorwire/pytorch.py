@@ -134,8 +134,9 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
 
 def _torch_object(name):
     """The torch object a checkpoint names (``"torch.float16"``,
-    ``"torch.cuda.FloatTensor"``): one of the dtypes, quantization schemes and legacy
-    tensor classes of torch's ``weights_only`` allowlist."""
+    ``"torch.cuda.FloatTensor"``). The names come from the reader's allowlist (torch's
+    ``weights_only`` one: dtypes, quantization schemes, classes, rebuild functions),
+    never from the file's text."""
     import torch
 
     obj = torch
