@@ -705,22 +705,15 @@ impl Reader {
     }
 
     /// The quantized tensors of a PyTorch checkpoint, in the order of `keys()`:
-    /// `(name, scheme, scale, zero point, axis)`, where for a per-channel scheme the
-    /// scale and zero point are the names of the tensors holding them and `axis` is
-    /// an int (`None` for `torch.per_tensor_affine`).
+    /// `(name, scale, zero point, axis)`, where for a per-channel scheme the scale and
+    /// zero point are the names of the tensors holding them and `axis` is an int
+    /// (`None` for `torch.per_tensor_affine`). torch tells the per-channel schemes
+    /// apart by the zero points' dtype.
     #[allow(clippy::type_complexity)]
     fn _pytorch_quantized<'py>(
         &self,
         py: Python<'py>,
-    ) -> PyResult<
-        Vec<(
-            String,
-            &'static str,
-            Bound<'py, PyAny>,
-            Bound<'py, PyAny>,
-            Option<u64>,
-        )>,
-    > {
+    ) -> PyResult<Vec<(String, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<u64>)>> {
         use tensorwire::pytorch::Quantization;
         let src = self.src()?;
         let reader = pytorch(src)?;
@@ -746,7 +739,7 @@ impl Reader {
                     Some(*axis),
                 ),
             };
-            out.push((name.to_owned(), q.scheme(), scale, zero_point, axis));
+            out.push((name.to_owned(), scale, zero_point, axis));
         }
         Ok(out)
     }

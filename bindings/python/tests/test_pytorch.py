@@ -25,13 +25,14 @@ if not os.path.isdir(EXPECTED):
     pytest.skip("fixtures/pytorch is missing", allow_module_level=True)
 
 
-def _cases(errors):
+def _cases(error=None):
+    """The fixtures that read, or with `error` those that fail with that error
+    ("refused global": the malicious files; "unsupported")."""
     out = []
     for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
         with open(path) as f:
             want = json.load(f)
-        # errors: the malicious files (a refused global); else those that read
-        if (want.get("error") == "refused global") if errors else ("error" not in want):
+        if want.get("error") == error:
             out.append(pytest.param(os.path.join(FIXTURES, os.path.basename(path)[:-5]), want,
                                     id=os.path.basename(path)[:-5]))
     return out
@@ -49,7 +50,7 @@ def _raw_equal(got, t):
     return got.shape == want.shape and got.tobytes() == want.tobytes()
 
 
-@pytest.mark.parametrize("path,want", _cases(errors=False))
+@pytest.mark.parametrize("path,want", _cases())
 def test_fixture_reads_back(path, want):
     with tw.Reader(path) as r:
         assert r.format == want["format"]
@@ -137,7 +138,7 @@ def test_legacy_storages_at_odd_offsets_are_lent_to_numpy_but_copied_for_torch()
     assert unaligned, "the fixture should have storages at odd offsets"
 
 
-@pytest.mark.parametrize("path,want", _cases(errors=True))
+@pytest.mark.parametrize("path,want", _cases("refused global"))
 def test_malicious_pickles_are_refused(path, want):
     with pytest.raises(tw.UnsafePickleError) as info:
         tw.Reader(path)
@@ -147,16 +148,7 @@ def test_malicious_pickles_are_refused(path, want):
     assert isinstance(info.value, tw.FormatError)
 
 
-def _unsupported_cases():
-    for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
-        with open(path) as f:
-            want = json.load(f)
-        if want.get("error") == "unsupported":
-            yield pytest.param(os.path.join(FIXTURES, os.path.basename(path)[:-5]), want,
-                               id=os.path.basename(path)[:-5])
-
-
-@pytest.mark.parametrize("path,want", list(_unsupported_cases()))
+@pytest.mark.parametrize("path,want", _cases("unsupported"))
 def test_what_torch_allows_but_tensorwire_cannot_build_is_unsupported(path, want):
     # torch.load(weights_only=True) reads these files (make_fixtures.py checks): no
     # UnsafePickleError, but a clear UnsupportedError naming what is missing.
@@ -235,7 +227,7 @@ class TestTorchInterop:
     def _torch(self):
         self.torch = pytest.importorskip("torch")
 
-    @pytest.mark.parametrize("path,want", _cases(errors=False))
+    @pytest.mark.parametrize("path,want", _cases())
     def test_read_torch_equals_torch_load(self, path, want):
         torch = self.torch
         try:

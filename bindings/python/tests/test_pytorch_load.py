@@ -24,13 +24,14 @@ FIXTURES = os.path.join(REPO, "fixtures", "pytorch")
 EXPECTED = os.path.join(FIXTURES, "expected")
 
 
-def _fixtures(errors):
+def _fixtures(error=None):
+    """The fixtures that read, or with `error` those that fail with that error
+    ("refused global": the malicious files)."""
     out = []
     for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
         with open(path) as f:
             want = json.load(f)
-        # errors: the malicious files (a refused global); else those that read
-        if (want.get("error") == "refused global") if errors else ("error" not in want):
+        if want.get("error") == error:
             name = os.path.basename(path)[:-5]
             out.append(pytest.param(os.path.join(FIXTURES, name), want, id=name))
     return out
@@ -46,7 +47,7 @@ def _as_bytes(path):
         return f.read()
 
 
-@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("path,want", _fixtures())
 @pytest.mark.parametrize("source", ["path", "bytes", "file"])
 def test_load_numpy_reads_what_torch_saved(path, want, source):
     f = {"path": lambda: path, "bytes": lambda: _as_bytes(path),
@@ -78,7 +79,7 @@ def test_load_numpy_copies_own_their_memory():
         np.testing.assert_array_equal(copies[k], views[k])
 
 
-@pytest.mark.parametrize("path,want", _fixtures(errors=True))
+@pytest.mark.parametrize("path,want", _fixtures("refused global"))
 def test_malicious_checkpoints_are_refused(path, want):
     with pytest.raises(pytorch.UnsafePickleError, match=want["global"].replace(".", r"\.")):
         pytorch.load_numpy(path)
@@ -114,7 +115,7 @@ def _torch_bytes(t):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("path,want", _fixtures())
 def test_load_reads_what_torch_saved(path, want):
     got = pytorch.load(path)
     copies = pytorch.load(path, mmap=False)
@@ -168,7 +169,7 @@ def _same_object_pairs(tree):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("path,want", _fixtures())
 def test_a_tensor_pickled_under_two_names_is_one_object_as_in_torch(path, want):
     ref = _torch_load_or_skip(path, map_location="cpu")
     ref_flat = ref if isinstance(ref, dict) and all(
@@ -229,7 +230,7 @@ def test_flat_false_has_torchs_identities(name, kwargs):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("path,want", _fixtures())
 def test_storages_and_offsets_are_torchs(path, want):
     """Every tensor's storage (size, which tensors share it) and storage offset are
     torch's, on the zero-copy path too: tensors of one storage are set on one
@@ -379,7 +380,7 @@ def _same_object(got, want, where="root"):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("path,want", _fixtures())
 def test_load_nested_equals_torch_load(path, want):
     import warnings
 
@@ -456,7 +457,7 @@ def _torch_calls(path, mmap):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-@pytest.mark.parametrize("path,want", _fixtures(errors=False))
+@pytest.mark.parametrize("path,want", _fixtures())
 @pytest.mark.parametrize("mmap", [True, False])
 def test_map_location_function_gets_each_storage_once(path, want, mmap):
     """torch's `lambda storage, location: storage` idiom: called once per storage with

@@ -106,17 +106,17 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
         };
         // A `.zt` type tensorwire has no dtype for, or a torch quantized dtype, is
         // shown over the dtype it is stored as.
-        let quantized = t
-            .attributes
-            .contains_key("torch.qscheme")
-            .then(|| Quantization::torch_dtype(t.dtype))
-            .flatten();
-        let dtype = match zt.and_then(|zt| zt.opaque_type(&t.name).ok().flatten()) {
+        let logical = zt
+            .and_then(|zt| zt.opaque_type(&t.name).ok().flatten())
+            .or_else(|| {
+                t.attributes
+                    .contains_key(Quantization::SCHEME_ATTRIBUTE)
+                    .then(|| Quantization::torch_dtype(t.dtype))
+                    .flatten()
+            });
+        let dtype = match logical {
             Some(logical) => format!("{logical} ({})", t.dtype),
-            None => match quantized {
-                Some(qdtype) => format!("{qdtype} ({})", t.dtype),
-                None => t.dtype.to_string(),
-            },
+            None => t.dtype.to_string(),
         };
         let mut row = vec![
             table_cell(&t.name, MAX_NAME_WIDTH),

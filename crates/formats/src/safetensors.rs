@@ -956,7 +956,10 @@ pub fn write_source(
         .map(|(k, v)| (k.clone(), text(v)))
         .collect();
     for info in source.tensors() {
-        if !info.attributes.contains_key("torch.qscheme") {
+        if !info
+            .attributes
+            .contains_key(tensorwire_pytorch::Quantization::SCHEME_ATTRIBUTE)
+        {
             continue;
         }
         for (k, v) in info

@@ -144,22 +144,14 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         ("torch", "device") => Some(Global::Device),
         ("torch", name) => torch_dtype(name)
             .map(Global::Dtype)
-            .or_else(|| constant(TORCH_CONSTANTS, "torch.", name).map(Global::TorchConstant))
-            .or_else(|| constant(LEGACY_TENSOR_TYPES, "torch.", name).map(Global::Named)),
-        ("torch.cuda", name) => {
-            constant(LEGACY_TENSOR_TYPES, "torch.cuda.", name).map(Global::Named)
-        }
-        ("torch.sparse" | "torch.cuda.sparse", name) => {
-            let prefix = if module == "torch.sparse" {
-                "torch.sparse."
-            } else {
-                "torch.cuda.sparse."
-            };
-            constant(LEGACY_SPARSE_TYPES, prefix, name).map(|name| Global::Unsupported {
+            .or_else(|| constant(TORCH_CONSTANTS, module, name).map(Global::TorchConstant))
+            .or_else(|| constant(LEGACY_TENSOR_TYPES, module, name).map(Global::Named)),
+        ("torch.cuda", name) => constant(LEGACY_TENSOR_TYPES, module, name).map(Global::Named),
+        ("torch.sparse" | "torch.cuda.sparse", name) => constant(LEGACY_SPARSE_TYPES, module, name)
+            .map(|name| Global::Unsupported {
                 name,
                 builds: "legacy sparse tensors",
-            })
-        }
+            }),
         ("torch.serialization", "_get_layout") => Some(Global::GetLayout),
         ("torch._utils", "_rebuild_qtensor") => Some(Global::RebuildQTensor),
         ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") => {
@@ -167,7 +159,7 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         }
         ("torch._utils", name) => UNSUPPORTED_REBUILDS
             .iter()
-            .find(|(n, _)| n.strip_prefix("torch._utils.") == Some(name))
+            .find(|(full, _)| is_named(full, module, name))
             .map(|&(name, builds)| Global::Unsupported { name, builds }),
         ("collections", "OrderedDict") => Some(Global::OrderedDict),
         ("_codecs", "encode") => Some(Global::CodecsEncode),
@@ -186,12 +178,17 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
     })
 }
 
-/// `prefix + name` from `names`, as a `&'static str`.
-fn constant(names: &[&'static str], prefix: &str, name: &str) -> Option<&'static str> {
+/// True when the dotted name `full` is `module.name`.
+pub(crate) fn is_named(full: &str, module: &str, name: &str) -> bool {
+    full.strip_prefix(module).and_then(|n| n.strip_prefix('.')) == Some(name)
+}
+
+/// `module.name` from `names`, as a `&'static str`.
+fn constant(names: &[&'static str], module: &str, name: &str) -> Option<&'static str> {
     names
         .iter()
         .copied()
-        .find(|full| full.strip_prefix(prefix) == Some(name))
+        .find(|full| is_named(full, module, name))
 }
 
 /// torch dtypes that tensorwire cannot represent, and the quantization schemes: data
@@ -366,9 +363,9 @@ fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'
 }
 
 /// `requires_grad`, which torch sets on the tensor: a bool.
-fn requires_grad_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<()> {
+fn requires_grad_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<bool> {
     match arena.get(id) {
-        Obj::Bool(_) => Ok(()),
+        Obj::Bool(b) => Ok(*b),
         other => Err(bad_args(
             what,
             offset,
@@ -377,20 +374,28 @@ fn requires_grad_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<(
     }
 }
 
-/// A tensor of a plain rebuild: not on a quantized tensor's storage (only
-/// `_rebuild_qtensor` gives those meaning).
-fn plain_tensor(record: TensorRecord, what: &str, offset: u64) -> Result<Obj> {
-    if record.storage.quantized {
-        return Err(bad_args(
-            what,
-            offset,
-            format!(
-                "storage `{}` holds a quantized tensor's integers",
-                record.storage.key
-            ),
-        ));
+/// Checks that `record` lies on a quantized tensor's storage exactly when the
+/// rebuild is `_rebuild_qtensor` (`quantized`): only it gives those storages meaning,
+/// and it only them.
+fn check_storage_kind(
+    record: &TensorRecord,
+    quantized: bool,
+    what: &str,
+    offset: u64,
+) -> Result<()> {
+    if record.storage.quantized == quantized {
+        return Ok(());
     }
-    Ok(Obj::Tensor(Box::new(record)))
+    let holds = if quantized {
+        format!("{}, not a quantized tensor's integers", record.dtype)
+    } else {
+        "a quantized tensor's integers".to_owned()
+    };
+    Err(bad_args(
+        what,
+        offset,
+        format!("storage `{}` holds {holds}", record.storage.key),
+    ))
 }
 
 fn tensor_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Obj> {
@@ -431,7 +436,8 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             let record = TensorRecord::from_rebuild(
                 arena, argv[0], argv[1], argv[2], argv[3], None, offset,
             )?;
-            plain_tensor(record, what, offset)
+            check_storage_kind(&record, false, what, offset)?;
+            Ok(Obj::Tensor(Box::new(record)))
         }
         Global::RebuildTensorV3 => {
             if argv.len() < 7 || argv.len() > 8 {
@@ -456,15 +462,15 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 Some(*dtype),
                 offset,
             )?;
-            plain_tensor(record, what, offset)
+            check_storage_kind(&record, false, what, offset)?;
+            Ok(Obj::Tensor(Box::new(record)))
         }
         Global::RebuildQTensor => {
             let [storage, storage_offset, size, stride, params, requires_grad, _hooks] = argv
             else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
-            requires_grad_arg(arena, *requires_grad, what, offset)?;
-            if arena.get(*requires_grad) == &Obj::Bool(true) {
+            if requires_grad_arg(arena, *requires_grad, what, offset)? {
                 // torch: "only Tensors of floating point and complex dtype can require
                 // gradients".
                 return Err(bad_args(what, offset, "a quantized tensor requiring grad"));
@@ -478,16 +484,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 None,
                 offset,
             )?;
-            if !record.storage.quantized {
-                return Err(bad_args(
-                    what,
-                    offset,
-                    format!(
-                        "storage `{}` holds {}, not a quantized tensor's integers",
-                        record.storage.key, record.dtype
-                    ),
-                ));
-            }
+            check_storage_kind(&record, true, what, offset)?;
             let quantization = quantization(arena, *params, &record, offset)?;
             record.quantization = Some(Box::new(quantization));
             Ok(Obj::Tensor(Box::new(record)))
@@ -865,7 +862,7 @@ mod tests {
             let names: Vec<&str> = flat.tensors.iter().map(|(n, _)| &**n).collect();
             assert_eq!(names, [key, parts[0], parts[1]]);
             let q = flat.tensors[0].1.quantization.as_deref().unwrap();
-            let attributes: Vec<_> = q.attributes(key).into_iter().collect();
+            let attributes = q.attributes(key);
             for (k, part) in [
                 "torch.q_per_channel_scales",
                 "torch.q_per_channel_zero_points",
@@ -873,8 +870,7 @@ mod tests {
             .into_iter()
             .zip(parts)
             {
-                let named = attributes.iter().find(|(a, _)| a == k).map(|(_, v)| v);
-                assert_eq!(named.and_then(|v| v.as_str()), Some(part));
+                assert_eq!(attributes.get(k).and_then(|v| v.as_str()), Some(part));
             }
         }
     }

@@ -630,11 +630,7 @@ impl PtReader {
 fn quantization_attributes(name: &str, record: &TensorRecord) -> tensorwire_core::Attributes {
     match &record.quantization {
         None => Default::default(),
-        Some(q) => q
-            .attributes(name)
-            .into_iter()
-            .collect::<BTreeMap<_, _>>()
-            .into(),
+        Some(q) => q.attributes(name).into(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Tensors as a checkpoint describes them: a storage, an element offset, sizes and
 //! strides, and the arithmetic that turns them into byte ranges, checked.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tensorwire_core::{AlignedBuf, DType, Dims, Error, Result, Shape, MAX_NDIM};
@@ -162,6 +163,9 @@ pub enum Quantization {
 }
 
 impl Quantization {
+    /// The per-tensor attribute that marks a quantized tensor and names its scheme;
+    /// the others it carries start with `torch.` too ([`Quantization::attributes`]).
+    pub const SCHEME_ATTRIBUTE: &'static str = "torch.qscheme";
     /// Suffix of the flat name of a per-channel tensor's scales
     /// (`fc.weight.q_per_channel_scales`).
     pub const SCALES: &'static str = "q_per_channel_scales";
@@ -210,25 +214,29 @@ impl Quantization {
     /// after torch's methods: `torch.qscheme`, and `torch.q_scale` and
     /// `torch.q_zero_point`, or `torch.q_per_channel_axis` and the names of the
     /// tensors holding the scales and zero points.
-    pub fn attributes(&self, name: &str) -> Vec<(String, tensorwire_core::Value)> {
+    pub fn attributes(&self, name: &str) -> BTreeMap<String, tensorwire_core::Value> {
         use tensorwire_core::Value;
-        let mut out = vec![("torch.qscheme".to_owned(), Value::Str(self.scheme().into()))];
+        let mut out = BTreeMap::new();
+        out.insert(
+            Self::SCHEME_ATTRIBUTE.to_owned(),
+            Value::Str(self.scheme().into()),
+        );
         match self {
             Quantization::PerTensor { scale, zero_point } => {
-                out.push(("torch.q_scale".into(), Value::Float(*scale)));
-                out.push((
+                out.insert("torch.q_scale".into(), Value::Float(*scale));
+                out.insert(
                     "torch.q_zero_point".into(),
                     Value::Int((*zero_point).into()),
-                ));
+                );
             }
             Quantization::PerChannel { axis, .. } => {
-                out.push((
+                out.insert(
                     "torch.q_per_channel_axis".into(),
                     Value::Int((*axis).into()),
-                ));
+                );
                 for suffix in [Self::SCALES, Self::ZERO_POINTS] {
                     let key = format!("torch.{suffix}");
-                    out.push((key, Value::Str(Self::part_name(name, suffix))));
+                    out.insert(key, Value::Str(Self::part_name(name, suffix)));
                 }
             }
         }
@@ -400,13 +408,7 @@ impl StorageClass {
             .chain(QUANTIZED_STORAGE_CLASSES)
             .chain(UNTYPED_STORAGE_CLASSES)
             .copied()
-            .find(|class| {
-                class
-                    .name
-                    .strip_prefix(module)
-                    .and_then(|n| n.strip_prefix('.'))
-                    == Some(name)
-            })
+            .find(|class| crate::globals::is_named(class.name, module, name))
     }
 }
 

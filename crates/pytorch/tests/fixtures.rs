@@ -41,6 +41,14 @@ fn readable() -> impl Iterator<Item = (PathBuf, Json)> {
         .filter(|(_, want)| want.get("error").is_none())
 }
 
+/// The expectations of the checkpoints that fail with the error `kind` (`refused
+/// global`, `unsupported`).
+fn failing(kind: &str) -> impl Iterator<Item = (PathBuf, Json)> + '_ {
+    expectations()
+        .into_iter()
+        .filter(move |(_, want)| want.get("error").and_then(Json::as_str) == Some(kind))
+}
+
 /// The data bytes of a little-endian, C-order `.npy` file.
 fn npy_data(path: &Path) -> Vec<u8> {
     let raw = std::fs::read(path).unwrap();
@@ -318,10 +326,7 @@ fn partial_storages_are_those_torch_shares_or_covers_in_part() {
 #[test]
 fn malicious_pickles_are_refused_naming_the_global() {
     let mut refused = 0;
-    for (path, want) in expectations() {
-        if want.get("error").and_then(Json::as_str) != Some("refused global") {
-            continue;
-        }
+    for (path, want) in failing("refused global") {
         let err = PtReader::open(&path).unwrap_err();
         match err.root() {
             Error::RefusedGlobal { global, .. } => {
@@ -345,10 +350,7 @@ fn malicious_pickles_are_refused_naming_the_global() {
 #[test]
 fn what_torch_allows_but_tensorwire_cannot_build_is_unsupported() {
     let mut seen = 0;
-    for (path, want) in expectations() {
-        if want.get("error").and_then(Json::as_str) != Some("unsupported") {
-            continue;
-        }
+    for (path, want) in failing("unsupported") {
         let builds = want["builds"].as_str().unwrap();
         let err = PtReader::open(&path).unwrap_err();
         assert!(

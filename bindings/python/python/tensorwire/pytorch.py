@@ -122,7 +122,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
         if quantized:
             _quantize(tensors, quantized, skip={name for name, _ in same})
         _same_objects_once(same, tensors)
-        for name, _, scale, zero_point, axis in quantized:
+        for name, scale, zero_point, axis in quantized:
             if axis is not None:  # per channel: parts of the tensor, not entries
                 del tensors[scale], tensors[zero_point]
         if flat:
@@ -152,7 +152,7 @@ def _quantize(tensors, quantized, skip):
     import torch
 
     qdtypes = {torch.int8: torch.qint8, torch.uint8: torch.quint8, torch.int32: torch.qint32}
-    for name, _scheme, scale, zero_point, axis in quantized:
+    for name, scale, zero_point, axis in quantized:
         if name in skip:
             continue
         ints = tensors[name]
