@@ -18,6 +18,7 @@ from tensorwire.cache import TensorCache
 
 from conftest import REPO
 from test_ipc import CHILD_HEAD, CHILD_SERVE, kill, start_server_process
+from test_pytorch_load import _fixtures
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -88,6 +89,72 @@ def _compare_structures(ours, want):
             _compare_structures(a, b)
         return
     assert ours == want
+
+
+@pytest.mark.parametrize("path,spec", _fixtures())
+def test_pytorch_load_of_every_fixture_to_cuda_is_torch_load(path, spec):
+    """Every checkpoint fixture that reads (quantized tensors, empty tensors past their
+    storage's end, torch values, ...), sent to the GPU: the same objects as torch's,
+    down to strides and storage offsets, or the error torch raises."""
+    import warnings
+
+    name = os.path.basename(path)
+    if name == "big_endian.pt":
+        pytest.skip("torch leaves uint16/32/64 of big-endian files unswapped; we swap")
+    want = refused = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's quantized dtypes are deprecated
+        # Our own fixtures, safe to unpickle: weights_only=False where torch's weights-only
+        # loader cannot read the framing (protocols 4 and 5) or the legacy v3 storages.
+        for weights_only in (True, False):
+            try:
+                want = torch.load(path, map_location="cuda", weights_only=weights_only)
+                break
+            except Exception as e:  # noqa: BLE001 - its type is what we compare
+                refused = e
+        if want is None:
+            try:
+                torch.load(path, map_location="cpu", weights_only=False)
+            except Exception:  # noqa: BLE001
+                pytest.skip(f"torch cannot read this file: {type(refused).__name__}")
+            # torch cannot build these tensors on the GPU: neither can we, with its error.
+            with pytest.raises(type(refused)):
+                pytorch.load(path, map_location="cuda", flat=False)
+            return
+        got = pytorch.load(path, map_location="cuda", flat=False)
+    _same_on_cuda(got, want, name)
+
+
+def _same_on_cuda(got, want, where):
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), where
+        assert (got.device, got.dtype, got.shape) == (want.device, want.dtype, want.shape), where
+        assert got.stride() == want.stride(), where
+        assert got.storage_offset() == want.storage_offset(), where
+        assert got.is_quantized == want.is_quantized, where
+        if want.is_quantized:
+            assert got.qscheme() == want.qscheme(), where
+            if want.qscheme() == torch.per_tensor_affine:
+                assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
+            else:
+                assert got.q_per_channel_axis() == want.q_per_channel_axis(), where
+                assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales())
+                assert torch.equal(got.q_per_channel_zero_points(),
+                                   want.q_per_channel_zero_points())
+            got, want = got.int_repr(), want.int_repr()
+        _assert_same(got, want)
+        return
+    assert type(got) is type(want), (where, type(got), type(want))
+    if isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            _same_on_cuda(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same_on_cuda(g, w, f"{where}.{i}")
+    else:
+        assert got == want, (where, got, want)
 
 
 @pytest.mark.parametrize("fixture", ["shared.pt", "shared.legacy.pt", "views.pt"])
