@@ -482,7 +482,8 @@ fn node_to_py<'py>(
             .collect()
     };
     Ok(match node {
-        Node::Tensor(name) => make.tensor.call1((&**name,))?,
+        // A sparse tensor is built from its parts by the caller, under its name.
+        Node::Tensor(name) | Node::Sparse { name, .. } => make.tensor.call1((&**name,))?,
         Node::TorchObject(name) => make.torch_object.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
@@ -742,6 +743,29 @@ impl Reader {
             out.push((name.to_owned(), scale, zero_point, axis));
         }
         Ok(out)
+    }
+
+    /// The sparse tensors of a PyTorch checkpoint, in the order the pickle lists them:
+    /// `(name, layout, size, is_coalesced, part names)`, where `layout` is torch's name
+    /// (`"torch.sparse_coo"`), `is_coalesced` is `None` unless saved, and the parts
+    /// (tensors of `keys()`) come in the order `_rebuild_sparse_tensor` takes them.
+    #[allow(clippy::type_complexity)]
+    fn _pytorch_sparse(
+        &self,
+    ) -> PyResult<Vec<(String, &'static str, Vec<u64>, Option<bool>, Vec<String>)>> {
+        Ok(pytorch(self.src()?)?
+            .sparse_tensors()
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.to_string(),
+                    s.layout.name(),
+                    s.size.to_vec(),
+                    s.is_coalesced,
+                    s.part_names(name),
+                )
+            })
+            .collect())
     }
 
     /// The whole stored storage that tensor `name` lies in (a legacy view's root

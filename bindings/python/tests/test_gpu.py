@@ -18,7 +18,7 @@ from tensorwire.cache import TensorCache
 
 from conftest import REPO
 from test_ipc import CHILD_HEAD, CHILD_SERVE, kill, start_server_process
-from test_pytorch_load import _fixtures
+from test_pytorch_load import _fixtures, sparse_parts
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -126,6 +126,12 @@ def test_pytorch_load_of_every_fixture_to_cuda_is_torch_load(path, spec):
 
 
 def _same_on_cuda(got, want, where):
+    if isinstance(want, torch.Tensor) and want.layout != torch.strided:
+        assert isinstance(got, torch.Tensor) and got.layout == want.layout, where
+        assert (got.device, got.shape) == (want.device, want.shape), where
+        for (part, g), (_, w) in zip(sparse_parts(got), sparse_parts(want)):
+            _same_on_cuda(g, w, f"{where}.{part}")
+        return
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), where
         assert (got.device, got.dtype, got.shape) == (want.device, want.dtype, want.shape), where

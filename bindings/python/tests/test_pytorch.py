@@ -18,6 +18,7 @@ try:
 except ImportError:  # torch is optional: the torch half of a test is skipped
     torch = None
 from conftest import REPO
+from test_pytorch_load import sparse_parts
 
 FIXTURES = os.path.join(REPO, "fixtures", "pytorch")
 EXPECTED = os.path.join(FIXTURES, "expected")
@@ -222,6 +223,17 @@ def V3_DTYPES(torch):
             torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
 
 
+def _join(prefix, name):
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _get(obj, dotted):
+    """The object at a dotted name of a nested dict."""
+    for key in dotted.split("."):
+        obj = obj[key]
+    return obj
+
+
 class TestTorchInterop:
     @pytest.fixture(autouse=True)
     def _torch(self):
@@ -242,7 +254,9 @@ class TestTorchInterop:
         flat = {}
 
         def walk(obj, prefix):
-            if isinstance(obj, torch.Tensor):
+            if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:
+                flat.update((_join(prefix, part), t) for part, t in sparse_parts(obj))
+            elif isinstance(obj, torch.Tensor):
                 flat[prefix or "tensor"] = obj
             elif isinstance(obj, dict):
                 for k, v in obj.items():
@@ -259,6 +273,9 @@ class TestTorchInterop:
         r = tw.Reader(path)
         assert sorted(r.keys()) == sorted(flat)
         for k, v in flat.items():
+            if k.endswith(("indices", "values")) and "torch.layout" in r.metadata(k).attributes:
+                owner = k.rsplit(".", 1)[0]
+                assert r.metadata(k).attributes["torch.size"] == list(_get(loaded, owner).shape), k
             if v.is_quantized:  # read as its integers, with its scheme beside
                 assert r.metadata(k).attributes["torch.qscheme"] == str(v.qscheme()), k
                 v = v.int_repr()

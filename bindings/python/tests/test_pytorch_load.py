@@ -117,9 +117,9 @@ def _torch_bytes(t):
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.parametrize("path,want", _fixtures())
 def test_load_reads_what_torch_saved(path, want):
-    got = pytorch.load(path)
-    copies = pytorch.load(path, mmap=False)
-    assert list(got) == list(copies) == [t["name"] for t in _loaded(want)]
+    got = _with_parts(pytorch.load(path))
+    copies = _with_parts(pytorch.load(path, mmap=False))
+    assert list(got) == list(copies) == [t["name"] for t in _loaded(want, sparse=True)]
     for t in _loaded(want):
         g, c = got[t["name"]], copies[t["name"]]
         assert isinstance(g, torch.Tensor) and list(g.shape) == t["shape"], t["name"]
@@ -143,13 +143,41 @@ def _quantization(t):
             t.q_per_channel_zero_points().tolist(), t.q_per_channel_axis())
 
 
-def _loaded(want):
-    """The fixture's tensors that `pytorch.load` gives: all but the scales and zero
-    points of per-channel quantized tensors, which are parts of their tensor."""
+def _loaded(want, sparse=False):
+    """The fixture's tensors that `pytorch.load` gives as they are: all but the scales
+    and zero points of per-channel quantized tensors, which are parts of their tensor,
+    and, unless `sparse`, the parts of sparse tensors (see `_with_parts`)."""
     parts = {t["attributes"][k] for t in want["tensors"]
              for k in ("torch.q_per_channel_scales", "torch.q_per_channel_zero_points")
              if k in t.get("attributes", {})}
-    return [t for t in want["tensors"] if t["name"] not in parts]
+    return [t for t in want["tensors"] if t["name"] not in parts
+            and (sparse or "torch.layout" not in t.get("attributes", {}))]
+
+
+def sparse_parts(t):
+    """[(part, tensor)] of a torch sparse tensor, named as tensorwire's flat view
+    names them (after torch's methods); None for a dense tensor."""
+    if t.layout == torch.strided:
+        return None
+    if t.layout == torch.sparse_coo:
+        return [("indices", t._indices()), ("values", t._values())]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [("crow_indices", t.crow_indices()), ("col_indices", t.col_indices()),
+                ("values", t.values())]
+    return [("ccol_indices", t.ccol_indices()), ("row_indices", t.row_indices()),
+            ("values", t.values())]
+
+
+def _with_parts(tensors):
+    """A flat {name: tensor} with each sparse tensor replaced by its parts."""
+    out = {}
+    for name, t in tensors.items():
+        parts = sparse_parts(t)
+        if parts is None:
+            out[name] = t
+        else:
+            out.update((f"{name}.{part}" if name else part, p) for part, p in parts)
+    return out
 
 
 def _torch_load_or_skip(path, **kwargs):
@@ -238,8 +266,8 @@ def test_storages_and_offsets_are_torchs(path, want):
     ref = _torch_load_or_skip(path, mmap=want["format"] == "pytorch-zip")
     if not isinstance(ref, dict):
         ref = {"tensor": ref}
-    ref = _flat_tensors(ref)
-    got = pytorch.load(path)
+    ref = _with_parts(_flat_tensors(ref))
+    got = _with_parts(pytorch.load(path))
 
     def layout(tensors):
         first = {}
@@ -360,6 +388,14 @@ def test_load_numpy_nested_keeps_int_keys_of_an_optimizer_state():
 
 
 def _same_object(got, want, where="root"):
+    if isinstance(want, torch.Tensor) and want.layout != torch.strided:
+        assert isinstance(got, torch.Tensor) and got.layout == want.layout, where
+        assert got.shape == want.shape, where
+        if want.layout == torch.sparse_coo:
+            assert got.is_coalesced() == want.is_coalesced(), where
+        for (part, g), (_, w) in zip(sparse_parts(got), sparse_parts(want)):
+            _same_object(g, w, f"{where}.{part}")
+        return
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), where
         assert got.dtype == want.dtype and got.shape == want.shape, where
@@ -470,8 +506,8 @@ def test_map_location_function_gets_each_storage_once(path, want, mmap):
         calls.append((storage.nbytes(), location))
         return storage
 
-    got = pytorch.load(path, map_location=keep, mmap=mmap)
-    assert list(got) == [t["name"] for t in _loaded(want)]
+    got = _with_parts(pytorch.load(path, map_location=keep, mmap=mmap))
+    assert list(got) == [t["name"] for t in _loaded(want, sparse=True)]
     keys = _storage_keys(path)
     assert len(calls) == len(set(keys)) and {loc for _, loc in calls} == {"cpu"}
     first = {}
@@ -809,3 +845,77 @@ def test_torch_dtypes_without_a_tensorwire_dtype_are_unsupported(tmp_path):
     torch.save({"scales": torch.ones(4, dtype=torch.float8_e8m0fnu)}, path)
     with pytest.raises(tw.UnsupportedError, match="float8_e8m0fnu"):
         pytorch.load(path)
+
+
+SPARSE = ["sparse.pt", "sparse.legacy.pt"]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("kwargs", [{}, {"mmap": False}, {"map_location": "cpu"},
+                                    {"map_location": lambda storage, loc: storage}])
+def test_sparse_tensors_load_as_torch_loads_them(name, kwargs):
+    """Every layout comes back sparse, in torch's place and order, equal to torch's;
+    a sparse tensor pickled under two names is one object."""
+    path = os.path.join(FIXTURES, name)
+    ref = torch.load(path, weights_only=True)
+    got = pytorch.load(path, **kwargs)
+    assert list(got) == list(_flat_tensors(ref))
+    for key, want in _flat_tensors(ref).items():
+        assert got[key].layout == want.layout and got[key].shape == want.shape, key
+        assert torch.equal(got[key].to_dense(), want.to_dense()), key
+    assert got["coo_again"] is got["coo"]
+    assert not got["uncoalesced"].is_coalesced() and got["coo"].is_coalesced()
+    assert got["csr_int32"].crow_indices().dtype == torch.int32
+    tree = pytorch.load(path, flat=False, **kwargs)
+    assert tree["coo_again"] is tree["coo"]
+    assert tree["graph"]["adjacency"].layout == torch.sparse_coo
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_sparse_parts_are_views_of_the_map():
+    path = os.path.join(FIXTURES, "sparse.pt")
+    got = pytorch.load(path)
+    with pytorch.open(path) as r:
+        values = r.read_torch("csr.values")
+    assert torch.equal(got["csr"].values(), values)
+    # The parts are set on the mapped storages: a write shows in the values (the map
+    # is private: the file stays as it was).
+    got["csr"].values()[0] = 99.0
+    assert got["csr"].to_dense()[0, 1] == 99.0
+    assert pytorch.load(path)["csr"].values()[0] != 99.0
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("legacy", [False, True])
+def test_sparse_index_values_are_checked_as_torch_checks_them(tmp_path, legacy):
+    """An index out of range (torch saves what it is given unchecked): torch.load
+    refuses the tensor, and so does pytorch.load; the parts still read as arrays."""
+    bad = torch.sparse_coo_tensor(torch.tensor([[0, 7]]), torch.tensor([1.0, 2.0]), (3,),
+                                  check_invariants=False)
+    path = str(tmp_path / "bad.pt")
+    torch.save({"bad": bad}, path, _use_new_zipfile_serialization=not legacy)
+    with pytest.raises(RuntimeError, match="index"):
+        torch.load(path, weights_only=True)
+    with pytest.raises(RuntimeError, match="index"):
+        pytorch.load(path)
+    arrays = pytorch.load_numpy(path)
+    assert arrays["bad.indices"].tolist() == [[0, 7]]
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_load_numpy_gives_sparse_tensors_as_their_parts(name):
+    path = os.path.join(FIXTURES, name)
+    flat = pytorch.load_numpy(path)
+    assert flat["coo.indices"].dtype == np.int64 and flat["coo.indices"].shape == (2, 4)
+    with pytorch.open(path) as r:
+        attributes = r.metadata("bsr.values").attributes
+    assert attributes == {"torch.layout": "torch.sparse_bsr", "torch.size": [4, 6]}
+    tree = pytorch.load_numpy(path, flat=False)
+    coo = tree["coo"]
+    assert (coo["layout"], coo["size"], coo["is_coalesced"]) == ("torch.sparse_coo", (4, 6), True)
+    np.testing.assert_array_equal(coo["values"], flat["coo.values"])
+    dense = np.zeros(coo["size"], dtype=coo["values"].dtype)
+    dense[tuple(coo["indices"])] = coo["values"]
+    np.testing.assert_array_equal(dense, np.load(os.path.join(EXPECTED, name, "dense.npy")))
+    assert sorted(tree["csc"]) == ["ccol_indices", "layout", "row_indices", "size", "values"]

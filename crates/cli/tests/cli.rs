@@ -871,6 +871,45 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
     assert_eq!(text("fc.bias.torch.qscheme"), None);
 }
 
+/// A checkpoint of sparse tensors converts as their parts: each part keeps the
+/// tensor's layout and size, as per-tensor attributes in `.zt` and under
+/// `<part>.torch.layout` (and so on) in safetensors' `__metadata__`.
+#[test]
+fn sparse_checkpoints_convert_as_their_parts() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch/sparse.pt");
+    let dir = tempfile::tempdir().unwrap();
+    let from_pt = tensorwire::open(&src).unwrap();
+    let zt = dir.path().join("s.zt");
+    let st = dir.path().join("s.safetensors");
+    for out in [&zt, &st] {
+        assert_exit(
+            &tw([OsStr::new("convert"), src.as_os_str(), out.as_os_str()]),
+            0,
+        );
+    }
+    let from_zt = tensorwire::open(&zt).unwrap();
+    for t in from_pt.tensors() {
+        let got = from_zt.tensors().iter().find(|z| z.name == t.name).unwrap();
+        assert_eq!(*got.attributes, *t.attributes, "{}", t.name);
+        assert_eq!(
+            from_zt.view(&t.name).unwrap().bytes,
+            from_pt.view(&t.name).unwrap().bytes
+        );
+    }
+    let meta = tensorwire::open(&st).unwrap().attributes().clone();
+    let text = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
+    assert_eq!(
+        text("csr.values.torch.layout").as_deref(),
+        Some("torch.sparse_csr")
+    );
+    assert_eq!(text("coo.indices.torch.size").as_deref(), Some("[4, 6]"));
+    assert_eq!(
+        text("uncoalesced.values.torch.is_coalesced").as_deref(),
+        Some("false")
+    );
+    assert_eq!(text("dense.torch.layout"), None);
+}
+
 /// `--zt-version 2` writes `.zt` version 2 (xxh3 digests, zstd-seekable compression),
 /// which opens as `zt-2` with the same tensors and verifies.
 #[test]

@@ -955,13 +955,10 @@ pub fn write_source(
         .iter()
         .map(|(k, v)| (k.clone(), text(v)))
         .collect();
+    // safetensors has no per-tensor metadata: a PyTorch tensor's `torch.` attributes
+    // (a quantized tensor's scheme and parameters, a sparse tensor's layout and size
+    // on each of its parts) go to `__metadata__` under `<tensor>.<attribute>`.
     for info in source.tensors() {
-        if !info
-            .attributes
-            .contains_key(tensorwire_pytorch::Quantization::SCHEME_ATTRIBUTE)
-        {
-            continue;
-        }
         for (k, v) in info
             .attributes
             .iter()
@@ -970,7 +967,7 @@ pub fn write_source(
             let key = format!("{}.{k}", info.name);
             if metadata.insert(key.clone(), text(v)).is_some() {
                 return Err(Error::unsupported(format!(
-                    "writing the quantization of tensor `{}` to safetensors: the \
+                    "writing the torch attributes of tensor `{}` to safetensors: the \
                      metadata key `{key}` is taken",
                     info.name
                 )));

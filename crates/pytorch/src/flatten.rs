@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tensorwire_core::{Error, NameSet, Result, Value};
 
 use crate::pickle::{Arena, DictKind, Id, Obj};
+use crate::sparse::{SparseLayout, SparseTensor};
 use crate::tensor::{Quantization, TensorRecord};
 
 /// The name of the tensor when the checkpoint is one bare tensor.
@@ -25,6 +26,16 @@ pub const ROOT_TENSOR_NAME: &str = "tensor";
 pub enum Node {
     /// A tensor, by its name among the reader's tensors.
     Tensor(Arc<str>),
+    /// A sparse tensor: its name, and its parts (indices and values, in the order of
+    /// [`SparseLayout::parts`]) by their names among the reader's tensors.
+    Sparse {
+        /// The sparse tensor's name (`adj`; its parts are `adj.indices`, ...).
+        name: Arc<str>,
+        /// The layout.
+        layout: SparseLayout,
+        /// The parts' names.
+        parts: Vec<Arc<str>>,
+    },
     /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global outside
     /// torch (`collections.OrderedDict`) by name.
     Value(Value),
@@ -57,7 +68,8 @@ pub enum Node {
 }
 
 impl Node {
-    /// The names of the tensor leaves, depth first (the flat view's order).
+    /// The names of the tensor leaves, depth first (the flat view's order); a sparse
+    /// tensor's parts stand for it.
     pub fn tensor_names(&self) -> Vec<&Arc<str>> {
         let mut out = Vec::new();
         self.push_tensor_names(&mut out);
@@ -67,6 +79,7 @@ impl Node {
     fn push_tensor_names<'a>(&'a self, out: &mut Vec<&'a Arc<str>>) {
         match self {
             Node::Tensor(name) => out.push(name),
+            Node::Sparse { parts, .. } => out.extend(parts),
             Node::Value(_) | Node::TorchObject(_) => {}
             Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.push_tensor_names(out)),
             Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
@@ -84,6 +97,9 @@ pub struct Flat<'a> {
     pub tensors: Vec<(Arc<str>, &'a TensorRecord)>,
     /// Non-tensor values.
     pub attributes: BTreeMap<String, Value>,
+    /// The sparse tensors, by name: their parts are among `tensors`, named
+    /// `<name>.<part>` ([`SparseLayout::parts`]).
+    pub sparse: Vec<(Arc<str>, &'a SparseTensor)>,
 }
 
 /// Walks the object from `root`. `max_depth` bounds nesting (and so cycles);
@@ -101,7 +117,7 @@ pub fn flatten(arena: &Arena, root: Id, max_depth: usize, max_tensors: u64) -> R
 /// a container's children are named from the empty prefix.
 fn root_name(arena: &Arena, root: Id) -> Arc<str> {
     match arena.get(root) {
-        Obj::Tensor(_) => ROOT_TENSOR_NAME.into(),
+        Obj::Tensor(_) | Obj::Sparse(_) => ROOT_TENSOR_NAME.into(),
         _ => "".into(),
     }
 }
@@ -235,6 +251,7 @@ impl<'a> Walker<'a> {
             flat: Flat {
                 tensors: Vec::new(),
                 attributes: Default::default(),
+                sparse: Vec::new(),
             },
             names: NameSet::default(),
             holds_tensor: vec![None; arena.len()],
@@ -301,7 +318,7 @@ impl<'a> Walker<'a> {
         // Provisionally false, so a cycle terminates.
         self.holds_tensor[id] = Some(false);
         let children: Vec<Id> = match self.arena.get(id) {
-            Obj::Tensor(_) | Obj::Storage(_) => {
+            Obj::Tensor(_) | Obj::Sparse(_) | Obj::Storage(_) => {
                 self.holds_tensor[id] = Some(true);
                 return Ok(true);
             }
@@ -371,6 +388,19 @@ impl<'a> Walker<'a> {
                 }
                 Ok(())
             }
+            Obj::Sparse(sparse) => {
+                // Its name is taken (a dense tensor may not have it), and its parts
+                // are tensors of the flat view.
+                if !self.names.insert(Arc::clone(&name)) {
+                    return Err(name_taken(&name));
+                }
+                for (part, part_name) in sparse.parts.iter().zip(sparse.part_names(&name)) {
+                    self.copy(&part_name)?;
+                    self.add_tensor(part_name.into(), part)?;
+                }
+                self.flat.sparse.push((name, sparse));
+                Ok(())
+            }
             Obj::Storage(s) => Err(Error::unsupported(format!(
                 "a bare storage (`{}`) in the checkpoint object",
                 self.arena.storage(*s).map_or("?", |s| &*s.key)
@@ -436,6 +466,15 @@ impl<'a> Walker<'a> {
         };
         let node = match arena.get(id) {
             Obj::Tensor(_) => Node::Tensor(name),
+            Obj::Sparse(sparse) => Node::Sparse {
+                parts: sparse
+                    .part_names(&name)
+                    .into_iter()
+                    .map(|part| self.copy(&part).map(|()| part.into()))
+                    .collect::<Result<_>>()?,
+                layout: sparse.layout,
+                name,
+            },
             Obj::Storage(s) => {
                 return Err(Error::unsupported(format!(
                     "a bare storage (`{}`) in the checkpoint object",
@@ -524,7 +563,7 @@ impl<'a> Walker<'a> {
                     .collect::<Result<_>>()?,
             ),
             Obj::Global(g) => Value::Str(g.name().to_owned()),
-            Obj::Storage(_) | Obj::Tensor(_) => {
+            Obj::Storage(_) | Obj::Tensor(_) | Obj::Sparse(_) => {
                 return Err(Error::unsupported("a tensor inside a metadata value"))
             }
         })

@@ -10,6 +10,7 @@
 use tensorwire_core::{DType, Error, Result};
 
 use crate::pickle::{Arena, DictKind, Id, Obj, Span};
+use crate::sparse::SparseTensor;
 use crate::tensor::{Quantization, StorageClass, TensorRecord};
 
 /// An allowlisted global.
@@ -49,8 +50,10 @@ pub enum Global {
     Named(&'static str),
     /// `collections.Counter` (a dict).
     Counter,
-    /// `torch.serialization._get_layout(name)`: the layout's name.
+    /// `torch.serialization._get_layout(name)`: the layout (a [`Global::TorchConstant`]).
     GetLayout,
+    /// `torch._utils._rebuild_sparse_tensor(layout, data)`: a [`SparseTensor`].
+    RebuildSparseTensor,
     /// `torch._utils._rebuild_device_tensor_from_cpu_tensor(data, dtype, device,
     /// requires_grad)`: `data`, for a tensor saved from a device without storages.
     RebuildFromCpuTensor,
@@ -94,6 +97,7 @@ impl Global {
             Global::TorchConstant(name) | Global::Named(name) => name,
             Global::Counter => "collections.Counter",
             Global::GetLayout => "torch.serialization._get_layout",
+            Global::RebuildSparseTensor => "torch._utils._rebuild_sparse_tensor",
             Global::RebuildFromCpuTensor => "torch._utils._rebuild_device_tensor_from_cpu_tensor",
             Global::Unsupported { name, .. } => name,
             Global::OrderedDict => "collections.OrderedDict",
@@ -154,6 +158,7 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
             }),
         ("torch.serialization", "_get_layout") => Some(Global::GetLayout),
         ("torch._utils", "_rebuild_qtensor") => Some(Global::RebuildQTensor),
+        ("torch._utils", "_rebuild_sparse_tensor") => Some(Global::RebuildSparseTensor),
         ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") => {
             Some(Global::RebuildFromCpuTensor)
         }
@@ -230,6 +235,19 @@ const TORCH_CONSTANTS: &[&str] = &[
     "torch.per_channel_affine_float_qparams",
 ];
 
+/// torch's layouts, which a pickle names through `torch.serialization._get_layout`
+/// (not as globals).
+const LAYOUTS: &[&str] = &[
+    "torch.strided",
+    "torch.sparse_coo",
+    "torch.sparse_csr",
+    "torch.sparse_csc",
+    "torch.sparse_bsr",
+    "torch.sparse_bsc",
+    "torch._mkldnn",
+    "torch.jagged",
+];
+
 /// torch's legacy tensor types (also under `torch.cuda.`), allowed as values.
 const LEGACY_TENSOR_TYPES: &[&str] = &[
     "torch.DoubleTensor",
@@ -279,7 +297,6 @@ const LEGACY_SPARSE_TYPES: &[&str] = &[
 /// torch's rebuild functions that `torch.load(weights_only=True)` allows and
 /// tensorwire cannot follow, with what they build.
 const UNSUPPORTED_REBUILDS: &[(&str, &str)] = &[
-    ("torch._utils._rebuild_sparse_tensor", "sparse tensors"),
     (
         "torch._utils._rebuild_meta_tensor_no_storage",
         "meta tensors (which hold no data)",
@@ -489,12 +506,13 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             record.quantization = Some(Box::new(quantization));
             Ok(Obj::Tensor(Box::new(record)))
         }
-        Global::RebuildParameter | Global::RebuildParameterWithState => {
-            if argv.is_empty() {
-                return Err(bad_args(what, offset, "no arguments"));
-            }
-            tensor_arg(arena, argv[0], what, offset)
-        }
+        Global::RebuildParameter | Global::RebuildParameterWithState => match argv.first() {
+            None => Err(bad_args(what, offset, "no arguments")),
+            Some(&data) => match arena.get(data) {
+                sparse @ Obj::Sparse(_) => Ok(sparse.clone()),
+                _ => tensor_arg(arena, data, what, offset),
+            },
+        },
         Global::RebuildFromTypeV2 => {
             let [func, new_type, inner_args, _state] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
@@ -609,9 +627,19 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
         },
         Global::GetLayout => match argv {
             [layout] => match arena.get(*layout) {
-                Obj::Str(s) => Ok(Obj::Str(s.clone())),
+                Obj::Str(s) => LAYOUTS
+                    .iter()
+                    .find(|&&name| name == &**s)
+                    .map(|name| Obj::Global(Global::TorchConstant(name)))
+                    .ok_or_else(|| bad_args(what, offset, format!("no layout is named {s:?}"))),
                 other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
             },
+            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
+        },
+        Global::RebuildSparseTensor => match argv {
+            [layout, data] => Ok(Obj::Sparse(Box::new(SparseTensor::from_rebuild(
+                arena, *layout, *data, offset,
+            )?))),
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
         Global::RebuildFromCpuTensor => {
@@ -945,6 +973,176 @@ mod tests {
         assert!(
             err.to_string().contains("requires_grad is of type int"),
             "{err}"
+        );
+    }
+
+    /// Protocol-2 pickle text of a 2-d `(rows, cols)` tensor of storage `class`.
+    fn matrix_pickle(class: &str, key: &str, rows: u8, cols: u8) -> Vec<u8> {
+        let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n(".to_vec();
+        p.extend(persistent_id(class, key, rows * cols));
+        p.extend([
+            b'K', 0, b'K', rows, b'K', cols, 0x86, b'K', cols, b'K', 1, 0x86, 0x89, b'}', b't',
+            b'R',
+        ]);
+        p
+    }
+
+    /// `_rebuild_sparse_tensor(_get_layout(layout), (*parts, torch.Size(size), *rest))`.
+    fn sparse(layout: &str, parts: &[Vec<u8>], size: &[u8], rest: &[u8]) -> Result<Obj> {
+        let mut p = b"\x80\x02ctorch._utils\n_rebuild_sparse_tensor\n(".to_vec();
+        p.extend(b"ctorch.serialization\n_get_layout\nX");
+        p.extend((layout.len() as u32).to_le_bytes());
+        p.extend(layout.as_bytes());
+        p.extend(b"\x85R(");
+        parts.iter().for_each(|part| p.extend(part));
+        p.extend(b"ctorch\nSize\n(");
+        size.iter().for_each(|&d| p.extend([b'K', d]));
+        p.extend(b"t\x85R");
+        p.extend(rest);
+        p.extend(b"ttR.");
+        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
+        Ok(u.arena.get(u.root).clone())
+    }
+
+    #[test]
+    fn sparse_tensors_are_their_parts_checked_against_their_size() {
+        use crate::sparse::SparseLayout;
+        // A (3, 4) COO tensor with 2 values: indices (2, 2) i64, values (2,).
+        let coo = |indices: &str, values: Vec<u8>, size: &[u8], rest: &[u8]| {
+            sparse(
+                "torch.sparse_coo",
+                &[matrix_pickle(indices, "0", 2, 2), values],
+                size,
+                rest,
+            )
+        };
+        let got = coo(
+            "LongStorage",
+            tensor_pickle("FloatStorage", "1", 2),
+            &[3, 4],
+            b"\x88",
+        )
+        .unwrap();
+        let Obj::Sparse(s) = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (s.layout, s.size.as_slice(), s.is_coalesced),
+            (SparseLayout::Coo, &[3, 4][..], Some(true))
+        );
+        assert_eq!(s.parts[0].shape.dims(), [2, 2]);
+        assert_eq!(s.part_names("adj"), ["adj.indices", "adj.values"]);
+        assert_eq!(s.part_names(""), ["indices", "values"]);
+        // Without is_coalesced (torch < 1.13): None.
+        let got = coo(
+            "LongStorage",
+            tensor_pickle("FloatStorage", "1", 2),
+            &[3, 4],
+            b"",
+        )
+        .unwrap();
+        assert!(matches!(got, Obj::Sparse(s) if s.is_coalesced.is_none()));
+
+        let malformed = |r: Result<Obj>, says: &str| {
+            let err = r.unwrap_err();
+            assert!(
+                matches!(err, Error::Malformed { .. }) && err.to_string().contains(says),
+                "{err}"
+            );
+        };
+        // Indices must be i64; values one per index; the size must match the dims.
+        malformed(
+            coo(
+                "IntStorage",
+                tensor_pickle("FloatStorage", "1", 2),
+                &[3, 4],
+                b"",
+            ),
+            "not i64",
+        );
+        malformed(
+            coo(
+                "LongStorage",
+                tensor_pickle("FloatStorage", "1", 3),
+                &[3, 4],
+                b"",
+            ),
+            "2 indices but 3 values",
+        );
+        malformed(
+            coo(
+                "LongStorage",
+                tensor_pickle("FloatStorage", "1", 2),
+                &[3, 4, 5],
+                b"",
+            ),
+            "do not make size",
+        );
+        malformed(
+            coo(
+                "LongStorage",
+                tensor_pickle("FloatStorage", "1", 2),
+                &[3, 4],
+                b"K\x01",
+            ),
+            "is_coalesced is a int",
+        );
+        // Not a layout, a strided layout, an unknown layout name.
+        malformed(
+            sparse("torch.strided", &[], &[1], b""),
+            "not a sparse layout",
+        );
+        malformed(
+            sparse("torch.sparse_nope", &[], &[1], b""),
+            "no layout is named",
+        );
+
+        // CSR (2, 3) with 2 values: crow (3,), col (2,), values (2,), same index dtype.
+        let csr = |crow: &str, col: &str, rows: u8, size: &[u8]| {
+            sparse(
+                "torch.sparse_csr",
+                &[
+                    tensor_pickle(crow, "0", rows + 1),
+                    tensor_pickle(col, "1", 2),
+                    tensor_pickle("DoubleStorage", "2", 2),
+                ],
+                size,
+                b"",
+            )
+        };
+        assert!(matches!(
+            csr("IntStorage", "IntStorage", 2, &[2, 3]),
+            Ok(Obj::Sparse(_))
+        ));
+        assert!(matches!(
+            csr("LongStorage", "LongStorage", 2, &[2, 3]),
+            Ok(Obj::Sparse(_))
+        ));
+        malformed(
+            csr("IntStorage", "LongStorage", 2, &[2, 3]),
+            "not both i32 or both i64",
+        );
+        malformed(
+            csr("FloatStorage", "FloatStorage", 2, &[2, 3]),
+            "not both i32 or both i64",
+        );
+        malformed(
+            csr("LongStorage", "LongStorage", 3, &[2, 3]),
+            "4 compressed indices for rows of size 2",
+        );
+        malformed(
+            csr("LongStorage", "LongStorage", 2, &[2, 3, 4]),
+            "do not make size",
+        );
+        // A CSR tensor's data has 4 items, not 3.
+        malformed(
+            sparse(
+                "torch.sparse_csr",
+                &[tensor_pickle("LongStorage", "0", 3)],
+                &[2, 3],
+                b"",
+            ),
+            "2 items of torch.sparse_csr data",
         );
     }
 

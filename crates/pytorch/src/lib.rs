@@ -22,9 +22,11 @@
 //! ```
 //!
 //! Quantized tensors (`torch.qint8`, `quint8`, `qint32`) read as their integers with
-//! their scheme and parameters as per-tensor attributes ([`Quantization`]).
+//! their scheme and parameters as per-tensor attributes ([`Quantization`]). Sparse
+//! tensors (COO, CSR, CSC, BSR, BSC) read as their parts, the dense tensors of their
+//! indices and values ([`SparseTensor`]).
 //!
-//! Not in scope: writing checkpoints; sparse, meta and subclassed tensors
+//! Not in scope: writing checkpoints; meta and subclassed tensors
 //! (`Unsupported`, naming them) and nested ones (refused, as torch refuses them); the
 //! pre-0.1.10 TAR container.
 #![deny(missing_docs)]
@@ -36,6 +38,7 @@ mod input;
 mod legacy;
 pub mod pickle;
 mod reader;
+mod sparse;
 mod tensor;
 pub mod zip;
 
@@ -43,6 +46,7 @@ pub use crate::flatten::{Node, ROOT_TENSOR_NAME};
 pub use crate::input::Input;
 pub use crate::pickle::DictKind;
 pub use crate::reader::{PtFormat, PtReader};
+pub use crate::sparse::{SparseLayout, SparseTensor};
 pub use crate::tensor::{Quantization, StorageRef, TensorRecord};
 
 /// True when `head` (a file's first bytes, 32 are enough) looks like a torch

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tensorwire_core::{Error, NameMap, Result};
 
 use crate::globals::{self, Global};
+use crate::sparse::SparseTensor;
 use crate::tensor::{StorageRef, TensorRecord};
 
 /// Index of an object in the [`Arena`].
@@ -85,6 +86,8 @@ pub enum Obj {
     Storage(StorageId),
     /// A tensor rebuilt by one of torch's rebuild functions.
     Tensor(Box<TensorRecord>),
+    /// A sparse tensor (`_rebuild_sparse_tensor`).
+    Sparse(Box<SparseTensor>),
 }
 
 /// The class of a pickled dict: `torch.load` gives back the same one.
@@ -115,6 +118,7 @@ impl Obj {
             Obj::Global(_) => "global",
             Obj::Storage(_) => "storage",
             Obj::Tensor(_) => "tensor",
+            Obj::Sparse(_) => "sparse tensor",
         }
     }
 }

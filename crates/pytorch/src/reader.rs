@@ -17,6 +17,7 @@ use crate::flatten::{flatten, structure, Node};
 use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, PersistentLoad, PickleLimits};
+use crate::sparse::SparseTensor;
 use crate::tensor::{Quantization, StorageRef, TensorRecord};
 use crate::zip::{self, Method, ZipArchive, ZipDirectory, ZipEntry};
 
@@ -59,6 +60,8 @@ pub struct PtReader {
     same_objects: Vec<(usize, usize)>,
     storages: NameMap<Arc<str>, StorageData>,
     attributes: BTreeMap<String, Value>,
+    /// The sparse tensors, by name (their parts are tensors of `index`).
+    sparse: Vec<(Arc<str>, SparseTensor)>,
     little_endian: bool,
     limits: Limits,
     /// The ZIP container (ZIP files only: `None` is a legacy checkpoint).
@@ -368,6 +371,14 @@ impl PtReader {
         limits: &Limits,
     ) -> Result<PtReader> {
         let flat = flatten(arena, root, limits.max_depth, limits.max_tensors)?;
+        // Each part of a sparse tensor carries the tensor's layout and size.
+        let mut part_attributes = BTreeMap::new();
+        for (name, sparse) in &flat.sparse {
+            let attributes = tensorwire_core::Attributes::from(sparse.attributes());
+            for part in sparse.part_names(name) {
+                part_attributes.insert(part, attributes.clone());
+            }
+        }
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
         let mut records = Vec::with_capacity(flat.tensors.len());
         // One pickled object reached under several names is one arena record: the
@@ -395,7 +406,10 @@ impl PtReader {
                 StorageData::Legacy { storage, .. } => (storage.data_offset, false),
             };
             let base = data_offset + record.storage.window()?.0;
-            let attributes = quantization_attributes(&name, record);
+            let attributes = match part_attributes.remove(&*name) {
+                Some(of_sparse) => of_sparse,
+                None => quantization_attributes(&name, record),
+            };
             index.push(TensorInfo {
                 name,
                 dtype: record.dtype,
@@ -416,6 +430,11 @@ impl PtReader {
             index,
             storages,
             attributes: flat.attributes,
+            sparse: flat
+                .sparse
+                .into_iter()
+                .map(|(name, sparse)| (name, sparse.clone()))
+                .collect(),
             little_endian,
             limits: *limits,
             zip,
@@ -521,6 +540,14 @@ impl PtReader {
             }
         }
         parts
+    }
+
+    /// The sparse tensors, by name, in the order the pickle lists them. A sparse
+    /// tensor's parts (its indices and values) are tensors of the flat view, named by
+    /// [`SparseTensor::part_names`], each with the per-tensor attributes
+    /// [`SparseTensor::attributes`].
+    pub fn sparse_tensors(&self) -> &[(Arc<str>, SparseTensor)] {
+        &self.sparse
     }
 
     /// `(position, first position)` for every tensor that is the same pickled object

@@ -256,7 +256,7 @@ fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
 
 /// The ints of the tuple (or list) `id`: sizes or strides (inline `Dims`: no
 /// allocation for the usual ranks).
-fn dims_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Dims> {
+pub(crate) fn dims_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Dims> {
     let items = arena.items(id).ok_or_else(|| {
         Error::malformed(offset, format!("tensor {what}: expected a tuple of ints"))
     })?;

@@ -95,7 +95,9 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     Zero-copy tensors keep their strides (transposes, slices), and those that share a
     storage in the checkpoint share memory here, as with ``torch.load``. Quantized
     tensors (``torch.qint8``, ``quint8``, ``qint32``; per tensor or per channel) come
-    back quantized, on their storage as well.
+    back quantized, on their storage as well. Sparse tensors (COO, CSR, CSC, BSR,
+    BSC) come back sparse, on their indices and values, with their index values
+    checked as ``torch.load`` checks them.
     """
     if weights_only is False:
         raise InvalidArgumentError(
@@ -125,6 +127,9 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
         for name, scale, zero_point, axis in quantized:
             if axis is not None:  # per channel: parts of the tensor, not entries
                 del tensors[scale], tensors[zero_point]
+        sparse = reader._pytorch_sparse()
+        if sparse:
+            tensors = _sparse_in_place_of_parts(tensors, sparse, same)
         if flat:
             return tensors
         import torch
@@ -165,6 +170,44 @@ def _quantize(tensors, quantized, skip):
                 ints.size(), scales=tensors[scale], zero_points=tensors[zero_point], axis=axis,
                 dtype=qdtype, device=ints.device)
         tensors[name] = q.set_(ints.untyped_storage(), ints.storage_offset(), ints.size(), ints.stride())
+
+
+def _sparse_in_place_of_parts(tensors, sparse, same):
+    """``tensors`` with each sparse tensor (``reader._pytorch_sparse()``) built on its
+    parts, as ``torch._utils._rebuild_sparse_tensor`` builds it, under its own name in
+    place of its parts. The index values are checked as ``torch.load`` checks them
+    (``check_invariants``); a sparse tensor pickled under two names is one object."""
+    import torch
+
+    first_of = dict(same)  # a part -> the same object's first name
+    built = {}
+    at_first_part = {}
+    for name, layout, size, is_coalesced, parts in sparse:
+        key = tuple(first_of.get(p, p) for p in parts)
+        if key not in built:
+            built[key] = _sparse_tensor(torch, _torch_object(layout), size, is_coalesced,
+                                        [tensors[p] for p in parts])
+        at_first_part[parts[0]] = (name, built[key])
+    parts = {p for *_, names in sparse for p in names}
+    out = {}
+    for name, t in tensors.items():
+        if name in at_first_part:
+            owner, s = at_first_part[name]
+            out[owner] = s
+        elif name not in parts:
+            out[name] = t
+    return out
+
+
+def _sparse_tensor(torch, layout, size, is_coalesced, parts):
+    check = parts[-1].device.type != "meta"  # no values to check there
+    if layout == torch.sparse_coo:
+        indices, values = parts
+        return torch.sparse_coo_tensor(indices, values, size, check_invariants=check,
+                                       is_coalesced=is_coalesced)
+    compressed, plain, values = parts
+    return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout,
+                                          check_invariants=check)
 
 
 def _same_objects_once(same, values):
@@ -277,7 +320,13 @@ def load_numpy(f, *, mmap=True, flat=True):
     ``<name>.q_per_channel_scales`` and ``<name>.q_per_channel_zero_points`` (flat
     only); the scheme and a per-tensor scale and zero point are the tensor's
     attributes (``Reader.metadata(name).attributes``: ``torch.qscheme``,
-    ``torch.q_scale``, ``torch.q_zero_point``)."""
+    ``torch.q_scale``, ``torch.q_zero_point``).
+
+    Nor sparse arrays: a sparse tensor comes as its parts, named after the torch
+    methods that return them (``adj.indices`` and ``adj.values``; ``m.crow_indices``,
+    ``m.col_indices`` and ``m.values``), each with the attributes ``torch.layout``,
+    ``torch.size`` and, for COO, ``torch.is_coalesced``; with ``flat=False``, a dict
+    of those parts and ``layout``, ``size`` (and ``is_coalesced``) in its place."""
     with open(f) as reader:
         names = reader.keys()
         same = reader._pytorch_same_objects()
@@ -289,5 +338,9 @@ def load_numpy(f, *, mmap=True, flat=True):
         else:
             got = reader.read_numpy(names, copy=not mmap)
         if not flat:
+            for name, layout, size, is_coalesced, parts in reader._pytorch_sparse():
+                got[name] = {"layout": layout, "size": tuple(size),
+                             **({} if is_coalesced is None else {"is_coalesced": is_coalesced}),
+                             **{p.rsplit(".", 1)[-1]: got[p] for p in parts}}
             return reader._pytorch_structure(got.__getitem__, str)  # torch objects by name
         return {name: got[name] for name in names}

@@ -1,0 +1,257 @@
+//! Sparse tensors (`torch._utils._rebuild_sparse_tensor`): a layout, a size, and the
+//! dense tensors that hold the indices and values.
+//!
+//! tensorwire keeps a sparse tensor as its parts, each an ordinary tensor of the flat
+//! view named after the torch method that returns it (`adj.indices`, `adj.values`;
+//! `m.crow_indices`, `m.col_indices`, `m.values`). The checks here are the ones on
+//! dtypes and shapes, which make the parts fit together; the index values themselves
+//! (in range, sorted, coalesced) are what torch checks when it builds the tensor
+//! (`check_invariants`, as `torch.load` does after loading).
+
+use std::collections::BTreeMap;
+
+use tensorwire_core::{DType, Dims, Error, Result, Value};
+
+use crate::pickle::{Arena, Id, Obj};
+use crate::tensor::{dims_of, TensorRecord};
+
+/// A sparse layout, as `torch.layout` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparseLayout {
+    /// `torch.sparse_coo`: `indices` (sparse dims × nnz) and `values`.
+    Coo,
+    /// `torch.sparse_csr`: compressed rows.
+    Csr,
+    /// `torch.sparse_csc`: compressed columns.
+    Csc,
+    /// `torch.sparse_bsr`: compressed rows of blocks.
+    Bsr,
+    /// `torch.sparse_bsc`: compressed columns of blocks.
+    Bsc,
+}
+
+impl SparseLayout {
+    /// Every layout.
+    pub const ALL: [SparseLayout; 5] = [
+        SparseLayout::Coo,
+        SparseLayout::Csr,
+        SparseLayout::Csc,
+        SparseLayout::Bsr,
+        SparseLayout::Bsc,
+    ];
+
+    /// torch's name (`torch.sparse_coo`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SparseLayout::Coo => "torch.sparse_coo",
+            SparseLayout::Csr => "torch.sparse_csr",
+            SparseLayout::Csc => "torch.sparse_csc",
+            SparseLayout::Bsr => "torch.sparse_bsr",
+            SparseLayout::Bsc => "torch.sparse_bsc",
+        }
+    }
+
+    /// The layout torch names `name`.
+    pub fn from_name(name: &str) -> Option<SparseLayout> {
+        Self::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    /// The parts, in the order `_rebuild_sparse_tensor` takes them, named after the
+    /// torch methods that return them.
+    pub fn parts(self) -> &'static [&'static str] {
+        match self {
+            SparseLayout::Coo => &["indices", "values"],
+            SparseLayout::Csr | SparseLayout::Bsr => &["crow_indices", "col_indices", "values"],
+            SparseLayout::Csc | SparseLayout::Bsc => &["ccol_indices", "row_indices", "values"],
+        }
+    }
+
+    fn blocked(self) -> bool {
+        matches!(self, SparseLayout::Bsr | SparseLayout::Bsc)
+    }
+}
+
+/// A sparse tensor of a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseTensor {
+    /// The layout.
+    pub layout: SparseLayout,
+    /// The tensor's size (`t.size()`; its element count may exceed what a dense
+    /// tensor could hold).
+    pub size: Dims,
+    /// `t.is_coalesced()` as saved (COO tensors of torch ≥ 1.13; `None` otherwise).
+    pub is_coalesced: Option<bool>,
+    /// The parts, in the order of [`SparseLayout::parts`].
+    pub parts: Vec<TensorRecord>,
+}
+
+impl SparseTensor {
+    /// Per-tensor attribute naming a part's sparse layout (`torch.sparse_coo`).
+    pub const LAYOUT_ATTRIBUTE: &'static str = "torch.layout";
+
+    /// Builds the sparse tensor of `_rebuild_sparse_tensor(layout, data)`: `data` is
+    /// `(indices, values, size[, is_coalesced])` for COO and `(compressed_indices,
+    /// plain_indices, values, size)` for the compressed layouts.
+    pub fn from_rebuild(arena: &Arena, layout: Id, data: Id, offset: u64) -> Result<SparseTensor> {
+        let what = "torch._utils._rebuild_sparse_tensor";
+        let bad = |reason: String| {
+            Error::malformed(offset, format!("pickle: bad arguments to {what}: {reason}"))
+        };
+        let layout = match arena.get(layout) {
+            Obj::Global(g) => SparseLayout::from_name(g.name()),
+            _ => None,
+        }
+        .ok_or_else(|| bad("the layout is not a sparse layout".into()))?;
+        let items = arena
+            .items(data)
+            .ok_or_else(|| bad("the data is not a tuple".into()))?;
+        let n_parts = layout.parts().len();
+        let (parts, size, coalesced) = match (layout, items.len()) {
+            (SparseLayout::Coo, 3) => (&items[..2], items[2], None),
+            (SparseLayout::Coo, 4) => (&items[..2], items[2], Some(items[3])),
+            (_, 4) if n_parts == 3 => (&items[..3], items[3], None),
+            (_, n) => return Err(bad(format!("{n} items of {} data", layout.name()))),
+        };
+        let parts = parts
+            .iter()
+            .zip(layout.parts())
+            .map(|(&id, role)| match arena.get(id) {
+                Obj::Tensor(t) if t.quantization.is_none() && !t.storage.quantized => {
+                    Ok((**t).clone())
+                }
+                Obj::Tensor(_) => Err(bad(format!("{role}: a quantized tensor"))),
+                other => Err(bad(format!("{role}: a {}, not a tensor", other.kind()))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let is_coalesced = match coalesced.map(|id| arena.get(id)) {
+            None | Some(Obj::None) => None,
+            Some(Obj::Bool(b)) => Some(*b),
+            Some(other) => return Err(bad(format!("is_coalesced is a {}", other.kind()))),
+        };
+        let size = dims_of(arena, size, "sparse size", offset)?;
+        if size.as_slice().iter().any(|&d| d > i64::MAX as u64) {
+            return Err(bad("a size beyond i64".into()));
+        }
+        let tensor = SparseTensor {
+            layout,
+            size,
+            is_coalesced,
+            parts,
+        };
+        tensor.check_shapes().map_err(bad)?;
+        Ok(tensor)
+    }
+
+    /// The dtype and shape rules torch's constructors apply, so that the parts fit
+    /// the size.
+    fn check_shapes(&self) -> std::result::Result<(), String> {
+        let size = self.size.as_slice();
+        let dims = |t: &TensorRecord| t.shape.dims().to_vec();
+        let values = self.parts.last().expect("every layout has values");
+        let values_dims = dims(values);
+        if values_dims.is_empty() {
+            return Err("values: a 0-d tensor".into());
+        }
+        if self.layout == SparseLayout::Coo {
+            let indices = dims(&self.parts[0]);
+            if self.parts[0].dtype != DType::I64 {
+                return Err(format!("indices are {}, not i64", self.parts[0].dtype));
+            }
+            let [sparse_dims, nnz] = indices[..] else {
+                return Err(format!("indices of shape {indices:?}, not 2-d"));
+            };
+            if nnz != values_dims[0] {
+                return Err(format!("{nnz} indices but {} values", values_dims[0]));
+            }
+            let sparse_dims = usize::try_from(sparse_dims).unwrap_or(usize::MAX);
+            let dense = &values_dims[1..];
+            if sparse_dims.checked_add(dense.len()) != Some(size.len())
+                || size[sparse_dims..] != *dense
+            {
+                return Err(format!(
+                    "{sparse_dims} sparse dimensions and values of shape {values_dims:?} \
+                     do not make size {size:?}"
+                ));
+            }
+            return Ok(());
+        }
+        let (compressed, plain) = (&self.parts[0], &self.parts[1]);
+        if !matches!(compressed.dtype, DType::I32 | DType::I64) || plain.dtype != compressed.dtype {
+            return Err(format!(
+                "compressed and plain indices are {} and {}, not both i32 or both i64",
+                compressed.dtype, plain.dtype
+            ));
+        }
+        let (compressed, plain) = (dims(compressed), dims(plain));
+        let batch = compressed
+            .len()
+            .checked_sub(1)
+            .ok_or("0-d compressed indices")?;
+        let block = if self.layout.blocked() { 2 } else { 0 };
+        let dense = values_dims
+            .len()
+            .checked_sub(batch + 1 + block)
+            .ok_or_else(|| {
+                format!("values of shape {values_dims:?} for {batch} batch dimensions")
+            })?;
+        let nnz = plain.last().copied().unwrap_or(0);
+        if plain.len() != compressed.len()
+            || compressed[..batch] != plain[..batch]
+            || values_dims[..batch] != plain[..batch]
+            || values_dims[batch] != nnz
+            || size.len() != batch + 2 + dense
+            || values_dims[batch + 1 + block..] != size[batch + 2..]
+        {
+            return Err(format!(
+                "indices of shapes {compressed:?} and {plain:?} and values of shape \
+                 {values_dims:?} do not make size {size:?}"
+            ));
+        }
+        // One more compressed index than rows (CSR/BSR) or columns (CSC/BSC), in blocks.
+        let axis =
+            batch + usize::from(matches!(self.layout, SparseLayout::Csc | SparseLayout::Bsc));
+        let block_len = if self.layout.blocked() {
+            values_dims[batch + 1 + usize::from(axis > batch)]
+        } else {
+            1
+        };
+        let rows = size[axis].checked_div(block_len).unwrap_or(0);
+        if block_len == 0 || rows * block_len != size[axis] || compressed[batch] != rows + 1 {
+            return Err(format!(
+                "{} compressed indices for {} of size {} in blocks of {block_len}",
+                compressed[batch],
+                if axis == batch { "rows" } else { "columns" },
+                size[axis]
+            ));
+        }
+        Ok(())
+    }
+
+    /// The flat names of the parts of the sparse tensor `name`, in the order of
+    /// [`SparseLayout::parts`], joined as the flat view joins names (`adj.indices`;
+    /// under the empty key, `indices`).
+    pub fn part_names(&self, name: &str) -> Vec<String> {
+        let join = |role: &str| match name {
+            "" => role.to_owned(),
+            _ => format!("{name}.{role}"),
+        };
+        self.layout.parts().iter().map(|role| join(role)).collect()
+    }
+
+    /// The per-tensor attributes each part carries in the flat view: the layout
+    /// ([`SparseTensor::LAYOUT_ATTRIBUTE`]), `torch.size` and, where saved,
+    /// `torch.is_coalesced`.
+    pub fn attributes(&self) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        out.insert(
+            Self::LAYOUT_ATTRIBUTE.to_owned(),
+            Value::Str(self.layout.name().into()),
+        );
+        let size = self.size.as_slice().iter().map(|&d| Value::Int(d.into()));
+        out.insert("torch.size".into(), Value::List(size.collect()));
+        if let Some(c) = self.is_coalesced {
+            out.insert("torch.is_coalesced".into(), Value::Bool(c));
+        }
+        out
+    }
+}
