@@ -15,6 +15,7 @@ mod error;
 pub mod helpers;
 mod index;
 mod limits;
+pub mod progress;
 mod shape;
 mod source;
 pub mod strided;

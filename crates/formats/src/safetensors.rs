@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::json::{JsonError, JsonReader, Number};
+use tensorwire_core::progress::write_in_chunks;
 use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
     TensorSource, TensorView, Value, MAX_NDIM,
@@ -912,9 +913,11 @@ fn write_header(out: &mut dyn Write, header: &[u8]) -> Result<()> {
 /// [`SafetensorsReader`] lists (`safetensors:F4`, …) are written; anything else fails
 /// with [`Error::Unsupported`] before a byte is written. String attributes of the
 /// source become `__metadata__` (others are rendered with their display form), and
-/// so does the quantization of a quantized torch tensor, which safetensors has no
-/// place for: its `torch.qscheme`, `torch.q_scale`, … as `<tensor>.torch.q_scale`.
-/// `progress` is called after each tensor with (tensors done, total, bytes done).
+/// so do a torch tensor's per-tensor `torch.` attributes, which safetensors has no
+/// place for (a quantized tensor's `torch.q_scale` …, a sparse tensor's layout and
+/// size on each part), as `<tensor>.torch.q_scale` and so on. `progress` is called
+/// with (tensors done, total, bytes done): after each tensor, and within a large one
+/// every [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes.
 pub fn write_source(
     source: &dyn TensorSource,
     out: &mut dyn Write,
@@ -1004,9 +1007,20 @@ pub fn write_source(
                 found: bytes.len() as u64,
             });
         }
-        out.write_all(&bytes)?;
+        // Reports within a large tensor; its end is reported once, as done.
+        let end = data_done + bytes.len() as u64;
+        write_in_chunks(
+            &bytes,
+            &mut |n| {
+                data_done += n;
+                if data_done < end {
+                    progress(done, total, data_done);
+                }
+            },
+            |chunk| out.write_all(chunk),
+        )?;
         written += bytes.len() as u64;
-        data_done += bytes.len() as u64;
+        data_done = end;
         progress(done + 1, total, data_done);
     }
     out.flush()?;

@@ -47,8 +47,9 @@ pub struct ConvertOptions {
 }
 
 /// Converts the file at `src` into a new file at `dst`, returning the number of tensors
-/// written. `progress` is called after each tensor with (tensors done, total, bytes
-/// done).
+/// written. `progress` is called with (tensors done, total, bytes done) as the
+/// conversion goes: after each tensor, and within a large one every
+/// [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes.
 pub fn convert(
     src: impl AsRef<Path>,
     dst: impl AsRef<Path>,
@@ -117,31 +118,39 @@ pub fn convert_source(
                 )));
             }
             writer.copy_object(zt, &info.name, write)?;
-        } else if info.layout == Layout::Dense {
-            let view = source.view(&info.name)?;
-            writer.add_dense_with_attributes(
-                &info.name,
-                view.dtype,
-                &view.shape,
-                &view.bytes,
-                (!info.attributes.is_empty()).then(|| info.attributes.clone().into_map()),
-                write,
-            )?;
-        } else if let (Layout::Other(layout), None) = (&info.layout, zt) {
+        } else if info.layout == Layout::Dense
+            || (matches!(info.layout, Layout::Other(_)) && zt.is_none())
+        {
             // Blocks another format names but tensorwire does not decode (GGUF
             // quantized types, safetensors' packed floats) travel as their raw bytes,
             // with the layout and the source's attributes (type, logical shape).
             let view = source.view(&info.name)?;
-            let mut attributes = info.attributes.clone().into_map();
-            attributes.insert(SOURCE_LAYOUT_KEY.to_owned(), Value::Str(layout.clone()));
-            writer.add_dense_with_attributes(
+            let attributes = match &info.layout {
+                Layout::Other(layout) => {
+                    let mut attributes = info.attributes.clone().into_map();
+                    attributes.insert(SOURCE_LAYOUT_KEY.to_owned(), Value::Str(layout.clone()));
+                    Some(attributes)
+                }
+                _ => (!info.attributes.is_empty()).then(|| info.attributes.clone().into_map()),
+            };
+            // Within the tensor, bytes as the writer consumes them; its end is
+            // reported once, as done (below).
+            let (before, end) = (done_bytes, done_bytes + view.bytes.len() as u64);
+            writer.add_dense_with_progress(
                 &info.name,
                 view.dtype,
                 &view.shape,
                 &view.bytes,
-                Some(attributes),
+                attributes,
                 write,
+                &mut |n| {
+                    done_bytes += n;
+                    if done_bytes < end {
+                        progress(i, total, done_bytes);
+                    }
+                },
             )?;
+            done_bytes = before;
         } else {
             let zt = zt.ok_or_else(|| {
                 Error::unsupported(format!("converting {} tensor `{}`", info.layout, info.name))

@@ -242,8 +242,14 @@ pub(crate) fn for_each_frame(
 }
 
 /// Encodes `data` as ztensor does (1 MiB frames, each with a content checksum, then
-/// the seek table) and writes it to `out`. Returns the number of bytes written.
-pub(crate) fn encode_to(data: &[u8], level: i32, out: &mut impl Write) -> Result<u64> {
+/// the seek table) and writes it to `out`, reporting each frame's input bytes to
+/// `progress`. Returns the number of bytes written.
+pub(crate) fn encode_to(
+    data: &[u8],
+    level: i32,
+    out: &mut impl Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u64> {
     let frames = data.chunks(FRAME_BYTES);
     let mut table = Vec::with_capacity(frames.len() * 8 + TABLE_OVERHEAD);
     let mut written = 0u64;
@@ -259,6 +265,7 @@ pub(crate) fn encode_to(data: &[u8], level: i32, out: &mut impl Write) -> Result
         table.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
         out.write_all(&frame)?;
         written += frame.len() as u64;
+        progress(chunk.len() as u64);
     }
     let count = (table.len() / 8) as u32;
     let mut tail = Vec::with_capacity(table.len() + TABLE_OVERHEAD);

@@ -5,6 +5,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use tensorwire_core::progress::write_in_chunks;
 use tensorwire_core::{align_up, DType, Error, Layout, Limits, Result, Shape, Value};
 
 use crate::digest::{Checksum, DigestState};
@@ -333,6 +334,24 @@ impl<W: Write> ZtWriter<W> {
         attributes: Option<BTreeMap<String, Value>>,
         options: WriteOptions,
     ) -> Result<()> {
+        self.add_dense_with_progress(name, dtype, shape, data, attributes, options, &mut |_| {})
+    }
+
+    /// [`ZtWriter::add_dense_with_attributes`], calling `progress` with the number of
+    /// bytes of `data` consumed as the write goes (every
+    /// [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes), so that a progress bar
+    /// moves within a large tensor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_dense_with_progress(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &Shape,
+        data: &[u8],
+        attributes: Option<BTreeMap<String, Value>>,
+        options: WriteOptions,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
         let expected = shape.byte_len(dtype)?;
         if expected != data.len() as u64 {
             return Err(Error::SizeMismatch {
@@ -355,7 +374,7 @@ impl<W: Write> ZtWriter<W> {
             return Err(Error::unsupported(format!("dtype {dtype} in a .zt file")));
         }
         let logical = (storage != dtype).then(|| dtype.name());
-        self.add_object(
+        self.add_object_with_progress(
             name,
             shape,
             Layout::Dense,
@@ -367,6 +386,7 @@ impl<W: Write> ZtWriter<W> {
                 data,
             }],
             options,
+            progress,
         )
     }
 
@@ -410,6 +430,31 @@ impl<W: Write> ZtWriter<W> {
         components: &[ComponentData<'_>],
         options: WriteOptions,
     ) -> Result<()> {
+        let no_progress = &mut |_| {};
+        self.add_object_with_progress(
+            name,
+            shape,
+            layout,
+            attributes,
+            components,
+            options,
+            no_progress,
+        )
+    }
+
+    /// [`ZtWriter::add_object`], calling `progress` with the number of component
+    /// bytes consumed as the write goes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_object_with_progress(
+        &mut self,
+        name: &str,
+        shape: &Shape,
+        layout: Layout,
+        attributes: Option<BTreeMap<String, Value>>,
+        components: &[ComponentData<'_>],
+        options: WriteOptions,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
         if name.is_empty() {
             return Err(Error::invalid("tensor names must not be empty"));
         }
@@ -425,7 +470,9 @@ impl<W: Write> ZtWriter<W> {
             manifest::check_cbor_ints(value)?;
         }
         if self.version == ZtVersion::V2 {
-            return self.add_object_v2(name, shape, layout, attributes, components, options);
+            return self.add_object_v2(
+                name, shape, layout, attributes, components, options, progress,
+            );
         }
         if options.checksum == Checksum::Xxh3 {
             return Err(Error::unsupported(
@@ -474,7 +521,7 @@ impl<W: Write> ZtWriter<W> {
         check_object(&planned, self.offset).map_err(refused_argument)?;
         let mut written = Vec::with_capacity(components.len());
         for c in components {
-            written.push(self.write_component(c, options)?);
+            written.push(self.write_component(c, options, progress)?);
         }
         written.sort_by(|a, b| a.role.cmp(&b.role));
         let object = Object {
@@ -500,6 +547,7 @@ impl<W: Write> ZtWriter<W> {
         &mut self,
         c: &ComponentData<'_>,
         options: WriteOptions,
+        progress: &mut dyn FnMut(u64),
     ) -> Result<Component> {
         let Some(start) = align_up(self.offset, ALIGNMENT) else {
             return Err(Error::Overflow {
@@ -516,12 +564,12 @@ impl<W: Write> ZtWriter<W> {
         };
         let encoding = match options.compression {
             Compression::Raw => {
-                sink.write_all(c.data)?;
+                write_in_chunks(c.data, progress, |chunk| sink.write_all(chunk))?;
                 Encoding::Raw
             }
             Compression::Zstd(level) => {
                 let mut enc = zstd::stream::write::Encoder::new(&mut sink, level)?;
-                enc.write_all(c.data)?;
+                write_in_chunks(c.data, progress, |chunk| enc.write_all(chunk))?;
                 enc.finish()?;
                 Encoding::Zstd
             }
@@ -544,6 +592,7 @@ impl<W: Write> ZtWriter<W> {
 
     /// [`ZtWriter::add_object`] for version 2: the object is checked as the reader
     /// will check it, then its parts are written in name order.
+    #[allow(clippy::too_many_arguments)]
     fn add_object_v2(
         &mut self,
         name: &str,
@@ -552,6 +601,7 @@ impl<W: Write> ZtWriter<W> {
         attributes: Option<BTreeMap<String, Value>>,
         components: &[ComponentData<'_>],
         options: WriteOptions,
+        progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         let limits = Limits::default();
         manifest_v2::check_name(name, "object name", &limits)?;
@@ -623,11 +673,11 @@ impl<W: Write> ZtWriter<W> {
             digest.update(data);
             c.digest = digest.finish();
             let (offset, length) = match options.compression {
-                Compression::Raw => (self.write_or_share(data)?, data.len() as u64),
+                Compression::Raw => (self.write_or_share(data, progress)?, data.len() as u64),
                 Compression::Zstd(level) => {
                     let start = self.pad_to_alignment()?;
                     let out = self.out()?;
-                    let n = seekable::encode_to(data, level, out)?;
+                    let n = seekable::encode_to(data, level, out, progress)?;
                     self.offset += n;
                     (start, n)
                 }
@@ -671,7 +721,7 @@ impl<W: Write> ZtWriter<W> {
     /// very same bytes (as ztensor 2.x shares them). A match on xxh3-128 and length is
     /// confirmed on the bytes themselves: read back from the file being written, or,
     /// for a stream that cannot be read back, by SHA-256.
-    fn write_or_share(&mut self, data: &[u8]) -> Result<u64> {
+    fn write_or_share(&mut self, data: &[u8], progress: &mut dyn FnMut(u64)) -> Result<u64> {
         let key = (xxhash_rust::xxh3::xxh3_128(data), data.len() as u64);
         let stream = matches!(self.target, Target::Stream);
         let sha = |data: &[u8]| -> [u8; 32] {
@@ -694,11 +744,13 @@ impl<W: Write> ZtWriter<W> {
                 (_, None) => false,
             };
             if same {
+                progress(data.len() as u64);
                 return Ok(offset);
             }
         }
         let start = self.pad_to_alignment()?;
-        self.out()?.write_all(data)?;
+        let out = self.out()?;
+        write_in_chunks(data, progress, |chunk| out.write_all(chunk))?;
         self.offset += data.len() as u64;
         let sum = stream.then(|| sha(data));
         self.shared.entry(key).or_insert((start, sum));
