@@ -890,14 +890,15 @@ def test_sparse_parts_are_views_of_the_map():
 @pytest.mark.parametrize("legacy", [False, True])
 def test_sparse_index_values_are_checked_as_torch_checks_them(tmp_path, legacy):
     """An index out of range (torch saves what it is given unchecked): torch.load
-    refuses the tensor, and so does pytorch.load; the parts still read as arrays."""
+    refuses the tensor, and pytorch.load too, with a MalformedError naming it; the
+    parts still read as arrays."""
     bad = torch.sparse_coo_tensor(torch.tensor([[0, 7]]), torch.tensor([1.0, 2.0]), (3,),
                                   check_invariants=False)
     path = str(tmp_path / "bad.pt")
     torch.save({"bad": bad}, path, _use_new_zipfile_serialization=not legacy)
     with pytest.raises(RuntimeError, match="index"):
         torch.load(path, weights_only=True)
-    with pytest.raises(RuntimeError, match="index"):
+    with pytest.raises(tw.MalformedError, match="sparse tensor `bad`: .*index"):
         pytorch.load(path)
     arrays = pytorch.load_numpy(path)
     assert arrays["bad.indices"].tolist() == [[0, 7]]
@@ -919,3 +920,14 @@ def test_load_numpy_gives_sparse_tensors_as_their_parts(name):
     dense[tuple(coo["indices"])] = coo["values"]
     np.testing.assert_array_equal(dense, np.load(os.path.join(EXPECTED, name, "dense.npy")))
     assert sorted(tree["csc"]) == ["ccol_indices", "layout", "row_indices", "size", "values"]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("location", ["meta", {"cpu": "meta"}])
+def test_sparse_tensors_sent_to_meta_fail_as_in_torch(location):
+    """torch checks sparse indices after loading, which it cannot do on "meta"."""
+    path = os.path.join(FIXTURES, "sparse.pt")
+    with pytest.raises(NotImplementedError):
+        torch.load(path, weights_only=True, map_location=location)
+    with pytest.raises(NotImplementedError):
+        pytorch.load(path, map_location=location)

@@ -976,19 +976,32 @@ mod tests {
         );
     }
 
-    /// Protocol-2 pickle text of a 2-d `(rows, cols)` tensor of storage `class`.
-    fn matrix_pickle(class: &str, key: &str, rows: u8, cols: u8) -> Vec<u8> {
+    /// Protocol-2 pickle text of a contiguous tensor of sizes `dims` on storage `class`.
+    fn nd_pickle(class: &str, key: &str, dims: &[u8]) -> Vec<u8> {
+        let numel = dims.iter().map(|&d| d as usize).product::<usize>();
         let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n(".to_vec();
-        p.extend(persistent_id(class, key, rows * cols));
-        p.extend([
-            b'K', 0, b'K', rows, b'K', cols, 0x86, b'K', cols, b'K', 1, 0x86, 0x89, b'}', b't',
-            b'R',
-        ]);
+        p.extend(persistent_id(class, key, u8::try_from(numel).unwrap()));
+        p.extend(b"K\x00(");
+        dims.iter().for_each(|&d| p.extend([b'K', d]));
+        p.extend(b"t(");
+        let mut stride = 1;
+        let mut strides: Vec<u8> = dims
+            .iter()
+            .rev()
+            .map(|&d| {
+                let s = stride;
+                stride *= d;
+                s
+            })
+            .collect();
+        strides.reverse();
+        strides.iter().for_each(|&s| p.extend([b'K', s]));
+        p.extend(b"t\x89}tR");
         p
     }
 
     /// `_rebuild_sparse_tensor(_get_layout(layout), (*parts, torch.Size(size), *rest))`.
-    fn sparse(layout: &str, parts: &[Vec<u8>], size: &[u8], rest: &[u8]) -> Result<Obj> {
+    fn sparse(layout: &str, parts: &[Vec<u8>], size: &[u64], rest: &[u8]) -> Result<Obj> {
         let mut p = b"\x80\x02ctorch._utils\n_rebuild_sparse_tensor\n(".to_vec();
         p.extend(b"ctorch.serialization\n_get_layout\nX");
         p.extend((layout.len() as u32).to_le_bytes());
@@ -996,7 +1009,10 @@ mod tests {
         p.extend(b"\x85R(");
         parts.iter().for_each(|part| p.extend(part));
         p.extend(b"ctorch\nSize\n(");
-        size.iter().for_each(|&d| p.extend([b'K', d]));
+        for d in size {
+            p.extend(b"\x8a\x08"); // LONG1 of 8 bytes
+            p.extend(d.to_le_bytes());
+        }
         p.extend(b"t\x85R");
         p.extend(rest);
         p.extend(b"ttR.");
@@ -1008,10 +1024,10 @@ mod tests {
     fn sparse_tensors_are_their_parts_checked_against_their_size() {
         use crate::sparse::SparseLayout;
         // A (3, 4) COO tensor with 2 values: indices (2, 2) i64, values (2,).
-        let coo = |indices: &str, values: Vec<u8>, size: &[u8], rest: &[u8]| {
+        let coo = |indices: &str, values: Vec<u8>, size: &[u64], rest: &[u8]| {
             sparse(
                 "torch.sparse_coo",
-                &[matrix_pickle(indices, "0", 2, 2), values],
+                &[nd_pickle(indices, "0", &[2, 2]), values],
                 size,
                 rest,
             )
@@ -1051,14 +1067,35 @@ mod tests {
             );
         };
         // Indices must be i64; values one per index; the size must match the dims.
-        malformed(
+        // int32 indices are taken (torch converts them); others are not.
+        assert!(matches!(
             coo(
                 "IntStorage",
+                tensor_pickle("FloatStorage", "1", 2),
+                &[3, 4],
+                b""
+            ),
+            Ok(Obj::Sparse(_))
+        ));
+        malformed(
+            coo(
+                "ShortStorage",
                 tensor_pickle("FloatStorage", "1", 2),
                 &[3, 4],
                 b"",
             ),
             "not i64",
+        );
+        // A size whose element count does not fit i64 (torch: "numel: integer
+        // multiplication overflow"), even with few values.
+        malformed(
+            coo(
+                "LongStorage",
+                tensor_pickle("FloatStorage", "1", 2),
+                &[1 << 40, 1 << 40],
+                b"",
+            ),
+            "does not fit i64",
         );
         malformed(
             coo(
@@ -1098,7 +1135,7 @@ mod tests {
         );
 
         // CSR (2, 3) with 2 values: crow (3,), col (2,), values (2,), same index dtype.
-        let csr = |crow: &str, col: &str, rows: u8, size: &[u8]| {
+        let csr = |crow: &str, col: &str, rows: u8, size: &[u64]| {
             sparse(
                 "torch.sparse_csr",
                 &[
@@ -1128,7 +1165,7 @@ mod tests {
         );
         malformed(
             csr("LongStorage", "LongStorage", 3, &[2, 3]),
-            "4 compressed indices for rows of size 2",
+            "4 compressed indices for 2 rows",
         );
         malformed(
             csr("LongStorage", "LongStorage", 2, &[2, 3, 4]),
@@ -1144,6 +1181,41 @@ mod tests {
             ),
             "2 items of torch.sparse_csr data",
         );
+
+        // BSR (4, 6) in 2 × 3 blocks, 2 of them: crow (3,), col (2,), values (2, 2, 3).
+        let bsr = |values: &[u8], size: &[u64]| {
+            sparse(
+                "torch.sparse_bsr",
+                &[
+                    tensor_pickle("LongStorage", "0", 3),
+                    tensor_pickle("LongStorage", "1", 2),
+                    nd_pickle("FloatStorage", "2", values),
+                ],
+                size,
+                b"",
+            )
+        };
+        assert!(matches!(bsr(&[2, 2, 3], &[4, 6]), Ok(Obj::Sparse(_))));
+        // The columns must be whole blocks too, not only the compressed rows.
+        malformed(bsr(&[2, 2, 3], &[4, 7]), "is not made of blocks of 2 × 3");
+        malformed(bsr(&[2, 2, 3], &[6, 6]), "3 compressed indices for 3 rows");
+        malformed(bsr(&[2, 0, 3], &[0, 6]), "blocks of 0 × 3");
+
+        // A batch of 2 CSR (2, 2) matrices: the size's batch dimension must be 2.
+        let batched = |size: &[u64]| {
+            sparse(
+                "torch.sparse_csr",
+                &[
+                    nd_pickle("LongStorage", "0", &[2, 3]),
+                    nd_pickle("LongStorage", "1", &[2, 2]),
+                    nd_pickle("FloatStorage", "2", &[2, 2]),
+                ],
+                size,
+                b"",
+            )
+        };
+        assert!(matches!(batched(&[2, 2, 2]), Ok(Obj::Sparse(_))));
+        malformed(batched(&[5, 2, 2]), "do not make size");
     }
 
     #[test]

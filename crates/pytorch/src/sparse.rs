@@ -129,8 +129,16 @@ impl SparseTensor {
             Some(other) => return Err(bad(format!("is_coalesced is a {}", other.kind()))),
         };
         let size = dims_of(arena, size, "sparse size", offset)?;
-        if size.as_slice().iter().any(|&d| d > i64::MAX as u64) {
-            return Err(bad("a size beyond i64".into()));
+        // torch multiplies the sizes in order, refusing a product past i64 (a later
+        // zero does not save it).
+        let numel = size.as_slice().iter().try_fold(1u64, |n, &d| {
+            n.checked_mul(d).filter(|&n| n <= i64::MAX as u64)
+        });
+        if numel.is_none() {
+            return Err(bad(format!(
+                "size {:?}: its element count does not fit i64",
+                size.as_slice()
+            )));
         }
         let tensor = SparseTensor {
             layout,
@@ -154,7 +162,8 @@ impl SparseTensor {
         }
         if self.layout == SparseLayout::Coo {
             let indices = dims(&self.parts[0]);
-            if self.parts[0].dtype != DType::I64 {
+            // torch takes int32 indices too (and converts them).
+            if !matches!(self.parts[0].dtype, DType::I64 | DType::I32) {
                 return Err(format!("indices are {}, not i64", self.parts[0].dtype));
             }
             let [sparse_dims, nnz] = indices[..] else {
@@ -198,6 +207,7 @@ impl SparseTensor {
         if plain.len() != compressed.len()
             || compressed[..batch] != plain[..batch]
             || values_dims[..batch] != plain[..batch]
+            || size.get(..batch) != Some(&compressed[..batch])
             || values_dims[batch] != nnz
             || size.len() != batch + 2 + dense
             || values_dims[batch + 1 + block..] != size[batch + 2..]
@@ -207,21 +217,29 @@ impl SparseTensor {
                  {values_dims:?} do not make size {size:?}"
             ));
         }
-        // One more compressed index than rows (CSR/BSR) or columns (CSC/BSC), in blocks.
-        let axis =
-            batch + usize::from(matches!(self.layout, SparseLayout::Csc | SparseLayout::Bsc));
-        let block_len = if self.layout.blocked() {
-            values_dims[batch + 1 + usize::from(axis > batch)]
+        // Blocks tile the rows and columns; one more compressed index than rows
+        // (CSR/BSR) or columns (CSC/BSC), counted in blocks.
+        let (block_rows, block_cols) = if self.layout.blocked() {
+            (values_dims[batch + 1], values_dims[batch + 2])
         } else {
-            1
+            (1, 1)
         };
-        let rows = size[axis].checked_div(block_len).unwrap_or(0);
-        if block_len == 0 || rows * block_len != size[axis] || compressed[batch] != rows + 1 {
+        let (rows, cols) = (size[batch], size[batch + 1]);
+        if block_rows == 0 || block_cols == 0 || rows % block_rows != 0 || cols % block_cols != 0 {
             return Err(format!(
-                "{} compressed indices for {} of size {} in blocks of {block_len}",
-                compressed[batch],
-                if axis == batch { "rows" } else { "columns" },
-                size[axis]
+                "size {size:?} is not made of blocks of {block_rows} × {block_cols}"
+            ));
+        }
+        let (compressed_axis, count) =
+            if matches!(self.layout, SparseLayout::Csc | SparseLayout::Bsc) {
+                ("columns", cols / block_cols)
+            } else {
+                ("rows", rows / block_rows)
+            };
+        if compressed[batch] != count + 1 {
+            return Err(format!(
+                "{} compressed indices for {count} {compressed_axis} (of blocks)",
+                compressed[batch]
             ));
         }
         Ok(())

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._native import InvalidArgumentError, UnsafePickleError, UnsupportedError
+from ._native import InvalidArgumentError, MalformedError, UnsafePickleError, UnsupportedError
 from ._reader import Reader, _on_cpu, _shared_torch, _torch_interop
 
 __all__ = ["UnsafePickleError", "FORMATS", "open", "load", "load_numpy"]
@@ -97,7 +97,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     tensors (``torch.qint8``, ``quint8``, ``qint32``; per tensor or per channel) come
     back quantized, on their storage as well. Sparse tensors (COO, CSR, CSC, BSR,
     BSC) come back sparse, on their indices and values, with their index values
-    checked as ``torch.load`` checks them.
+    checked as ``torch.load`` checks them (``MalformedError`` names a bad one).
     """
     if weights_only is False:
         raise InvalidArgumentError(
@@ -176,7 +176,8 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
     """``tensors`` with each sparse tensor (``reader._pytorch_sparse()``) built on its
     parts, as ``torch._utils._rebuild_sparse_tensor`` builds it, under its own name in
     place of its parts. The index values are checked as ``torch.load`` checks them
-    (``check_invariants``); a sparse tensor pickled under two names is one object."""
+    (``check_invariants``; a bad one is a ``MalformedError`` naming the tensor); a
+    sparse tensor pickled under two names is one object."""
     import torch
 
     first_of = dict(same)  # a part -> the same object's first name
@@ -185,8 +186,13 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
     for name, layout, size, is_coalesced, parts in sparse:
         key = tuple(first_of.get(p, p) for p in parts)
         if key not in built:
-            built[key] = _sparse_tensor(torch, _torch_object(layout), size, is_coalesced,
-                                        [tensors[p] for p in parts])
+            try:
+                built[key] = _sparse_tensor(torch, _torch_object(layout), size, is_coalesced,
+                                            [tensors[p] for p in parts])
+            except NotImplementedError:  # torch's own limits (no data on "meta"), as torch.load
+                raise
+            except RuntimeError as e:  # torch's index checks
+                raise MalformedError(f"sparse tensor `{name}`: {e}") from e
         at_first_part[parts[0]] = (name, built[key])
     parts = {p for *_, names in sparse for p in names}
     out = {}
@@ -200,14 +206,13 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
 
 
 def _sparse_tensor(torch, layout, size, is_coalesced, parts):
-    check = parts[-1].device.type != "meta"  # no values to check there
     if layout == torch.sparse_coo:
         indices, values = parts
-        return torch.sparse_coo_tensor(indices, values, size, check_invariants=check,
+        return torch.sparse_coo_tensor(indices, values, size, check_invariants=True,
                                        is_coalesced=is_coalesced)
     compressed, plain, values = parts
     return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout,
-                                          check_invariants=check)
+                                          check_invariants=True)
 
 
 def _same_objects_once(same, values):
