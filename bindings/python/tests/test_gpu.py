@@ -18,7 +18,7 @@ from tensorwire.cache import TensorCache
 
 from conftest import REPO
 from test_ipc import CHILD_HEAD, CHILD_SERVE, kill, start_server_process
-from test_pytorch_load import _fixtures, sparse_parts
+from test_pytorch_load import _fixtures, compare_trees
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -122,45 +122,27 @@ def test_pytorch_load_of_every_fixture_to_cuda_is_torch_load(path, spec):
                 pytorch.load(path, map_location="cuda", flat=False)
             return
         got = pytorch.load(path, map_location="cuda", flat=False)
-    _same_on_cuda(got, want, name)
+    compare_trees(got, want, _same_on_cuda, name)
 
 
 def _same_on_cuda(got, want, where):
-    if isinstance(want, torch.Tensor) and want.layout != torch.strided:
-        assert isinstance(got, torch.Tensor) and got.layout == want.layout, where
-        assert (got.device, got.shape) == (want.device, want.shape), where
-        for (part, g), (_, w) in zip(sparse_parts(got), sparse_parts(want)):
-            _same_on_cuda(g, w, f"{where}.{part}")
-        return
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor), where
-        assert (got.device, got.dtype, got.shape) == (want.device, want.dtype, want.shape), where
-        assert got.stride() == want.stride(), where
-        assert got.storage_offset() == want.storage_offset(), where
-        assert got.is_quantized == want.is_quantized, where
-        if want.is_quantized:
-            assert got.qscheme() == want.qscheme(), where
-            if want.qscheme() == torch.per_tensor_affine:
-                assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
-            else:
-                assert got.q_per_channel_axis() == want.q_per_channel_axis(), where
-                assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales())
-                assert torch.equal(got.q_per_channel_zero_points(),
-                                   want.q_per_channel_zero_points())
-            got, want = got.int_repr(), want.int_repr()
-        _assert_same(got, want)
-        return
-    assert type(got) is type(want), (where, type(got), type(want))
-    if isinstance(want, dict):
-        assert list(got) == list(want), where
-        for k in want:
-            _same_on_cuda(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
-            _same_on_cuda(g, w, f"{where}.{i}")
-    else:
-        assert got == want, (where, got, want)
+    """A dense tensor as torch loaded it: device, dtype, shape, strides, offset, bytes
+    and quantization."""
+    assert (got.device, got.dtype, got.shape) == (want.device, want.dtype, want.shape), where
+    assert got.stride() == want.stride(), where
+    assert got.storage_offset() == want.storage_offset(), where
+    assert got.is_quantized == want.is_quantized, where
+    if want.is_quantized:
+        assert got.qscheme() == want.qscheme(), where
+        if want.qscheme() == torch.per_tensor_affine:
+            assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
+        else:
+            assert got.q_per_channel_axis() == want.q_per_channel_axis(), where
+            assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales())
+            assert torch.equal(got.q_per_channel_zero_points(),
+                               want.q_per_channel_zero_points())
+        got, want = got.int_repr(), want.int_repr()
+    _assert_same(got, want)
 
 
 @pytest.mark.parametrize("fixture", ["shared.pt", "shared.legacy.pt", "views.pt"])

@@ -387,32 +387,43 @@ def test_load_numpy_nested_keeps_int_keys_of_an_optimizer_state():
         tw.Reader(os.path.join(REPO, "fixtures", "safetensors", "numpy.safetensors"))._pytorch_structure(str, str)
 
 
-def _same_object(got, want, where="root"):
-    if isinstance(want, torch.Tensor) and want.layout != torch.strided:
-        assert isinstance(got, torch.Tensor) and got.layout == want.layout, where
-        assert got.shape == want.shape, where
+def compare_trees(got, want, same_tensor, where="root"):
+    """Walks our object `got` and torch's `want` together: containers of the same
+    type with the same keys and lengths, equal values, and dense tensors compared by
+    `same_tensor(got, want, where)` (a sparse tensor's layout, size and coalesced
+    flag here, then its parts)."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), where
+        if want.layout == torch.strided:
+            same_tensor(got, want, where)
+            return
+        assert (got.layout, got.shape, got.device) == (want.layout, want.shape, want.device), where
         if want.layout == torch.sparse_coo:
             assert got.is_coalesced() == want.is_coalesced(), where
         for (part, g), (_, w) in zip(sparse_parts(got), sparse_parts(want)):
-            _same_object(g, w, f"{where}.{part}")
-        return
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor), where
-        assert got.dtype == want.dtype and got.shape == want.shape, where
-        assert _torch_bytes(got) == _torch_bytes(want), where
-        assert _quantization(got) == _quantization(want), where
+            same_tensor(g, w, f"{where}.{part}")
         return
     assert type(got) is type(want), (where, type(got), type(want))
     if isinstance(want, dict):
         assert list(got) == list(want), where
         for k in want:
-            _same_object(got[k], want[k], f"{where}.{k}")
+            compare_trees(got[k], want[k], same_tensor, f"{where}.{k}")
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), where
         for i, (g, w) in enumerate(zip(got, want)):
-            _same_object(g, w, f"{where}.{i}")
+            compare_trees(g, w, same_tensor, f"{where}.{i}")
     else:
         assert got == want, (where, got, want)
+
+
+def _same_values(got, want, where):
+    assert got.dtype == want.dtype and got.shape == want.shape, where
+    assert _torch_bytes(got) == _torch_bytes(want), where
+    assert _quantization(got) == _quantization(want), where
+
+
+def _same_object(got, want):
+    compare_trees(got, want, _same_values)
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

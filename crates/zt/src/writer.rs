@@ -470,9 +470,14 @@ impl<W: Write> ZtWriter<W> {
             manifest::check_cbor_ints(value)?;
         }
         if self.version == ZtVersion::V2 {
-            return self.add_object_v2(
-                name, shape, layout, attributes, components, options, progress,
-            );
+            let object = NewObject {
+                name,
+                shape,
+                layout,
+                attributes,
+                components,
+            };
+            return self.add_object_v2(object, options, progress);
         }
         if options.checksum == Checksum::Xxh3 {
             return Err(Error::unsupported(
@@ -592,17 +597,19 @@ impl<W: Write> ZtWriter<W> {
 
     /// [`ZtWriter::add_object`] for version 2: the object is checked as the reader
     /// will check it, then its parts are written in name order.
-    #[allow(clippy::too_many_arguments)]
     fn add_object_v2(
         &mut self,
-        name: &str,
-        shape: &Shape,
-        layout: Layout,
-        attributes: Option<BTreeMap<String, Value>>,
-        components: &[ComponentData<'_>],
+        object: NewObject<'_, '_>,
         options: WriteOptions,
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
+        let NewObject {
+            name,
+            shape,
+            layout,
+            attributes,
+            components,
+        } = object;
         let limits = Limits::default();
         manifest_v2::check_name(name, "object name", &limits)?;
         if shape.ndim() > manifest_v2::MAX_RANK {
@@ -883,6 +890,15 @@ impl<W: Write> Write for CountingSink<'_, W> {
 
 /// What a reader's object check says of a planned object, as the writer's caller
 /// should hear it: an invalid argument, not a malformed file.
+/// What [`ZtWriter::add_object`] is given to write, handed on to the version 2 path.
+struct NewObject<'a, 'd> {
+    name: &'a str,
+    shape: &'a Shape,
+    layout: Layout,
+    attributes: Option<BTreeMap<String, Value>>,
+    components: &'a [ComponentData<'d>],
+}
+
 fn refused_argument(e: Error) -> Error {
     match e {
         Error::Malformed { reason, .. } => Error::invalid(reason),
