@@ -1084,7 +1084,7 @@ mod tests {
                 &[3, 4],
                 b"",
             ),
-            "not i64",
+            "not i64 or i32",
         );
         // A size whose element count does not fit i64 (torch: "numel: integer
         // multiplication overflow"), even with few values.

@@ -164,7 +164,10 @@ impl SparseTensor {
             let indices = dims(&self.parts[0]);
             // torch takes int32 indices too (and converts them).
             if !matches!(self.parts[0].dtype, DType::I64 | DType::I32) {
-                return Err(format!("indices are {}, not i64", self.parts[0].dtype));
+                return Err(format!(
+                    "indices are {}, not i64 or i32",
+                    self.parts[0].dtype
+                ));
             }
             let [sparse_dims, nnz] = indices[..] else {
                 return Err(format!("indices of shape {indices:?}, not 2-d"));
