@@ -23,7 +23,8 @@
 //! hold a `MemoryError`.
 
 use pyo3::exceptions::{
-    PyException, PyKeyError, PyMemoryError, PyOSError, PyTimeoutError, PyValueError,
+    PyException, PyInterruptedError, PyKeyError, PyMemoryError, PyOSError, PyTimeoutError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -188,6 +189,8 @@ pub fn to_pyerr(err: Error) -> PyErr {
         }
         Error::NotFound { .. } => raise(|c| &c.not_found, msg),
         Error::Timeout { .. } => PyTimeoutError::new_err(msg),
+        // (Where Python code stopped the work, its own exception is raised instead.)
+        Error::Cancelled { .. } => PyInterruptedError::new_err(msg),
         Error::LockUnrecoverable { .. } => PyOSError::new_err((libc::ENOTRECOVERABLE, msg)),
         Error::NoSpace { .. } => PyMemoryError::new_err(msg),
         Error::InvalidArgument { .. } => raise(|c| &c.invalid_argument, msg),

@@ -392,13 +392,18 @@ impl Writer {
 }
 
 /// `tensorwire.convert(src, dst, *, format=None, compress=None, checksum="none",
-/// zt_version=1)`: copies every tensor of any readable file into a new `.zt` or
-/// safetensors file (`format` "zt" or "safetensors"; by default from `dst`'s
+/// zt_version=1, progress=None)`: copies every tensor of any readable file into a new
+/// `.zt` or safetensors file (`format` "zt" or "safetensors"; by default from `dst`'s
 /// extension), returning the number of tensors. `compress` and `checksum` follow
 /// `Writer.write` and apply to `.zt` output only; `zt_version=2` writes the format
-/// ztensor 2.x reads (its digests are "xxh3" or "sha256").
+/// ztensor 2.x reads (its digests are "xxh3" or "sha256"). `progress(tensors_done,
+/// tensors, bytes_done)` is called as the conversion goes (after each tensor, and
+/// every 8 MiB within a large one). Ctrl-C (any signal handler's exception), or an
+/// exception `progress` raises, stops the conversion within 8 MiB and is raised; no
+/// output is left behind.
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none", zt_version=1))]
+#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none", zt_version=1, progress=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn convert(
     py: Python<'_>,
     src: PathBuf,
@@ -407,6 +412,7 @@ pub fn convert(
     compress: Option<&Bound<'_, PyAny>>,
     checksum: &str,
     zt_version: u32,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<usize> {
     let write = options(compress, checksum)?;
     let format = match format {
@@ -440,6 +446,25 @@ pub fn convert(
         compression: write.compression,
         checksum: write.checksum,
     };
-    py.detach(|| tensorwire::convert(&src, &dst, &options, &mut |_, _, _| {}))
-        .or_raise()
+    // The first Python exception (a signal handler's, or the callback's) stops the
+    // conversion and is raised in place of the `Cancelled` it causes.
+    let mut raised: Option<PyErr> = None;
+    let result = py.detach(|| {
+        tensorwire::convert(&src, &dst, &options, &mut |done, total, bytes| {
+            Python::attach(|py| {
+                let called = py.check_signals().and_then(|()| match &progress {
+                    Some(f) => f.call1(py, (done, total, bytes)).map(drop),
+                    None => Ok(()),
+                });
+                called.map_err(|e| {
+                    raised = Some(e);
+                    Error::Cancelled { what: "convert" }
+                })
+            })
+        })
+    });
+    match (result, raised) {
+        (Err(_), Some(e)) => Err(e),
+        (result, _) => result.or_raise(),
+    }
 }

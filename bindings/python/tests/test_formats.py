@@ -342,6 +342,43 @@ def test_convert_to_zt_and_back(tmp_path):
             np.testing.assert_array_equal(r[key], want[key])
 
 
+def _big_npy(tmp_path):
+    """A 20 MiB array: 2.5 of convert's 8 MiB progress steps."""
+    src = str(tmp_path / "big.npy")
+    np.save(src, np.arange(20 << 18, dtype=np.float32))
+    return src
+
+
+@pytest.mark.parametrize("dst", ["out.zt", "out.safetensors"])
+def test_convert_reports_progress_within_a_large_tensor(tmp_path, dst):
+    src, dst = _big_npy(tmp_path), str(tmp_path / dst)
+    calls = []
+    assert tensorwire.convert(src, dst, progress=lambda *a: calls.append(a)) == 1
+    total = 20 << 20
+    assert calls[-1] == (1, 1, total)
+    inside = [c for c in calls if c[0] == 0 and 0 < c[2] < total]
+    assert len(inside) == 2 and all(c[1] == 1 for c in calls)
+    assert [c[2] for c in calls] == sorted(c[2] for c in calls)
+
+
+@pytest.mark.parametrize("exc", [ValueError, KeyboardInterrupt])
+def test_an_exception_in_progress_stops_convert_and_leaves_nothing(tmp_path, exc):
+    """Raising from the callback (or Ctrl-C, whose KeyboardInterrupt arrives the same
+    way) stops the conversion at the next 8 MiB and is raised; no file is left."""
+    src = _big_npy(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+
+    def stop(*args):
+        calls.append(args)
+        raise exc("stop")
+
+    with pytest.raises(exc, match="stop"):
+        tensorwire.convert(src, str(out / "x.zt"), progress=stop)
+    assert len(calls) == 1 and os.listdir(out) == []
+
+
 def test_convert_refuses_what_safetensors_cannot_hold(tmp_path):
     dst = str(tmp_path / "x.safetensors")
     with pytest.raises(tensorwire.UnsupportedError):

@@ -113,7 +113,10 @@ pub fn run(args: &Args) -> Result<()> {
         src.as_ref(),
         &args.dst,
         &options,
-        &mut |_done, _total, bytes| bar.set_position(bytes),
+        &mut |_done, _total, bytes| {
+            bar.set_position(bytes);
+            Ok(())
+        },
     );
     bar.finish_and_clear();
     let count = result.with_context(|| {

@@ -224,6 +224,14 @@ pub enum Error {
         available: u64,
     },
 
+    /// The caller stopped a long operation (a progress callback asked to, or the
+    /// user interrupted it); nothing it would have written is left behind.
+    #[error("cancelled: {what}")]
+    Cancelled {
+        /// What was stopped.
+        what: &'static str,
+    },
+
     /// A caller passed an invalid argument.
     #[error("invalid argument: {reason}")]
     InvalidArgument {

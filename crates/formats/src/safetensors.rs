@@ -893,7 +893,7 @@ fn write_atomically(
 pub fn save_source(
     source: &dyn TensorSource,
     path: impl AsRef<Path>,
-    progress: &mut dyn FnMut(usize, usize, u64),
+    progress: &mut dyn FnMut(usize, usize, u64) -> Result<()>,
 ) -> Result<u64> {
     write_atomically(path.as_ref(), &mut |out| {
         write_source(source, out, progress)
@@ -917,11 +917,12 @@ fn write_header(out: &mut dyn Write, header: &[u8]) -> Result<()> {
 /// place for (a quantized tensor's `torch.q_scale` …, a sparse tensor's layout and
 /// size on each part), as `<tensor>.torch.q_scale` and so on. `progress` is called
 /// with (tensors done, total, bytes done): after each tensor, and within a large one
-/// every [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes.
+/// every [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes; an error it returns
+/// stops the write.
 pub fn write_source(
     source: &dyn TensorSource,
     out: &mut dyn Write,
-    progress: &mut dyn FnMut(usize, usize, u64),
+    progress: &mut dyn FnMut(usize, usize, u64) -> Result<()>,
 ) -> Result<u64> {
     let mut entries = Vec::with_capacity(source.tensors().len());
     for info in source.tensors() {
@@ -1014,14 +1015,15 @@ pub fn write_source(
             &mut |n| {
                 data_done += n;
                 if data_done < end {
-                    progress(done, total, data_done);
+                    progress(done, total, data_done)?;
                 }
+                Ok(())
             },
-            |chunk| out.write_all(chunk),
+            |chunk| Ok(out.write_all(chunk)?),
         )?;
         written += bytes.len() as u64;
         data_done = end;
-        progress(done + 1, total, data_done);
+        progress(done + 1, total, data_done)?;
     }
     out.flush()?;
     Ok(written)

@@ -75,7 +75,7 @@ fn rewriting_a_package_file_gives_the_same_bytes() {
         let original = std::fs::read(&path).unwrap();
         let reader = SafetensorsReader::open(&path).unwrap();
         let mut ours = Vec::new();
-        write_source(&reader, &mut ours, &mut |_, _, _| {}).unwrap();
+        write_source(&reader, &mut ours, &mut |_, _, _| Ok(())).unwrap();
         assert!(
             ours == original,
             "{name}: our bytes differ from the package's"
@@ -105,7 +105,8 @@ fn converts_other_sources_lazily_and_atomically() {
     let out = dir.path().join("copy.safetensors");
     let mut calls = Vec::new();
     save_source(&reader, &out, &mut |done, total, bytes| {
-        calls.push((done, total, bytes))
+        calls.push((done, total, bytes));
+        Ok(())
     })
     .unwrap();
     assert_eq!(calls.len(), reader.tensors().len());
@@ -191,7 +192,7 @@ fn an_empty_metadata_map_is_kept_apart_from_none() {
         assert_eq!(reader.has_metadata(), with_map);
         assert!(reader.metadata().is_empty() && reader.attributes().is_empty());
         let mut again = Vec::new();
-        write_source(&reader, &mut again, &mut |_, _, _| {}).unwrap();
+        write_source(&reader, &mut again, &mut |_, _, _| Ok(())).unwrap();
         assert!(again == file, "with_map = {with_map}");
     }
 }

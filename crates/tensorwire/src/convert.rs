@@ -49,12 +49,13 @@ pub struct ConvertOptions {
 /// Converts the file at `src` into a new file at `dst`, returning the number of tensors
 /// written. `progress` is called with (tensors done, total, bytes done) as the
 /// conversion goes: after each tensor, and within a large one every
-/// [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes.
+/// [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes. An error it returns (such as
+/// [`Error::Cancelled`]) stops the conversion, and no output is left behind.
 pub fn convert(
     src: impl AsRef<Path>,
     dst: impl AsRef<Path>,
     options: &ConvertOptions,
-    progress: &mut dyn FnMut(usize, usize, u64),
+    progress: &mut dyn FnMut(usize, usize, u64) -> Result<()>,
 ) -> Result<usize> {
     let source = crate::open(src)?;
     convert_source(source.as_ref(), dst, options, progress)
@@ -65,7 +66,7 @@ pub fn convert_source(
     source: &dyn TensorSource,
     dst: impl AsRef<Path>,
     options: &ConvertOptions,
-    progress: &mut dyn FnMut(usize, usize, u64),
+    progress: &mut dyn FnMut(usize, usize, u64) -> Result<()>,
 ) -> Result<usize> {
     let dst = dst.as_ref();
     let format = match options.format {
@@ -146,8 +147,9 @@ pub fn convert_source(
                 &mut |n| {
                     done_bytes += n;
                     if done_bytes < end {
-                        progress(i, total, done_bytes);
+                        progress(i, total, done_bytes)?;
                     }
+                    Ok(())
                 },
             )?;
             done_bytes = before;
@@ -158,7 +160,7 @@ pub fn convert_source(
             writer.copy_object(zt, &info.name, write)?;
         }
         done_bytes += info.nbytes;
-        progress(i + 1, total, done_bytes);
+        progress(i + 1, total, done_bytes)?;
     }
     writer.finish()?;
     Ok(total)

@@ -46,7 +46,8 @@ fn progress_is_reported_within_a_large_tensor() {
         };
         let mut calls = Vec::new();
         let n = convert(&src, &dst, &options, &mut |done, of, bytes| {
-            calls.push((done, of, bytes))
+            calls.push((done, of, bytes));
+            Ok(())
         })
         .unwrap();
         let case = format!("{format:?} {compression:?}: {calls:?}");
@@ -74,4 +75,92 @@ fn progress_is_reported_within_a_large_tensor() {
         let out = tensorwire::open(&dst).unwrap();
         assert_eq!(&*out.view("big").unwrap().bytes, &big[..], "{case}");
     }
+}
+
+/// A progress callback that returns an error stops the conversion within the large
+/// tensor, and no output (nor its temporary) is left behind, for every format.
+#[test]
+fn an_error_from_progress_cancels_the_conversion_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big.zt");
+    let big = vec![7u8; PROGRESS_CHUNK * 3];
+    let mut w = ZtWriter::create(&src).unwrap();
+    let shape = Shape::new(vec![big.len() as u64]).unwrap();
+    w.add_dense("big", DType::U8, &shape, &big, WriteOptions::default())
+        .unwrap();
+    w.finish().unwrap();
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    for (format, compression) in [
+        (OutputFormat::Zt, Compression::Raw),
+        (OutputFormat::Zt, Compression::Zstd(1)),
+        (OutputFormat::Zt2, Compression::Raw),
+        (OutputFormat::Zt2, Compression::Zstd(1)),
+        (OutputFormat::Safetensors, Compression::Raw),
+    ] {
+        let dst = out_dir.join("out");
+        let options = ConvertOptions {
+            format: Some(format),
+            compression,
+            checksum: Checksum::None,
+        };
+        let mut reports = 0;
+        let err = convert(&src, &dst, &options, &mut |_, _, _| {
+            reports += 1;
+            Err(tensorwire::Error::Cancelled { what: "a test" })
+        })
+        .unwrap_err();
+        let case = format!("{format:?} {compression:?}");
+        assert!(
+            matches!(err.root(), tensorwire::Error::Cancelled { .. }),
+            "{case}: {err}"
+        );
+        assert_eq!(reports, 1, "{case}");
+        let left: Vec<_> = std::fs::read_dir(&out_dir).unwrap().collect();
+        assert!(left.is_empty(), "{case}: {left:?}");
+    }
+}
+
+/// A `ZtWriter` whose write stopped part-way refuses to go on (its offsets no longer
+/// match the file), and dropping it removes the new file's temporary.
+#[test]
+fn a_writer_stopped_part_way_refuses_more_and_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.zt");
+    let data = vec![1u8; PROGRESS_CHUNK * 2];
+    let shape = Shape::new(vec![data.len() as u64]).unwrap();
+    let mut w = ZtWriter::create(&path).unwrap();
+    w.add_dense(
+        "a",
+        DType::U8,
+        &Shape::new(vec![2]).unwrap(),
+        &[1, 2],
+        WriteOptions::default(),
+    )
+    .unwrap();
+    let err = w
+        .add_dense_with_progress(
+            "big",
+            DType::U8,
+            &shape,
+            &data,
+            None,
+            WriteOptions::default(),
+            &mut |_| Err(tensorwire::Error::Cancelled { what: "a test" }),
+        )
+        .unwrap_err();
+    assert!(matches!(err, tensorwire::Error::Cancelled { .. }), "{err}");
+    let again = w
+        .add_dense(
+            "b",
+            DType::U8,
+            &Shape::new(vec![1]).unwrap(),
+            &[3],
+            WriteOptions::default(),
+        )
+        .unwrap_err();
+    assert!(again.to_string().contains("cannot go on"), "{again}");
+    assert!(w.finish().is_err());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -104,7 +104,7 @@ fn converting_an_index_merges_its_shards() {
                 fixtures().join(flavor).join(index),
                 &dst,
                 &Default::default(),
-                &mut |_, _, _| {},
+                &mut |_, _, _| Ok(()),
             )
             .unwrap();
             assert_eq!(n, 7);

@@ -248,7 +248,7 @@ pub(crate) fn encode_to(
     data: &[u8],
     level: i32,
     out: &mut impl Write,
-    progress: &mut dyn FnMut(u64),
+    progress: tensorwire_core::progress::Progress<'_>,
 ) -> Result<u64> {
     let frames = data.chunks(FRAME_BYTES);
     let mut table = Vec::with_capacity(frames.len() * 8 + TABLE_OVERHEAD);
@@ -265,7 +265,7 @@ pub(crate) fn encode_to(
         table.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
         out.write_all(&frame)?;
         written += frame.len() as u64;
-        progress(chunk.len() as u64);
+        progress(chunk.len() as u64)?;
     }
     let count = (table.len() / 8) as u32;
     let mut tail = Vec::with_capacity(table.len() + TABLE_OVERHEAD);

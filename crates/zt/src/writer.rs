@@ -5,7 +5,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use tensorwire_core::progress::write_in_chunks;
+use tensorwire_core::progress::{write_in_chunks, Progress};
 use tensorwire_core::{align_up, DType, Error, Layout, Limits, Result, Shape, Value};
 
 use crate::digest::{Checksum, DigestState};
@@ -124,6 +124,8 @@ pub struct ZtWriter<W: Write> {
     manifest: Manifest,
     offset: u64,
     finished: bool,
+    /// A write stopped part-way: nothing more may be written (see [`ZtWriter::out`]).
+    broken: bool,
     version: ZtVersion,
     /// Blob alignment (64 in 1.x; 65536 by default in version 2).
     align: u64,
@@ -211,6 +213,7 @@ impl ZtWriter<BufWriter<File>> {
             manifest,
             offset: tail_at,
             finished: false,
+            broken: false,
             version: ZtVersion::V1,
             align: ALIGNMENT,
             shared: HashMap::new(),
@@ -250,6 +253,7 @@ impl<W: Write> ZtWriter<W> {
             },
             offset: magic.len() as u64,
             finished: false,
+            broken: false,
             version,
             align,
             shared: HashMap::new(),
@@ -334,13 +338,17 @@ impl<W: Write> ZtWriter<W> {
         attributes: Option<BTreeMap<String, Value>>,
         options: WriteOptions,
     ) -> Result<()> {
-        self.add_dense_with_progress(name, dtype, shape, data, attributes, options, &mut |_| {})
+        self.add_dense_with_progress(name, dtype, shape, data, attributes, options, &mut |_| {
+            Ok(())
+        })
     }
 
     /// [`ZtWriter::add_dense_with_attributes`], calling `progress` with the number of
     /// bytes of `data` consumed as the write goes (every
     /// [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes), so that a progress bar
-    /// moves within a large tensor.
+    /// moves within a large tensor. An error `progress` returns (such as
+    /// [`Error::Cancelled`]) stops the write; as after any write that stopped
+    /// part-way, the writer then refuses more, and dropping it rolls the file back.
     #[allow(clippy::too_many_arguments)]
     pub fn add_dense_with_progress(
         &mut self,
@@ -350,7 +358,7 @@ impl<W: Write> ZtWriter<W> {
         data: &[u8],
         attributes: Option<BTreeMap<String, Value>>,
         options: WriteOptions,
-        progress: &mut dyn FnMut(u64),
+        progress: Progress<'_>,
     ) -> Result<()> {
         let expected = shape.byte_len(dtype)?;
         if expected != data.len() as u64 {
@@ -430,7 +438,7 @@ impl<W: Write> ZtWriter<W> {
         components: &[ComponentData<'_>],
         options: WriteOptions,
     ) -> Result<()> {
-        let no_progress = &mut |_| {};
+        let no_progress = &mut |_| Ok(());
         self.add_object_with_progress(
             name,
             shape,
@@ -453,7 +461,7 @@ impl<W: Write> ZtWriter<W> {
         attributes: Option<BTreeMap<String, Value>>,
         components: &[ComponentData<'_>],
         options: WriteOptions,
-        progress: &mut dyn FnMut(u64),
+        progress: Progress<'_>,
     ) -> Result<()> {
         if name.is_empty() {
             return Err(Error::invalid("tensor names must not be empty"));
@@ -526,7 +534,8 @@ impl<W: Write> ZtWriter<W> {
         check_object(&planned, self.offset).map_err(refused_argument)?;
         let mut written = Vec::with_capacity(components.len());
         for c in components {
-            written.push(self.write_component(c, options, progress)?);
+            let component = self.write_component(c, options, progress);
+            written.push(component.map_err(|e| self.broken(e))?);
         }
         written.sort_by(|a, b| a.role.cmp(&b.role));
         let object = Object {
@@ -543,16 +552,29 @@ impl<W: Write> ZtWriter<W> {
     }
 
     fn out(&mut self) -> Result<&mut W> {
+        if self.broken {
+            return Err(Error::invalid(
+                "an earlier write to this file stopped part-way (an error, or cancelled): \
+                 the writer cannot go on, and dropping it rolls the file back",
+            ));
+        }
         self.out
             .as_mut()
             .ok_or_else(|| Error::invalid("the writer is already finished"))
+    }
+
+    /// Marks the writer as unusable after a write that stopped part-way (its bytes
+    /// are in the file, the offsets are not), and returns the error.
+    fn broken(&mut self, e: Error) -> Error {
+        self.broken = true;
+        e
     }
 
     fn write_component(
         &mut self,
         c: &ComponentData<'_>,
         options: WriteOptions,
-        progress: &mut dyn FnMut(u64),
+        progress: Progress<'_>,
     ) -> Result<Component> {
         let Some(start) = align_up(self.offset, ALIGNMENT) else {
             return Err(Error::Overflow {
@@ -569,12 +591,12 @@ impl<W: Write> ZtWriter<W> {
         };
         let encoding = match options.compression {
             Compression::Raw => {
-                write_in_chunks(c.data, progress, |chunk| sink.write_all(chunk))?;
+                write_in_chunks(c.data, progress, |chunk| Ok(sink.write_all(chunk)?))?;
                 Encoding::Raw
             }
             Compression::Zstd(level) => {
                 let mut enc = zstd::stream::write::Encoder::new(&mut sink, level)?;
-                write_in_chunks(c.data, progress, |chunk| enc.write_all(chunk))?;
+                write_in_chunks(c.data, progress, |chunk| Ok(enc.write_all(chunk)?))?;
                 enc.finish()?;
                 Encoding::Zstd
             }
@@ -601,7 +623,7 @@ impl<W: Write> ZtWriter<W> {
         &mut self,
         object: NewObject<'_, '_>,
         options: WriteOptions,
-        progress: &mut dyn FnMut(u64),
+        progress: Progress<'_>,
     ) -> Result<()> {
         let NewObject {
             name,
@@ -679,18 +701,17 @@ impl<W: Write> ZtWriter<W> {
             let mut digest = DigestState::new(options.checksum);
             digest.update(data);
             c.digest = digest.finish();
-            let (offset, length) = match options.compression {
-                Compression::Raw => (self.write_or_share(data, progress)?, data.len() as u64),
-                Compression::Zstd(level) => {
-                    let start = self.pad_to_alignment()?;
-                    let out = self.out()?;
-                    let n = seekable::encode_to(data, level, out, progress)?;
+            let placed = match options.compression {
+                Compression::Raw => self
+                    .write_or_share(data, progress)
+                    .map(|offset| (offset, data.len() as u64)),
+                Compression::Zstd(level) => self.pad_to_alignment().and_then(|start| {
+                    let n = seekable::encode_to(data, level, self.out()?, progress)?;
                     self.offset += n;
-                    (start, n)
-                }
+                    Ok((start, n))
+                }),
             };
-            c.offset = offset;
-            c.length = length;
+            (c.offset, c.length) = placed.map_err(|e| self.broken(e))?;
             written.push(c);
         }
         let object = Object {
@@ -728,7 +749,7 @@ impl<W: Write> ZtWriter<W> {
     /// very same bytes (as ztensor 2.x shares them). A match on xxh3-128 and length is
     /// confirmed on the bytes themselves: read back from the file being written, or,
     /// for a stream that cannot be read back, by SHA-256.
-    fn write_or_share(&mut self, data: &[u8], progress: &mut dyn FnMut(u64)) -> Result<u64> {
+    fn write_or_share(&mut self, data: &[u8], progress: Progress<'_>) -> Result<u64> {
         let key = (xxhash_rust::xxh3::xxh3_128(data), data.len() as u64);
         let stream = matches!(self.target, Target::Stream);
         let sha = |data: &[u8]| -> [u8; 32] {
@@ -751,13 +772,13 @@ impl<W: Write> ZtWriter<W> {
                 (_, None) => false,
             };
             if same {
-                progress(data.len() as u64);
+                progress(data.len() as u64)?;
                 return Ok(offset);
             }
         }
         let start = self.pad_to_alignment()?;
         let out = self.out()?;
-        write_in_chunks(data, progress, |chunk| out.write_all(chunk))?;
+        write_in_chunks(data, progress, |chunk| Ok(out.write_all(chunk)?))?;
         self.offset += data.len() as u64;
         let sum = stream.then(|| sha(data));
         self.shared.entry(key).or_insert((start, sum));
