@@ -400,7 +400,8 @@ impl Writer {
 /// tensors, bytes_done)` is called as the conversion goes (after each tensor, and
 /// every 8 MiB within a large one). Ctrl-C (any signal handler's exception), or an
 /// exception `progress` raises, stops the conversion within 8 MiB and is raised; no
-/// output is left behind.
+/// output is left behind (once the last tensor is written, the file is finished
+/// first).
 #[pyfunction]
 #[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none", zt_version=1, progress=None))]
 #[allow(clippy::too_many_arguments)]

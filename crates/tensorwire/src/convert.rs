@@ -50,7 +50,10 @@ pub struct ConvertOptions {
 /// written. `progress` is called with (tensors done, total, bytes done) as the
 /// conversion goes: after each tensor, and within a large one every
 /// [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes. An error it returns (such as
-/// [`Error::Cancelled`]) stops the conversion, and no output is left behind.
+/// [`Error::Cancelled`]; it comes back as it is, or with the path: see
+/// [`Error::root`]) stops the conversion, and no output is left behind. Once the last
+/// tensor is reported the file is finished (written out, synced and renamed into
+/// place) without further reports.
 pub fn convert(
     src: impl AsRef<Path>,
     dst: impl AsRef<Path>,
@@ -104,6 +107,16 @@ pub fn convert_source(
     let total = source.tensors().len();
     let mut done_bytes = 0u64;
     for (i, info) in infos.enumerate() {
+        // Within the tensor, bytes as the writer consumes them; its end is reported
+        // once, as done (below).
+        let end = done_bytes + info.nbytes;
+        let mut within = |n: u64| {
+            done_bytes += n;
+            if done_bytes < end {
+                progress(i, total, done_bytes)?;
+            }
+            Ok(())
+        };
         let opaque = match zt {
             Some(zt) => zt.opaque_type(&info.name)?,
             None => None,
@@ -118,7 +131,7 @@ pub fn convert_source(
                     info.name
                 )));
             }
-            writer.copy_object(zt, &info.name, write)?;
+            writer.copy_object_with_progress(zt, &info.name, write, &mut within)?;
         } else if info.layout == Layout::Dense
             || (matches!(info.layout, Layout::Other(_)) && zt.is_none())
         {
@@ -134,9 +147,6 @@ pub fn convert_source(
                 }
                 _ => (!info.attributes.is_empty()).then(|| info.attributes.clone().into_map()),
             };
-            // Within the tensor, bytes as the writer consumes them; its end is
-            // reported once, as done (below).
-            let (before, end) = (done_bytes, done_bytes + view.bytes.len() as u64);
             writer.add_dense_with_progress(
                 &info.name,
                 view.dtype,
@@ -144,22 +154,15 @@ pub fn convert_source(
                 &view.bytes,
                 attributes,
                 write,
-                &mut |n| {
-                    done_bytes += n;
-                    if done_bytes < end {
-                        progress(i, total, done_bytes)?;
-                    }
-                    Ok(())
-                },
+                &mut within,
             )?;
-            done_bytes = before;
         } else {
             let zt = zt.ok_or_else(|| {
                 Error::unsupported(format!("converting {} tensor `{}`", info.layout, info.name))
             })?;
-            writer.copy_object(zt, &info.name, write)?;
+            writer.copy_object_with_progress(zt, &info.name, write, &mut within)?;
         }
-        done_bytes += info.nbytes;
+        done_bytes = end;
         progress(i + 1, total, done_bytes)?;
     }
     writer.finish()?;

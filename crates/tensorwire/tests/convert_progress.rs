@@ -164,3 +164,79 @@ fn a_writer_stopped_part_way_refuses_more_and_rolls_back() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Objects copied whole from a `.zt` source (a sparse one here) report progress
+/// within themselves too, and can be stopped there.
+#[test]
+fn objects_copied_from_a_zt_source_report_progress_within() {
+    use tensorwire::core::Layout;
+    use tensorwire::zt::ComponentData;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("sparse.zt");
+    let nnz = PROGRESS_CHUNK / 2; // 2 chunks of f32 values, 8 of u64 coordinates (2 × nnz)
+    let values = vec![0u8; nnz * 4];
+    let coords = vec![0u8; nnz * 2 * 8];
+    let mut w = ZtWriter::create(&src).unwrap();
+    w.add_object(
+        "s",
+        &Shape::new(vec![4, 4]).unwrap(),
+        Layout::SparseCoo,
+        None,
+        &[
+            ComponentData {
+                role: "coords",
+                dtype: DType::U64,
+                logical_type: None,
+                data: &coords,
+            },
+            ComponentData {
+                role: "values",
+                dtype: DType::F32,
+                logical_type: None,
+                data: &values,
+            },
+        ],
+        WriteOptions::default(),
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let total = (values.len() + coords.len()) as u64;
+    let mut calls = Vec::new();
+    let dst = dir.path().join("copy.zt");
+    convert(&src, &dst, &Default::default(), &mut |done, of, bytes| {
+        calls.push((done, of, bytes));
+        Ok(())
+    })
+    .unwrap();
+    let inside = calls
+        .iter()
+        .filter(|&&(done, _, b)| done == 0 && b < total)
+        .count();
+    assert!(inside >= 8, "{calls:?}");
+    assert_eq!(calls.last(), Some(&(1, 1, total)));
+}
+
+/// A stopped version 2 writer refuses even writes that would add no byte: an empty
+/// tensor, or one whose bytes it would share with an earlier blob.
+#[test]
+fn a_stopped_version_2_writer_refuses_shared_and_empty_blobs() {
+    use tensorwire::zt::ZtVersion;
+    let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
+    let raw = WriteOptions::default();
+    let a = vec![5u8; 4096];
+    let shape = |n: usize| Shape::new(vec![n as u64]).unwrap();
+    w.add_dense("a", DType::U8, &shape(a.len()), &a, raw)
+        .unwrap();
+    let big = vec![1u8; PROGRESS_CHUNK * 2];
+    let cancel = &mut |_| Err(tensorwire::Error::Cancelled { what: "a test" });
+    let err =
+        w.add_dense_with_progress("big", DType::U8, &shape(big.len()), &big, None, raw, cancel);
+    assert!(matches!(err, Err(tensorwire::Error::Cancelled { .. })));
+    for (name, data) in [("a_again", &a[..]), ("empty", &[][..])] {
+        let err = w
+            .add_dense(name, DType::U8, &shape(data.len()), data, raw)
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot go on"), "{name}: {err}");
+    }
+    assert!(w.finish_into().is_err());
+}

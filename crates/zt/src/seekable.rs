@@ -242,8 +242,9 @@ pub(crate) fn for_each_frame(
 }
 
 /// Encodes `data` as ztensor does (1 MiB frames, each with a content checksum, then
-/// the seek table) and writes it to `out`, reporting each frame's input bytes to
-/// `progress`. Returns the number of bytes written.
+/// the seek table) and writes it to `out`, reporting the input bytes encoded to
+/// `progress` every [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes and at the
+/// end. Returns the number of bytes written.
 pub(crate) fn encode_to(
     data: &[u8],
     level: i32,
@@ -253,6 +254,7 @@ pub(crate) fn encode_to(
     let frames = data.chunks(FRAME_BYTES);
     let mut table = Vec::with_capacity(frames.len() * 8 + TABLE_OVERHEAD);
     let mut written = 0u64;
+    let mut unreported = 0u64;
     for chunk in data.chunks(FRAME_BYTES) {
         let mut enc = zstd::stream::write::Encoder::new(Vec::new(), level)?;
         enc.include_checksum(true)?;
@@ -265,7 +267,13 @@ pub(crate) fn encode_to(
         table.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
         out.write_all(&frame)?;
         written += frame.len() as u64;
-        progress(chunk.len() as u64)?;
+        unreported += chunk.len() as u64;
+        if unreported >= tensorwire_core::progress::PROGRESS_CHUNK as u64 {
+            progress(std::mem::take(&mut unreported))?;
+        }
+    }
+    if unreported > 0 {
+        progress(unreported)?;
     }
     let count = (table.len() / 8) as u32;
     let mut tail = Vec::with_capacity(table.len() + TABLE_OVERHEAD);

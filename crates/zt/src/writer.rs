@@ -406,6 +406,18 @@ impl<W: Write> ZtWriter<W> {
         name: &str,
         options: WriteOptions,
     ) -> Result<()> {
+        self.copy_object_with_progress(reader, name, options, &mut |_| Ok(()))
+    }
+
+    /// [`ZtWriter::copy_object`], reporting the component bytes written to `progress`
+    /// as [`ZtWriter::add_dense_with_progress`] does.
+    pub fn copy_object_with_progress(
+        &mut self,
+        reader: &ZtReader,
+        name: &str,
+        options: WriteOptions,
+        progress: Progress<'_>,
+    ) -> Result<()> {
         let obj = reader.object(name)?;
         let datas = obj
             .components
@@ -418,13 +430,14 @@ impl<W: Write> ZtWriter<W> {
             .zip(&datas)
             .map(|(c, d)| c.with_data(d))
             .collect();
-        self.add_object(
+        self.add_object_with_progress(
             name,
             &obj.shape,
             obj.layout.clone(),
             obj.attributes.clone(),
             &comps,
             options,
+            progress,
         )
     }
 
@@ -532,6 +545,7 @@ impl<W: Write> ZtWriter<W> {
         };
         planned.components.sort_by(|a, b| a.role.cmp(&b.role));
         check_object(&planned, self.offset).map_err(refused_argument)?;
+        self.out()?; // a broken writer refuses, even a write that would add no byte
         let mut written = Vec::with_capacity(components.len());
         for c in components {
             let component = self.write_component(c, options, progress);
@@ -696,6 +710,7 @@ impl<W: Write> ZtWriter<W> {
         for (c, data) in &parts {
             check_content_v2(&planned, c, data).map_err(refused_argument)?;
         }
+        self.out()?; // a broken writer refuses, even a shared or empty blob
         let mut written = Vec::with_capacity(parts.len());
         for (mut c, data) in parts {
             let mut digest = DigestState::new(options.checksum);
@@ -909,8 +924,6 @@ impl<W: Write> Write for CountingSink<'_, W> {
     }
 }
 
-/// What a reader's object check says of a planned object, as the writer's caller
-/// should hear it: an invalid argument, not a malformed file.
 /// What [`ZtWriter::add_object`] is given to write, handed on to the version 2 path.
 struct NewObject<'a, 'd> {
     name: &'a str,
@@ -920,6 +933,8 @@ struct NewObject<'a, 'd> {
     components: &'a [ComponentData<'d>],
 }
 
+/// What a reader's object check says of a planned object, as the writer's caller
+/// should hear it: an invalid argument, not a malformed file.
 fn refused_argument(e: Error) -> Error {
     match e {
         Error::Malformed { reason, .. } => Error::invalid(reason),
