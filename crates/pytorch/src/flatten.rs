@@ -20,7 +20,7 @@ use crate::tensor::{Quantization, TensorRecord};
 pub const ROOT_TENSOR_NAME: &str = "tensor";
 
 /// The checkpoint object as `torch.load` builds it: containers keep their types and
-/// key order, tensors are named as in the flat view ([`flatten`]).
+/// key order, tensors are named as in the flat view (the reader's `tensors()`).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Node {

@@ -7,7 +7,7 @@
 //! allowlist modelled on `torch.load(weights_only=True)` and anything else is refused
 //! with [`tensorwire_core::Error::RefusedGlobal`]. Nested dicts, lists and
 //! `OrderedDict`s of tensors are flattened to dotted names (`model.layers.0.weight`);
-//! their other values become metadata ([`TensorSource::attributes`]).
+//! their other values become metadata ([`tensorwire_core::TensorSource::attributes`]).
 //!
 //! ```no_run
 //! use tensorwire_core::TensorSource;

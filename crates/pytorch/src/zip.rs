@@ -479,7 +479,7 @@ impl ZipDirectory {
     /// Reads the local headers of the records `which` (indices, in any order), and,
     /// when `head_len` is not 0, up to that many bytes of each record's data in the
     /// same read; returns their locations in the order of `which`. Headers are read in
-    /// file order, one read covering every header that lies within [`GROUP_SPAN`] of
+    /// file order, one read covering every header that lies within `GROUP_SPAN` of
     /// the first, so an archive of many small records costs far fewer reads than
     /// records. An index past the last record is an error.
     pub fn locate(&self, input: &Input, which: &[usize], head_len: u64) -> Result<Vec<Location>> {
