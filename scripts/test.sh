@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The project's one test command (see README): formatting, lints, Rust tests
-# (doctests included), then the Python extension built into .venv and its pytest suite.
+# The project's one test command (see README): formatting, lints, the API docs, Rust
+# tests (doctests included), then the Python extension built into .venv and its
+# pytest suite.
 # Stops at the first failure. Creates/updates the .venv it needs by itself.
 set -euo pipefail
 
@@ -57,6 +58,9 @@ cargo fmt --all -- --check ${FMT_COLOR[@]+"${FMT_COLOR[@]}"}
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --quiet --workspace --all-targets -- -D warnings
+
+step "cargo doc --workspace --no-deps (rustdoc warnings, such as broken links, are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet --workspace --no-deps
 
 step "cargo test --workspace"
 cargo test --workspace

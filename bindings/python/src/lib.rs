@@ -1,11 +1,11 @@
 //! `tensorwire._native`: the Python extension behind the `tensorwire` package —
 //! zero-copy numpy arrays over tensor files, and a `.zt` writer.
 //!
-//! The module is split by job: [`errors`] (the exception hierarchy and the one
-//! conversion from `tensorwire::Error`), [`dtypes`] (DType ↔ numpy), [`arrays`]
-//! (zero-copy and fresh arrays), [`values`] (attributes), [`reader`], [`writer`],
-//! [`formats`] (safetensors files from arrays),
-//! [`packet`] (tenso packets), [`shm`] (packets in shared memory) and [`ipc`]
+//! The module is split by job: `errors` (the exception hierarchy and the one
+//! conversion from `tensorwire::Error`), `dtypes` (DType ↔ numpy), `arrays`
+//! (zero-copy and fresh arrays), `values` (attributes), `reader`, `writer`,
+//! `formats` (safetensors files from arrays),
+//! `packet` (tenso packets), `shm` (packets in shared memory) and `ipc`
 //! (sharing tensors with other processes over a Unix socket).
 //! The pure-Python package (`python/tensorwire`) adds the ztensor-style conveniences
 //! on top (`metadata`, `read`, `read_torch`, `write`, `write_torch`).

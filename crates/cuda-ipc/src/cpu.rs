@@ -121,7 +121,7 @@ fn inode(fd: BorrowedFd<'_>) -> Result<(u64, u64)> {
 /// Where one packed storage ended up.
 #[derive(Debug, Clone)]
 pub struct Placed {
-    /// Index into [`StoragePacker::segments`].
+    /// Index into `StoragePacker::segments`.
     pub segment: usize,
     /// Byte offset in that segment.
     pub offset: u64,

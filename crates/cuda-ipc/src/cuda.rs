@@ -1153,7 +1153,7 @@ impl Opened {
 /// [`import`], except that an export this process made itself — a peer sending our own
 /// memory back, as an echo or a tensor it got from us, which CUDA refuses to open here —
 /// comes back as [`Opened::Local`]: this process remembers the allocations it exported
-/// (the [`EXPORTED_CAPACITY`] most recent) and checks that an allocation at that base still
+/// (the `EXPORTED_CAPACITY` most recent) and checks that an allocation at that base still
 /// has that handle. A handle of ours whose allocation has been freed since is an error. The
 /// driver cannot tell a new allocation that took the same address (it gives it the same
 /// handle): the caller must check that the memory still belongs to what it shared, as the

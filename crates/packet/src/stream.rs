@@ -175,7 +175,7 @@ impl ReadState {
 /// that frames but does not decode fails alone in [`read_packet`](Self::read_packet)
 /// (the next packet can be read), and `WouldBlock` / `TimedOut` keep the partial
 /// packet, so the call can be repeated on a non-blocking or timed socket. For
-/// non-blocking I/O use the `tokio` feature's [`AsyncPacketReader`](crate::AsyncPacketReader).
+/// non-blocking I/O use the `tokio` feature's `AsyncPacketReader`.
 ///
 /// ```
 /// use std::io::Cursor;
