@@ -11,6 +11,26 @@ pub const PROGRESS_CHUNK: usize = 8 << 20;
 /// [`crate::Error::Cancelled`]) stops the write.
 pub type Progress<'a> = &'a mut dyn FnMut(u64) -> Result<()>;
 
+/// The byte reports of one tensor's write, for a caller that reports `(tensors done,
+/// total, bytes done)`: bytes counted from `start` (the bytes done before the tensor)
+/// as they go, with `done` tensors done; the tensor's end, at `start + nbytes`, is left
+/// for the caller to report with the tensor counted as done.
+pub fn within_tensor<'a>(
+    progress: &'a mut dyn FnMut(usize, usize, u64) -> Result<()>,
+    (done, total): (usize, usize),
+    start: u64,
+    nbytes: u64,
+) -> impl FnMut(u64) -> Result<()> + 'a {
+    let (mut at, end) = (start, start + nbytes);
+    move |n| {
+        at += n;
+        if at < end {
+            progress(done, total, at)?;
+        }
+        Ok(())
+    }
+}
+
 /// Calls `write` on `data` in chunks of at most [`PROGRESS_CHUNK`] bytes (once, with
 /// no bytes, for empty data), reporting each chunk's length to `progress` after it is
 /// written. Stops at the first error, from `write` or from `progress`.
@@ -61,6 +81,21 @@ mod tests {
         })
         .unwrap();
         assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn within_a_tensor_bytes_count_from_its_start_and_its_end_is_left_out() {
+        let mut calls = Vec::new();
+        let mut report = |done, total, bytes| {
+            calls.push((done, total, bytes));
+            Ok(())
+        };
+        let mut within = within_tensor(&mut report, (2, 5), 100, 30);
+        for n in [10, 10, 10] {
+            within(n).unwrap();
+        }
+        drop(within);
+        assert_eq!(calls, [(2, 5, 110), (2, 5, 120)]);
     }
 
     #[test]

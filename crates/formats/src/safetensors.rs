@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::json::{JsonError, JsonReader, Number};
-use tensorwire_core::progress::write_in_chunks;
+use tensorwire_core::progress::{within_tensor, write_in_chunks};
 use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, NameSet, Result, Shape, TensorIndex, TensorInfo,
     TensorSource, TensorView, Value, MAX_NDIM,
@@ -1009,20 +1009,11 @@ pub fn write_source(
             });
         }
         // Reports within a large tensor; its end is reported once, as done.
-        let end = data_done + bytes.len() as u64;
-        write_in_chunks(
-            &bytes,
-            &mut |n| {
-                data_done += n;
-                if data_done < end {
-                    progress(done, total, data_done)?;
-                }
-                Ok(())
-            },
-            |chunk| Ok(out.write_all(chunk)?),
-        )?;
+        let mut within = within_tensor(progress, (done, total), data_done, bytes.len() as u64);
+        write_in_chunks(&bytes, &mut within, |chunk| Ok(out.write_all(chunk)?))?;
+        drop(within); // gives `progress` back
         written += bytes.len() as u64;
-        data_done = end;
+        data_done += bytes.len() as u64;
         progress(done + 1, total, data_done)?;
     }
     out.flush()?;

@@ -97,9 +97,10 @@ pub struct Flat<'a> {
     pub tensors: Vec<(Arc<str>, &'a TensorRecord)>,
     /// Non-tensor values.
     pub attributes: BTreeMap<String, Value>,
-    /// The sparse tensors, by name: their parts are among `tensors`, named
-    /// `<name>.<part>` ([`SparseLayout::parts`]).
-    pub sparse: Vec<(Arc<str>, &'a SparseTensor)>,
+    /// The sparse tensors: `(name, tensor, position of its first part in `tensors`)`.
+    /// Its parts follow one another there, named `<name>.<part>`
+    /// ([`SparseLayout::parts`]).
+    pub sparse: Vec<(Arc<str>, &'a SparseTensor, usize)>,
 }
 
 /// Walks the object from `root`. `max_depth` bounds nesting (and so cycles);
@@ -205,12 +206,19 @@ struct Walker<'a> {
     shared: Vec<bool>,
 }
 
-fn join(prefix: &str, key: &str) -> Arc<str> {
+/// The flat name of `key` under `prefix`: `prefix.key`, or `key` itself under the
+/// empty prefix (a root container's children, a part of a tensor under the empty
+/// key). Every flat name is joined so, the parts of quantized and sparse tensors too.
+pub(crate) fn flat_name(prefix: &str, key: &str) -> String {
     if prefix.is_empty() {
-        key.into()
+        key.to_owned()
     } else {
-        format!("{prefix}.{key}").into()
+        format!("{prefix}.{key}")
     }
+}
+
+fn join(prefix: &str, key: &str) -> Arc<str> {
+    flat_name(prefix, key).into()
 }
 
 /// The name of the value under dict key `key` of the container named `prefix`.
@@ -394,11 +402,12 @@ impl<'a> Walker<'a> {
                 if !self.names.insert(Arc::clone(&name)) {
                     return Err(name_taken(&name));
                 }
+                let first_part = self.flat.tensors.len();
                 for (part, part_name) in sparse.parts.iter().zip(sparse.part_names(&name)) {
                     self.copy(&part_name)?;
                     self.add_tensor(part_name.into(), part)?;
                 }
-                self.flat.sparse.push((name, sparse));
+                self.flat.sparse.push((name, sparse, first_part));
                 Ok(())
             }
             Obj::Storage(s) => Err(Error::unsupported(format!(

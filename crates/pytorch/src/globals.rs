@@ -363,7 +363,7 @@ pub fn torch_dtype_name(dtype: DType) -> &'static str {
     }
 }
 
-fn bad_args(what: &str, offset: u64, reason: impl std::fmt::Display) -> Error {
+pub(crate) fn bad_args(what: &str, offset: u64, reason: impl std::fmt::Display) -> Error {
     Error::malformed(offset, format!("pickle: bad arguments to {what}: {reason}"))
 }
 

@@ -371,14 +371,17 @@ impl PtReader {
         limits: &Limits,
     ) -> Result<PtReader> {
         let flat = flatten(arena, root, limits.max_depth, limits.max_tensors)?;
-        // Each part of a sparse tensor carries the tensor's layout and size.
-        let mut part_attributes = BTreeMap::new();
-        for (name, sparse) in &flat.sparse {
-            let attributes = tensorwire_core::Attributes::from(sparse.attributes());
-            for part in sparse.part_names(name) {
-                part_attributes.insert(part, attributes.clone());
-            }
-        }
+        // Each part of a sparse tensor carries the tensor's layout and size: the
+        // positions of the parts, in order, with their tensor's attributes.
+        let mut sparse_parts = flat
+            .sparse
+            .iter()
+            .flat_map(|&(_, sparse, first_part)| {
+                let attributes = tensorwire_core::Attributes::from(sparse.attributes());
+                let parts = first_part..first_part + sparse.parts.len();
+                parts.map(move |at| (at, attributes.clone()))
+            })
+            .peekable();
         let mut index = TensorIndex::with_capacity(flat.tensors.len());
         let mut records = Vec::with_capacity(flat.tensors.len());
         // One pickled object reached under several names is one arena record: the
@@ -388,7 +391,7 @@ impl PtReader {
                 .iter()
                 .map(|(_, record)| std::ptr::from_ref::<TensorRecord>(record)),
         );
-        for (name, record) in flat.tensors {
+        for (at, (name, record)) in flat.tensors.into_iter().enumerate() {
             Error::check_limit(
                 "tensor name length",
                 name.len() as u64,
@@ -406,8 +409,8 @@ impl PtReader {
                 StorageData::Legacy { storage, .. } => (storage.data_offset, false),
             };
             let base = data_offset + record.storage.window()?.0;
-            let attributes = match part_attributes.remove(&*name) {
-                Some(of_sparse) => of_sparse,
+            let attributes = match sparse_parts.next_if(|&(part, _)| part == at) {
+                Some((_, of_sparse)) => of_sparse,
                 None => quantization_attributes(&name, record),
             };
             index.push(TensorInfo {
@@ -433,7 +436,7 @@ impl PtReader {
             sparse: flat
                 .sparse
                 .into_iter()
-                .map(|(name, sparse)| (name, sparse.clone()))
+                .map(|(name, sparse, _)| (name, sparse.clone()))
                 .collect(),
             little_endian,
             limits: *limits,

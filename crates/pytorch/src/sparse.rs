@@ -10,8 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use tensorwire_core::{DType, Dims, Error, Result, Value};
+use tensorwire_core::{DType, Dims, Result, Value};
 
+use crate::flatten::flat_name;
+use crate::globals::{bad_args, Global};
 use crate::pickle::{Arena, Id, Obj};
 use crate::tensor::{dims_of, TensorRecord};
 
@@ -93,10 +95,7 @@ impl SparseTensor {
     /// `(indices, values, size[, is_coalesced])` for COO and `(compressed_indices,
     /// plain_indices, values, size)` for the compressed layouts.
     pub fn from_rebuild(arena: &Arena, layout: Id, data: Id, offset: u64) -> Result<SparseTensor> {
-        let what = "torch._utils._rebuild_sparse_tensor";
-        let bad = |reason: String| {
-            Error::malformed(offset, format!("pickle: bad arguments to {what}: {reason}"))
-        };
+        let bad = |reason: String| bad_args(Global::RebuildSparseTensor.name(), offset, reason);
         let layout = match arena.get(layout) {
             Obj::Global(g) => SparseLayout::from_name(g.name()),
             _ => None,
@@ -116,9 +115,7 @@ impl SparseTensor {
             .iter()
             .zip(layout.parts())
             .map(|(&id, role)| match arena.get(id) {
-                Obj::Tensor(t) if t.quantization.is_none() && !t.storage.quantized => {
-                    Ok((**t).clone())
-                }
+                Obj::Tensor(t) if t.quantization.is_none() => Ok((**t).clone()),
                 Obj::Tensor(_) => Err(bad(format!("{role}: a quantized tensor"))),
                 other => Err(bad(format!("{role}: a {}, not a tensor", other.kind()))),
             })
@@ -252,11 +249,8 @@ impl SparseTensor {
     /// [`SparseLayout::parts`], joined as the flat view joins names (`adj.indices`;
     /// under the empty key, `indices`).
     pub fn part_names(&self, name: &str) -> Vec<String> {
-        let join = |role: &str| match name {
-            "" => role.to_owned(),
-            _ => format!("{name}.{role}"),
-        };
-        self.layout.parts().iter().map(|role| join(role)).collect()
+        let parts = self.layout.parts().iter();
+        parts.map(|part| flat_name(name, part)).collect()
     }
 
     /// The per-tensor attributes each part carries in the flat view: the layout

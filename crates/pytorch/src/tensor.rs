@@ -203,11 +203,7 @@ impl Quantization {
     /// flat view joins names (`fc.weight.q_per_channel_scales`; a tensor under the
     /// empty key has `q_per_channel_scales`).
     pub fn part_name(name: &str, suffix: &str) -> String {
-        if name.is_empty() {
-            suffix.to_owned()
-        } else {
-            format!("{name}.{suffix}")
-        }
+        crate::flatten::flat_name(name, suffix)
     }
 
     /// The per-tensor attributes a quantized tensor carries in the flat view, named

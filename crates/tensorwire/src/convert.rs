@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use tensorwire_core::progress::within_tensor;
 use tensorwire_core::{Error, Layout, Result, TensorSource, Value, SOURCE_LAYOUT_KEY};
 use tensorwire_formats::safetensors::StDType;
 use tensorwire_zt::{Checksum, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter};
@@ -109,14 +110,7 @@ pub fn convert_source(
     for (i, info) in infos.enumerate() {
         // Within the tensor, bytes as the writer consumes them; its end is reported
         // once, as done (below).
-        let end = done_bytes + info.nbytes;
-        let mut within = |n: u64| {
-            done_bytes += n;
-            if done_bytes < end {
-                progress(i, total, done_bytes)?;
-            }
-            Ok(())
-        };
+        let mut within = within_tensor(progress, (i, total), done_bytes, info.nbytes);
         let opaque = match zt {
             Some(zt) => zt.opaque_type(&info.name)?,
             None => None,
@@ -162,7 +156,8 @@ pub fn convert_source(
             })?;
             writer.copy_object_with_progress(zt, &info.name, write, &mut within)?;
         }
-        done_bytes = end;
+        drop(within); // gives `progress` back
+        done_bytes += info.nbytes;
         progress(i + 1, total, done_bytes)?;
     }
     writer.finish()?;
