@@ -18,7 +18,7 @@ try:
 except ImportError:  # torch is optional: the torch half of a test is skipped
     torch = None
 from conftest import REPO
-from test_pytorch_load import sparse_parts
+from test_pytorch_load import _flat_tensors, _with_parts
 
 FIXTURES = os.path.join(REPO, "fixtures", "pytorch")
 EXPECTED = os.path.join(FIXTURES, "expected")
@@ -223,10 +223,6 @@ def V3_DTYPES(torch):
             torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
 
 
-def _join(prefix, name):
-    return f"{prefix}.{name}" if prefix else name
-
-
 def _get(obj, dotted):
     """The object at a dotted name of a nested dict."""
     for key in dotted.split("."):
@@ -251,21 +247,9 @@ class TestTorchInterop:
                 loaded = torch.load(path, weights_only=False)
             except Exception as e:  # torch cannot read its own file (dtypes_v3.legacy)
                 pytest.skip(f"torch.load fails on this file: {e}")
-        flat = {}
-
-        def walk(obj, prefix):
-            if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:
-                flat.update((_join(prefix, part), t) for part, t in sparse_parts(obj))
-            elif isinstance(obj, torch.Tensor):
-                flat[prefix or "tensor"] = obj
-            elif isinstance(obj, dict):
-                for k, v in obj.items():
-                    walk(v, f"{prefix}.{k}" if prefix else str(k))
-            elif isinstance(obj, (list, tuple)):
-                for i, v in enumerate(obj):
-                    walk(v, f"{prefix}.{i}" if prefix else str(i))
-
-        walk(loaded, "")
+        # Named as the flat view names them, sparse tensors as their parts.
+        flat = _with_parts(_flat_tensors(
+            loaded if isinstance(loaded, (dict, list, tuple)) else {"tensor": loaded}))
         for k, v in list(flat.items()):  # per-channel quantization parameters
             if v.is_quantized and v.qscheme() != torch.per_tensor_affine:
                 flat[k + ".q_per_channel_scales"] = v.q_per_channel_scales()
