@@ -823,11 +823,7 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
     assert_eq!(dtype_of(&table, "fc.bias"), "f32");
 
     let dir = tempfile::tempdir().unwrap();
-    let zt = dir.path().join("q.zt");
-    assert_exit(
-        &tw([OsStr::new("convert"), src.as_os_str(), zt.as_os_str()]),
-        0,
-    );
+    let (zt, meta) = convert_keeping_attributes(&src, dir.path());
     assert_eq!(
         dtype_of(
             &stdout(&tw([OsStr::new("inspect"), zt.as_os_str()])),
@@ -836,11 +832,6 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
         "qint8 (i8)"
     );
     let from_zt = tensorwire::open(&zt).unwrap();
-    let from_pt = tensorwire::open(&src).unwrap();
-    for t in from_pt.tensors() {
-        let got = from_zt.tensors().iter().find(|z| z.name == t.name).unwrap();
-        assert_eq!(*got.attributes, *t.attributes, "{}", t.name);
-    }
     let conv = from_zt
         .tensors()
         .iter()
@@ -851,13 +842,7 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
         Some(&Value::Int(1))
     );
 
-    let st = dir.path().join("q.safetensors");
-    assert_exit(
-        &tw([OsStr::new("convert"), src.as_os_str(), st.as_os_str()]),
-        0,
-    );
-    let meta = tensorwire::open(&st).unwrap().attributes().clone();
-    let text = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
+    let text = |k: &str| meta.get(k).cloned();
     assert_eq!(
         text("fc.weight.torch.qscheme").as_deref(),
         Some("torch.per_tensor_affine")
@@ -871,6 +856,38 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
     assert_eq!(text("fc.bias.torch.qscheme"), None);
 }
 
+/// Converts `src` into `out.zt` and `out.safetensors` in `dir`: every tensor of the
+/// `.zt` output has the source's per-tensor attributes. Returns the `.zt` path and the
+/// safetensors output's `__metadata__`.
+fn convert_keeping_attributes(
+    src: &Path,
+    dir: &Path,
+) -> (
+    std::path::PathBuf,
+    std::collections::BTreeMap<String, String>,
+) {
+    let (zt, st) = (dir.join("out.zt"), dir.join("out.safetensors"));
+    for out in [&zt, &st] {
+        assert_exit(
+            &tw([OsStr::new("convert"), src.as_os_str(), out.as_os_str()]),
+            0,
+        );
+    }
+    let (from_src, from_zt) = (
+        tensorwire::open(src).unwrap(),
+        tensorwire::open(&zt).unwrap(),
+    );
+    for t in from_src.tensors() {
+        let got = from_zt.tensors().iter().find(|z| z.name == t.name).unwrap();
+        assert_eq!(*got.attributes, *t.attributes, "{}", t.name);
+    }
+    let meta = tensorwire::open(&st).unwrap().attributes().clone();
+    let text = meta
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())));
+    (zt, text.collect())
+}
+
 /// A checkpoint of sparse tensors converts as their parts: each part keeps the
 /// tensor's layout and size, as per-tensor attributes in `.zt` and under
 /// `<part>.torch.layout` (and so on) in safetensors' `__metadata__`.
@@ -878,26 +895,18 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
 fn sparse_checkpoints_convert_as_their_parts() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch/sparse.pt");
     let dir = tempfile::tempdir().unwrap();
-    let from_pt = tensorwire::open(&src).unwrap();
-    let zt = dir.path().join("s.zt");
-    let st = dir.path().join("s.safetensors");
-    for out in [&zt, &st] {
-        assert_exit(
-            &tw([OsStr::new("convert"), src.as_os_str(), out.as_os_str()]),
-            0,
-        );
-    }
-    let from_zt = tensorwire::open(&zt).unwrap();
+    let (zt, meta) = convert_keeping_attributes(&src, dir.path());
+    let (from_pt, from_zt) = (
+        tensorwire::open(&src).unwrap(),
+        tensorwire::open(&zt).unwrap(),
+    );
     for t in from_pt.tensors() {
-        let got = from_zt.tensors().iter().find(|z| z.name == t.name).unwrap();
-        assert_eq!(*got.attributes, *t.attributes, "{}", t.name);
         assert_eq!(
             from_zt.view(&t.name).unwrap().bytes,
             from_pt.view(&t.name).unwrap().bytes
         );
     }
-    let meta = tensorwire::open(&st).unwrap().attributes().clone();
-    let text = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
+    let text = |k: &str| meta.get(k).cloned();
     assert_eq!(
         text("csr.values.torch.layout").as_deref(),
         Some("torch.sparse_csr")
