@@ -151,14 +151,13 @@ impl SparseTensor {
     /// the size.
     fn check_shapes(&self) -> std::result::Result<(), String> {
         let size = self.size.as_slice();
-        let dims = |t: &TensorRecord| t.shape.dims().to_vec();
         let values = self.parts.last().expect("every layout has values");
-        let values_dims = dims(values);
+        let values_dims = values.shape.dims();
         if values_dims.is_empty() {
             return Err("values: a 0-d tensor".into());
         }
         if self.layout == SparseLayout::Coo {
-            let indices = dims(&self.parts[0]);
+            let indices = self.parts[0].shape.dims();
             // torch takes int32 indices too (and converts them).
             if !matches!(self.parts[0].dtype, DType::I64 | DType::I32) {
                 return Err(format!(
@@ -191,7 +190,7 @@ impl SparseTensor {
                 compressed.dtype, plain.dtype
             ));
         }
-        let (compressed, plain) = (dims(compressed), dims(plain));
+        let (compressed, plain) = (compressed.shape.dims(), plain.shape.dims());
         let batch = compressed
             .len()
             .checked_sub(1)
