@@ -684,6 +684,88 @@ pub fn copy_parallel(py: Python<'_>, jobs: Vec<(&mut [u8], &[u8])>) {
     maybe_detach(py, total, move || tensorwire::core::copy::copy_pairs(jobs));
 }
 
+/// `_copy_pairs(pairs)`: copies each `(dst, src)` pair of numpy arrays (C-contiguous,
+/// `dst` writable, the same number of bytes; dtypes and shapes may differ), on this
+/// thread and tensorwire's copy helpers, without the GIL when large. No destination
+/// may share a byte with another destination or with any source.
+#[pyfunction]
+#[pyo3(name = "_copy_pairs")]
+pub fn copy_pairs_py(
+    py: Python<'_>,
+    pairs: Vec<(Bound<'_, PyUntypedArray>, Bound<'_, PyUntypedArray>)>,
+) -> PyResult<()> {
+    let mut spans = Vec::with_capacity(pairs.len() * 2);
+    for (i, (dst, src)) in pairs.iter().enumerate() {
+        // SAFETY: `dst` is an ndarray, so reading its `flags` field is valid.
+        let flags = unsafe { (*dst.as_array_ptr()).flags };
+        if flags & NPY_ARRAY_WRITEABLE == 0 || !dst.is_c_contiguous() || !src.is_c_contiguous() {
+            return Err(Error::invalid(format!(
+                "pair {i}: dst must be writable and both arrays C-contiguous"
+            )))
+            .or_raise();
+        }
+        let (dst_len, src_len) = (nbytes(dst), nbytes(src));
+        if dst_len != src_len {
+            return Err(Error::invalid(format!(
+                "pair {i}: dst holds {dst_len} bytes, src {src_len}"
+            )))
+            .or_raise();
+        }
+        if dst_len > 0 {
+            spans.push((data_address(dst), dst_len, true));
+            spans.push((data_address(src), src_len, false));
+        }
+    }
+    if let Some(i) = first_overlap(&mut spans) {
+        return Err(Error::invalid(format!(
+            "a destination overlaps another array (at address {i:#x})"
+        )))
+        .or_raise();
+    }
+    let jobs = pairs
+        .iter()
+        .map(|(dst, src)| {
+            // SAFETY: both arrays are C-contiguous (checked) and held by `pairs` for
+            // this whole call; `dst` is writable and shares no byte with any other
+            // array of the call (checked), so this is the only slice over its bytes
+            // here. Another Python thread writing to them meanwhile races on values,
+            // as with any in-place numpy operation, never on memory.
+            unsafe { (contiguous_bytes_mut(dst), contiguous_bytes(src)) }
+        })
+        .collect();
+    copy_parallel(py, jobs);
+    Ok(())
+}
+
+fn nbytes(array: &Bound<'_, PyUntypedArray>) -> usize {
+    array.len() * array.dtype().itemsize()
+}
+
+fn data_address(array: &Bound<'_, PyUntypedArray>) -> usize {
+    // SAFETY: `array` is an ndarray, so reading its `data` field is valid.
+    unsafe { (*array.as_array_ptr()).data as usize }
+}
+
+/// The start of the first span that overlaps another where at least one of the two
+/// is a destination (`(start, length, is_destination)`, lengths non-zero), if any.
+/// Sorted by start, a span overlaps an earlier one exactly when it starts before the
+/// furthest end reached so far.
+fn first_overlap(spans: &mut [(usize, usize, bool)]) -> Option<usize> {
+    spans.sort_unstable_by_key(|&(start, _, _)| start);
+    let (mut any_end, mut dst_end) = (0usize, 0usize);
+    for &(start, len, is_dst) in spans.iter() {
+        if start < dst_end || (is_dst && start < any_end) {
+            return Some(start);
+        }
+        let end = start.saturating_add(len);
+        any_end = any_end.max(end);
+        if is_dst {
+            dst_end = dst_end.max(end);
+        }
+    }
+    None
+}
+
 /// Bytes above which copies and decodes release the GIL.
 pub const RELEASE_GIL_BYTES: usize = 1 << 16;
 

@@ -37,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::ArenaBuffer>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_function(wrap_pyfunction!(arrays::copy_pairs_py, m)?)?;
     m.add_function(wrap_pyfunction!(writer::convert, m)?)?;
     m.add_function(wrap_pyfunction!(formats::safetensors_save, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dumps, m)?)?;

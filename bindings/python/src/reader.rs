@@ -175,7 +175,7 @@ fn torch_alignment(dtype: DType) -> usize {
 }
 
 /// A fresh array of `dtype` and `dims` holding a copy of `bytes` (exactly its size;
-/// `name` for the error), copied without the GIL when large.
+/// `name` for the error), copied as [`copy_exact`] copies.
 fn copied_array<'py>(
     py: Python<'py>,
     name: &str,
@@ -185,7 +185,7 @@ fn copied_array<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let (array, mut buf) = arrays::fresh(py, dtype, dims)?;
     let dst = buf.as_mut_slice();
-    maybe_detach(py, dst.len(), || copy_exact(name, dst, bytes)).map(|()| array)
+    copy_exact(py, name, dst, bytes).map(|()| array)
 }
 
 /// Copies (or decodes) the bytes of the dense tensor at `at`, called `name` (checked by
@@ -201,7 +201,7 @@ fn fill_dense(
         if overlaps(dst, zt.bytes()) {
             // `dst` views this reader's own map: copy through a temporary buffer.
             let tmp = zt.component(name, "data").or_raise()?.to_vec();
-            return copy_exact(name, dst, &tmp);
+            return copy_exact(py, name, dst, &tmp);
         }
         return maybe_detach(py, dst.len(), || zt.read_into(name, dst)).or_raise();
     }
@@ -210,12 +210,14 @@ fn fill_dense(
         // `dst` views the very bytes it is to receive (a zero-copy array of this
         // reader): copy through a temporary buffer rather than memcpy onto itself.
         let tmp = view.bytes.to_vec();
-        return copy_exact(name, dst, &tmp);
+        return copy_exact(py, name, dst, &tmp);
     }
-    copy_exact(name, dst, &view.bytes)
+    copy_exact(py, name, dst, &view.bytes)
 }
 
-fn copy_exact(name: &str, dst: &mut [u8], src: &[u8]) -> PyResult<()> {
+/// Copies `src` into `dst` (which must be as long), on tensorwire's copy helpers and
+/// without the GIL when large.
+fn copy_exact(py: Python<'_>, name: &str, dst: &mut [u8], src: &[u8]) -> PyResult<()> {
     if dst.len() != src.len() {
         return Err(Error::SizeMismatch {
             tensor: name.to_owned(),
@@ -224,7 +226,7 @@ fn copy_exact(name: &str, dst: &mut [u8], src: &[u8]) -> PyResult<()> {
         })
         .or_raise();
     }
-    dst.copy_from_slice(src);
+    arrays::copy_parallel(py, vec![(dst, src)]);
     Ok(())
 }
 
@@ -772,12 +774,16 @@ impl Reader {
     /// storage), as a `uint8` array for torch: a view of the reader's private map
     /// where it is mapped, writable, aligned for every torch type and little-endian
     /// and `copy` is false, else a fresh array (byte-swapped for a big-endian
-    /// checkpoint).
+    /// checkpoint). With `to_copy`, the bytes are only to be copied elsewhere (to a
+    /// GPU): a view of the map at any alignment, read-only where the map is not
+    /// writable.
+    #[pyo3(signature = (name, copy, to_copy = false))]
     fn _pytorch_storage<'py>(
         &self,
         py: Python<'py>,
         name: &Bound<'py, PyAny>,
         copy: bool,
+        to_copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
         let at = self.position_of_any(src, name)?;
@@ -785,8 +791,9 @@ impl Reader {
         let record = &reader.records()[at];
         let (bytes, borrowed) = reader.storage_bytes(record).or_raise()?;
         let dims = [bytes.len() as u64];
+        let lend = if to_copy { Lend::Any } else { Lend::Torch };
         // Tensors of other types may share the storage: aligned for the strictest.
-        if borrowed && !copy && lendable(&bytes, DType::Complex128, Lend::Torch) {
+        if borrowed && !copy && lendable(&bytes, DType::Complex128, lend) {
             return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
         }
         copied_array(py, &record.storage.key, &bytes, DType::U8, &dims)

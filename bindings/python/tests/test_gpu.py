@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from tensorwire import formats, ipc, pytorch
+from tensorwire import _staging, formats, ipc, pytorch
 from tensorwire.cache import TensorCache
 
 from conftest import REPO
@@ -45,8 +45,19 @@ def _assert_same(got, want):
 
 # ------------------------------------------------------------------ readers and loaders
 
+@pytest.fixture(params=["default", "staged"])
+def staging(request, monkeypatch):
+    """As shipped (the fixtures are too small to stage: plain copies), or
+    every CUDA copy through pinned buffers of an odd size, pieces ending anywhere."""
+    if request.param == "staged":
+        monkeypatch.setattr(_staging, "MIN_BYTES", 0)
+        monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
+        monkeypatch.setattr(_staging, "SLOT_BYTES", 1000)
+    return request.param
+
+
 @pytest.mark.parametrize("fixture", ["dtypes.pt", "views.pt", "dtypes.legacy.pt"])
-def test_reader_read_torch_to_cuda(fixture):
+def test_reader_read_torch_to_cuda(fixture, staging):
     path = os.path.join(PT, fixture)
     with tw.Reader(path) as r:
         for name in r.keys():
@@ -60,7 +71,7 @@ def test_reader_read_torch_to_cuda(fixture):
 
 
 @pytest.mark.parametrize("fixture", ["shared.pt", "views.pt", "module.pt", "shared.legacy.pt"])
-def test_pytorch_load_to_cuda_matches_torch(fixture):
+def test_pytorch_load_to_cuda_matches_torch(fixture, staging):
     path = os.path.join(PT, fixture)
     want = torch.load(path, map_location="cuda", weights_only=True)
     for location in ("cuda", "cuda:0", torch.device("cuda", 0), {"cpu": "cuda:0"}):
@@ -92,7 +103,7 @@ def _compare_structures(ours, want):
 
 
 @pytest.mark.parametrize("path,spec", _fixtures())
-def test_pytorch_load_of_every_fixture_to_cuda_is_torch_load(path, spec):
+def test_pytorch_load_of_every_fixture_to_cuda_is_torch_load(path, spec, staging):
     """Every checkpoint fixture that reads (quantized tensors, empty tensors past their
     storage's end, torch values, ...), sent to the GPU: the same objects as torch's,
     down to strides and storage offsets, or the error torch raises."""
@@ -146,7 +157,7 @@ def _same_on_cuda(got, want, where):
 
 
 @pytest.mark.parametrize("fixture", ["shared.pt", "shared.legacy.pt", "views.pt"])
-def test_pytorch_load_keeps_shared_storages_on_cuda(fixture):
+def test_pytorch_load_keeps_shared_storages_on_cuda(fixture, staging):
     path = os.path.join(PT, fixture)
     got = pytorch.load(path, map_location="cuda")
     want = torch.load(path, map_location="cuda", weights_only=True)
@@ -171,6 +182,69 @@ def _storage_groups(tensors):
         key = t.untyped_storage().data_ptr()
         by_ptr[key] = by_ptr.get(key, 0) + 1
     return sorted(by_ptr.values())
+
+
+def _big_state_dict():
+    """About 70 MiB of tensors of several dtypes, a tied pair, a transposed view and
+    an empty tensor: over ``_staging.MIN_BYTES``, in several 16 MiB buffers."""
+    g = torch.Generator().manual_seed(7)
+    sd = {f"layer{i}.weight": torch.randn(1000 + 13 * i, 1024, generator=g) for i in range(12)}
+    sd["embed"] = torch.randn(3001, 517, generator=g).to(torch.bfloat16)
+    sd["codes"] = torch.randint(-128, 127, (4_000_001,), dtype=torch.int8, generator=g)
+    sd["mask"] = torch.rand(333, 77, generator=g) > 0.5
+    sd["lm_head"] = sd["embed"]  # tied: one storage
+    sd["transposed"] = torch.randn(700, 300, generator=g).t()
+    sd["slice"] = sd["layer3.weight"][5:905:3]
+    sd["empty"] = torch.empty(0, 4)
+    return sd
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_large_checkpoint_through_the_ring_is_torch_load(tmp_path, monkeypatch, zip_format):
+    monkeypatch.setattr(_staging, "SLOT_BYTES", 16 << 20)
+    monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
+    rings = []
+    real = _staging._Ring.run
+    monkeypatch.setattr(_staging._Ring, "run", lambda self, jobs: (rings.append(1), real(self, jobs)))
+    path = str(tmp_path / "big.pt")
+    torch.save(_big_state_dict(), path, _use_new_zipfile_serialization=zip_format)
+    for location in ("cuda", "cuda:0", torch.device("cuda"), {"cpu": "cuda:0"}):
+        want = torch.load(path, map_location=location, weights_only=True)
+        got = pytorch.load(path, map_location=location)
+        assert list(got) == list(want)
+        for name in want:
+            _same_on_cuda(got[name], want[name], name)
+        assert got["lm_head"].untyped_storage().data_ptr() == got["embed"].untyped_storage().data_ptr()
+        # The bytes are there when load returns, for any stream.
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            total = got["layer11.weight"].double().sum()
+        side.synchronize()
+        assert total.item() == want["layer11.weight"].double().sum().item()
+    assert len(rings) == 4
+
+
+def test_large_safetensors_through_the_ring(tmp_path, monkeypatch):
+    monkeypatch.setattr(_staging, "SLOT_BYTES", 16 << 20)
+    monkeypatch.setattr(_staging, "MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
+    rings = []
+    real = _staging._Ring.run
+    monkeypatch.setattr(_staging._Ring, "run", lambda self, jobs: (rings.append(1), real(self, jobs)))
+    sd = {k: v.contiguous() for k, v in _big_state_dict().items() if k not in ("lm_head", "slice")}
+    path = str(tmp_path / "big.safetensors")
+    formats.torch.save_file(sd, path)
+    got = formats.load_file(path, framework="pt", device="cuda:0")
+    with tw.Reader(path) as r:
+        some = r.read_torch(["embed", "codes"], device="cuda")
+        one = r.read_torch("layer0.weight", device=torch.device("cuda", 0))
+    for name, t in sd.items():
+        assert got[name].device == torch.device("cuda", 0)
+        _assert_same(got[name], t)
+    _assert_same(some["embed"], sd["embed"])
+    _assert_same(some["codes"], sd["codes"])
+    _assert_same(one, sd["layer0.weight"])
+    assert len(rings) == 3
 
 
 def test_checkpoint_saved_from_cuda(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _native
+from . import _native, _staging
 from ._types import Tensor, TensorMetadata
 
 
@@ -52,8 +52,9 @@ class Reader(_native.Reader):
     def read_torch(self, name, *, copy=False, device="cpu"):
         """Dense tensor(s) as torch tensors: a name gives a tensor, a list gives a dict
         (file-offset order). With copy=False on the CPU the tensors share the file map
-        (zero-copy, like read_numpy); ``device`` moves them (e.g. "cuda:0").
-        bfloat16 and float8 need no ml_dtypes here."""
+        (zero-copy, like read_numpy); ``device`` moves them (e.g. "cuda:0"; to a CUDA
+        device through reused pinned buffers filled by several threads, returning when
+        the bytes are there). bfloat16 and float8 need no ml_dtypes here."""
         tt = _torch_interop()
         on_cpu = _on_cpu(device)
         if not copy and on_cpu:
@@ -63,6 +64,12 @@ class Reader(_native.Reader):
                 return _shared_torch(self, tt, name)
             if isinstance(name, (list, tuple)):
                 return {n: _shared_torch(self, tt, n) for n in self._sorted_by_offset(list(name))}
+
+        target = None if on_cpu else _staging.cuda_device(tt.torch, device)
+        if target is not None and isinstance(name, (str, list, tuple)):
+            names = [name] if isinstance(name, str) else self._sorted_by_offset(list(name))
+            got = _to_cuda(self, tt, names, target)
+            return got[name] if isinstance(name, str) else got
 
         def one(n):
             if copy:
@@ -130,6 +137,23 @@ def _shared_torch(reader, tt, name):
     """A torch tensor sharing the reader's bytes (bf16 and float8 come as raw bytes)."""
     x = reader._read_for_torch(name)
     return tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
+
+
+def _to_cuda(reader, tt, names, device):
+    """``{name: tensor on the CUDA device}``, copied through pinned buffers
+    (``_staging``); a strided tensor is moved by torch itself (strides kept)."""
+    torch = tt.torch
+    out, jobs = {}, []
+    for n in names:
+        t = _shared_torch(reader, tt, n)
+        if not t.is_contiguous() or t.numel() == 0:
+            out[n] = t.to(device)
+            continue
+        dst = torch.empty(t.shape, dtype=t.dtype, device=device)
+        jobs.append((t.reshape(-1).view(torch.uint8).numpy(), dst.reshape(-1).view(torch.uint8)))
+        out[n] = dst
+    _staging.copy_to_device(torch, jobs)
+    return out
 
 
 _torch_module = None

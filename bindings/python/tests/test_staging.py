@@ -1,0 +1,163 @@
+"""The staged host-to-device copy (``tensorwire._staging``) and the native parallel
+copy under it (``_native._copy_pairs``), on the CPU: the ring's cutting of arrays into
+buffer-sized pieces is the same whatever device the pieces go to. test_gpu.py runs the
+CUDA paths that use it against torch."""
+
+import numpy as np
+import pytest
+
+from tensorwire import _native, _staging
+
+
+def _pattern(n, seed=0):
+    return (np.arange(n, dtype=np.uint64) * 2654435761 + seed).astype(np.uint8)
+
+
+# ------------------------------------------------------------------ _copy_pairs
+
+def test_copy_pairs_copies_every_pair_exactly():
+    # Small and large (parallel) pairs, other dtypes and shapes of the same byte length.
+    sizes = [0, 1, 4095, 3 << 20, (1 << 20) + 7]
+    srcs = [_pattern(n, i) for i, n in enumerate(sizes)]
+    dsts = [np.zeros(n, np.uint8) for n in sizes]
+    typed_src = np.arange(6 * 1024, dtype=np.float32).reshape(6, 1024)
+    typed_dst = np.zeros(6 * 1024 * 4, np.uint8)
+    _native._copy_pairs(list(zip(dsts, srcs)) + [(typed_dst, typed_src)])
+    for d, s in zip(dsts, srcs):
+        assert np.array_equal(d, s)
+    assert np.array_equal(typed_dst.view(np.float32).reshape(6, 1024), typed_src)
+
+
+def test_copy_pairs_reads_one_source_twice_and_read_only_sources():
+    src = _pattern(5000)
+    src.flags.writeable = False
+    a, b = np.zeros(5000, np.uint8), np.zeros(5000, np.uint8)
+    _native._copy_pairs([(a, src), (b, src)])
+    assert np.array_equal(a, src) and np.array_equal(b, src)
+
+
+def test_copy_pairs_refuses_bad_pairs_before_copying_anything():
+    src = _pattern(100)
+    good = np.zeros(100, np.uint8)
+    read_only = np.zeros(100, np.uint8)
+    read_only.flags.writeable = False
+    buf = np.zeros(300, np.uint8)
+    cases = {
+        "lengths differ": (np.zeros(99, np.uint8), src),
+        "read-only dst": (read_only, src),
+        "strided dst": (np.zeros(200, np.uint8)[::2], src),
+        "strided src": (good, np.zeros(200, np.uint8)[::2]),
+        "dst overlaps its src": (buf[50:150], buf[:100]),
+    }
+    for why, bad in cases.items():
+        with pytest.raises(_native.InvalidArgumentError):
+            _native._copy_pairs([(good, src), bad])
+        assert not good.any(), why  # refused before the good pair was copied
+    with pytest.raises(_native.InvalidArgumentError):  # two destinations overlap
+        _native._copy_pairs([(buf[:100], src), (buf[99:199], src)])
+    with pytest.raises(_native.InvalidArgumentError):  # a dst is another pair's src
+        _native._copy_pairs([(buf[:100], src), (good, buf[:100])])
+    with pytest.raises(TypeError):
+        _native._copy_pairs([(bytearray(100), src)])
+    assert not buf.any()
+    # Sources may overlap each other; destinations may touch without overlapping.
+    _native._copy_pairs([(buf[:100], src), (buf[100:200], src), (buf[200:300], src)])
+    assert np.array_equal(buf, np.tile(src, 3))
+
+
+# ------------------------------------------------------------------ the ring, on the CPU
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def small_ring(monkeypatch):
+    """Buffers of an odd size, so that pieces end anywhere, and no lower bound."""
+    monkeypatch.setattr(_staging, "SLOT_BYTES", 1000)
+    monkeypatch.setattr(_staging, "MIN_BYTES", 0)
+    monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
+
+
+def _jobs(sizes):
+    srcs = [_pattern(n, i) for i, n in enumerate(sizes)]
+    dsts = [torch.zeros(n, dtype=torch.uint8) for n in sizes]
+    return srcs, dsts
+
+
+@pytest.mark.parametrize("sizes", [
+    [], [0], [0, 0], [1], [1000], [999, 1, 1000], [0, 1, 999, 1000, 1001, 5000, 3, 0], [12345],
+    [1] * 2500,
+])
+def test_ring_fills_every_destination(small_ring, sizes):
+    srcs, dsts = _jobs(sizes)
+    _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(d.numpy(), s)
+
+
+class _CountingRing(_staging._Ring):
+    runs = 0
+
+    def run(self, jobs):
+        type(self).runs += 1
+        super().run(jobs)
+
+
+def test_small_totals_are_copied_directly(monkeypatch):
+    monkeypatch.setattr(_staging, "_Ring", _CountingRing)
+    monkeypatch.setattr(_staging, "_pinned", True)
+    monkeypatch.setattr(_staging, "MIN_BYTES", 5000)
+    _CountingRing.runs = 0
+    srcs, dsts = _jobs([10, 0, 4096])
+    _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(d.numpy(), s)
+    assert _CountingRing.runs == 0
+    _staging.copy_to_device(torch, list(zip(*_jobs([5000]))), pinned=False)
+    assert _CountingRing.runs == 1
+
+
+def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(monkeypatch):
+    monkeypatch.setattr(_staging, "_Ring", _CountingRing)
+    monkeypatch.setattr(_staging, "_pinned", False)
+    monkeypatch.setattr(_staging, "_plain_bytes", 0)
+    monkeypatch.setattr(_staging, "MIN_BYTES", 100)
+    monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 10_000)
+    monkeypatch.setattr(_staging, "SLOT_BYTES", 1000)
+    _CountingRing.runs = 0
+    runs = []
+    for size in [4000, 50, 4000, 1999, 1, 100, 50]:
+        srcs, dsts = _jobs([size])
+        _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+        assert np.array_equal(dsts[0].numpy(), srcs[0])
+        runs.append(_CountingRing.runs)
+    # Plain until 10 000 bytes would have been copied plainly (the 1999 bytes make
+    # 10 049); from then on staged at MIN_BYTES and more.
+    assert runs == [0, 0, 0, 1, 1, 2, 2]
+
+
+def test_ring_uses_at_most_slots_buffers_of_at_most_slot_bytes(small_ring, monkeypatch):
+    made = []
+    real = _staging._Ring.__init__
+
+    def counting(self, *args):
+        real(self, *args)
+        made.append([b.numel() for b in self.buffers])
+    monkeypatch.setattr(_staging._Ring, "__init__", counting)
+    for total, want in [(10, [1000]), (1500, [1000, 1000]), (10_000, [1000] * _staging.SLOTS)]:
+        srcs, dsts = _jobs([total])
+        _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+        assert made.pop() == want
+
+
+def test_cuda_device_is_none_for_what_is_not_a_cuda_device_here():
+    for device in ("cpu", "meta", torch.device("cpu"), "no-such-device", 3.5):
+        assert _staging.cuda_device(torch, device) is None
+    if not torch.cuda.is_available():
+        assert _staging.cuda_device(torch, "cuda") is None
+        assert _staging.cuda_device(torch, "cuda:0") is None
+    else:
+        count = torch.cuda.device_count()
+        assert _staging.cuda_device(torch, "cuda") == torch.device(
+            "cuda", torch.cuda.current_device())
+        assert _staging.cuda_device(torch, f"cuda:{count}") is None
