@@ -117,6 +117,16 @@ def test_small_totals_are_copied_directly(monkeypatch):
     assert _CountingRing.runs == 1
 
 
+def test_no_pinned_memory_means_plain_copies(small_ring, monkeypatch):
+    def refused(self, *args):
+        raise RuntimeError("CUDA error: out of memory")
+    monkeypatch.setattr(_staging._Ring, "__init__", refused)
+    srcs, dsts = _jobs([5000, 3])
+    _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(d.numpy(), s)
+
+
 def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(monkeypatch):
     monkeypatch.setattr(_staging, "_Ring", _CountingRing)
     monkeypatch.setattr(_staging, "_pinned", False)

@@ -54,14 +54,19 @@ def copy_to_device(torch, jobs, pinned=True):
     ordinary memory (for tests without a GPU)."""
     global _plain_bytes, _pinned
     total = sum(src.nbytes for src, _ in jobs)
-    staged = total >= max(MIN_BYTES, 1) and (_pinned or _plain_bytes + total >= PIN_AFTER_BYTES)
-    if not staged:
+    ring = None
+    if total >= max(MIN_BYTES, 1) and (_pinned or _plain_bytes + total >= PIN_AFTER_BYTES):
+        try:
+            ring = _Ring(torch, total, pinned)
+        except RuntimeError:
+            pass  # no pinned memory to be had (a locked-memory limit): plain copies
+    if ring is None:
         _plain_bytes += total
         for src, dst in jobs:
             if src.nbytes:
                 dst.copy_(torch.from_numpy(src))
         return
-    _Ring(torch, total, pinned).run(jobs)
+    ring.run(jobs)
     _pinned = True
 
 
