@@ -67,7 +67,9 @@ def test_copy_pairs_refuses_bad_pairs_before_copying_anything():
 
 # ------------------------------------------------------------------ the ring, on the CPU
 
-torch = pytest.importorskip("torch")
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
 
 
 @pytest.fixture
@@ -78,7 +80,7 @@ def small_ring(monkeypatch):
     monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
 
 
-def _jobs(sizes):
+def _jobs(torch, sizes):
     srcs = [_pattern(n, i) for i, n in enumerate(sizes)]
     dsts = [torch.zeros(n, dtype=torch.uint8) for n in sizes]
     return srcs, dsts
@@ -88,8 +90,8 @@ def _jobs(sizes):
     [], [0], [0, 0], [1], [1000], [999, 1, 1000], [0, 1, 999, 1000, 1001, 5000, 3, 0], [12345],
     [1] * 2500,
 ])
-def test_ring_fills_every_destination(small_ring, sizes):
-    srcs, dsts = _jobs(sizes)
+def test_ring_fills_every_destination(torch, small_ring, sizes):
+    srcs, dsts = _jobs(torch, sizes)
     _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
     for s, d in zip(srcs, dsts):
         assert np.array_equal(d.numpy(), s)
@@ -103,31 +105,31 @@ class _CountingRing(_staging._Ring):
         super().run(jobs)
 
 
-def test_small_totals_are_copied_directly(monkeypatch):
+def test_small_totals_are_copied_directly(torch, monkeypatch):
     monkeypatch.setattr(_staging, "_Ring", _CountingRing)
     monkeypatch.setattr(_staging, "_pinned", True)
     monkeypatch.setattr(_staging, "MIN_BYTES", 5000)
     _CountingRing.runs = 0
-    srcs, dsts = _jobs([10, 0, 4096])
+    srcs, dsts = _jobs(torch, [10, 0, 4096])
     _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
     for s, d in zip(srcs, dsts):
         assert np.array_equal(d.numpy(), s)
     assert _CountingRing.runs == 0
-    _staging.copy_to_device(torch, list(zip(*_jobs([5000]))), pinned=False)
+    _staging.copy_to_device(torch, list(zip(*_jobs(torch, [5000]))), pinned=False)
     assert _CountingRing.runs == 1
 
 
-def test_no_pinned_memory_means_plain_copies(small_ring, monkeypatch):
+def test_no_pinned_memory_means_plain_copies(torch, small_ring, monkeypatch):
     def refused(self, *args):
         raise RuntimeError("CUDA error: out of memory")
     monkeypatch.setattr(_staging._Ring, "__init__", refused)
-    srcs, dsts = _jobs([5000, 3])
+    srcs, dsts = _jobs(torch, [5000, 3])
     _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
     for s, d in zip(srcs, dsts):
         assert np.array_equal(d.numpy(), s)
 
 
-def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(monkeypatch):
+def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(torch, monkeypatch):
     monkeypatch.setattr(_staging, "_Ring", _CountingRing)
     monkeypatch.setattr(_staging, "_pinned", False)
     monkeypatch.setattr(_staging, "_plain_bytes", 0)
@@ -137,7 +139,7 @@ def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(monkeypat
     _CountingRing.runs = 0
     runs = []
     for size in [4000, 50, 4000, 1999, 1, 100, 50]:
-        srcs, dsts = _jobs([size])
+        srcs, dsts = _jobs(torch, [size])
         _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
         assert np.array_equal(dsts[0].numpy(), srcs[0])
         runs.append(_CountingRing.runs)
@@ -146,7 +148,7 @@ def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(monkeypat
     assert runs == [0, 0, 0, 1, 1, 2, 2]
 
 
-def test_ring_uses_at_most_slots_buffers_of_at_most_slot_bytes(small_ring, monkeypatch):
+def test_ring_uses_at_most_slots_buffers_of_at_most_slot_bytes(torch, small_ring, monkeypatch):
     made = []
     real = _staging._Ring.__init__
 
@@ -155,12 +157,12 @@ def test_ring_uses_at_most_slots_buffers_of_at_most_slot_bytes(small_ring, monke
         made.append([b.numel() for b in self.buffers])
     monkeypatch.setattr(_staging._Ring, "__init__", counting)
     for total, want in [(10, [1000]), (1500, [1000, 1000]), (10_000, [1000] * _staging.SLOTS)]:
-        srcs, dsts = _jobs([total])
+        srcs, dsts = _jobs(torch, [total])
         _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
         assert made.pop() == want
 
 
-def test_cuda_device_is_none_for_what_is_not_a_cuda_device_here():
+def test_cuda_device_is_none_for_what_is_not_a_cuda_device_here(torch):
     for device in ("cpu", "meta", torch.device("cpu"), "no-such-device", 3.5):
         assert _staging.cuda_device(torch, device) is None
     if not torch.cuda.is_available():
