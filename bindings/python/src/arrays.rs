@@ -685,9 +685,10 @@ pub fn copy_parallel(py: Python<'_>, jobs: Vec<(&mut [u8], &[u8])>) {
 }
 
 /// `_copy_pairs(pairs)`: copies each `(dst, src)` pair of numpy arrays (C-contiguous,
-/// `dst` writable, the same number of bytes; dtypes and shapes may differ), on this
-/// thread and tensorwire's copy helpers, without the GIL when large. No destination
-/// may share a byte with another destination or with any source.
+/// `dst` writable, the same number of bytes; dtypes and shapes may differ, but no
+/// dtype may hold Python objects), on this thread and tensorwire's copy helpers,
+/// without the GIL when large. No destination may share a byte with another
+/// destination or with any source.
 #[pyfunction]
 #[pyo3(name = "_copy_pairs")]
 pub fn copy_pairs_py(
@@ -701,6 +702,14 @@ pub fn copy_pairs_py(
         if flags & NPY_ARRAY_WRITEABLE == 0 || !dst.is_c_contiguous() || !src.is_c_contiguous() {
             return Err(Error::invalid(format!(
                 "pair {i}: dst must be writable and both arrays C-contiguous"
+            )))
+            .or_raise();
+        }
+        if dst.dtype().has_object() || src.dtype().has_object() {
+            // Bytes copied into (or out of) object arrays would be taken for (or
+            // give away) Python object pointers.
+            return Err(Error::invalid(format!(
+                "pair {i}: arrays of Python objects have no bytes to copy"
             )))
             .or_raise();
         }

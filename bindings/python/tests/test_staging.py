@@ -48,6 +48,9 @@ def test_copy_pairs_refuses_bad_pairs_before_copying_anything():
         "strided dst": (np.zeros(200, np.uint8)[::2], src),
         "strided src": (good, np.zeros(200, np.uint8)[::2]),
         "dst overlaps its src": (buf[50:150], buf[:100]),
+        "object dst": (np.empty(100 // np.dtype(object).itemsize, object), src[:96]),
+        "object src": (good[:96], np.empty(96 // np.dtype(object).itemsize, object)),
+        "object field": (np.zeros(6, [("a", "i8"), ("b", object)]), src[:96]),
     }
     for why, bad in cases.items():
         with pytest.raises(_native.InvalidArgumentError):
@@ -119,12 +122,50 @@ def test_small_totals_are_copied_directly(torch, monkeypatch):
     assert _CountingRing.runs == 1
 
 
-def test_no_pinned_memory_means_plain_copies(torch, small_ring, monkeypatch):
+def test_no_pinned_memory_means_plain_copies_from_then_on(torch, small_ring, monkeypatch):
+    tries = []
+
     def refused(self, *args):
+        tries.append(1)
         raise RuntimeError("CUDA error: out of memory")
     monkeypatch.setattr(_staging._Ring, "__init__", refused)
-    srcs, dsts = _jobs(torch, [5000, 3])
-    _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+    monkeypatch.setattr(_staging, "_pin_failed", False)
+    for _ in range(3):
+        srcs, dsts = _jobs(torch, [5000, 3])
+        _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+        for s, d in zip(srcs, dsts):
+            assert np.array_equal(d.numpy(), s)
+    assert tries == [1]  # tried once, not on every call
+
+
+def test_plain_copies_of_read_only_sources_do_not_warn(torch, monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(_staging, "MIN_BYTES", 1 << 40)
+    srcs, dsts = _jobs(torch, [100, 7])
+    for s in srcs:
+        s.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(d.numpy(), s)
+
+
+def test_batches_copy_each_time_enough_has_come_together(torch, monkeypatch):
+    calls = []
+    real = _staging.copy_to_device
+    monkeypatch.setattr(_staging, "copy_to_device",
+                        lambda torch, jobs: (calls.append([s.nbytes for s, _ in jobs]), real(torch, jobs)))
+    monkeypatch.setattr(_staging, "BATCH_BYTES", 1000)
+    batches = _staging.Batches(torch)
+    srcs, dsts = _jobs(torch, [600, 300, 200, 1500, 10, 20])
+    for s, d in zip(srcs, dsts):
+        batches.add(s, d)
+    assert calls == [[600, 300, 200], [1500]]
+    batches.flush()
+    batches.flush()
+    assert calls == [[600, 300, 200], [1500], [10, 20], []]
     for s, d in zip(srcs, dsts):
         assert np.array_equal(d.numpy(), s)
 

@@ -143,16 +143,16 @@ def _to_cuda(reader, tt, names, device):
     """``{name: tensor on the CUDA device}``, copied through pinned buffers
     (``_staging``); a strided tensor is moved by torch itself (strides kept)."""
     torch = tt.torch
-    out, jobs = {}, []
+    out, staged = {}, _staging.Batches(torch)
     for n in names:
         t = _shared_torch(reader, tt, n)
         if not t.is_contiguous() or t.numel() == 0:
             out[n] = t.to(device)
             continue
         dst = torch.empty(t.shape, dtype=t.dtype, device=device)
-        jobs.append((t.reshape(-1).view(torch.uint8).numpy(), dst.reshape(-1).view(torch.uint8)))
+        staged.add(t.reshape(-1).view(torch.uint8).numpy(), dst.reshape(-1).view(torch.uint8))
         out[n] = dst
-    _staging.copy_to_device(torch, jobs)
+    staged.flush()
     return out
 
 

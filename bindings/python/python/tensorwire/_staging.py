@@ -26,8 +26,13 @@ MIN_BYTES = 4 << 20
 #: pins anything, and one that loads more pays at most twice the best choice.
 PIN_AFTER_BYTES = 256 << 20
 
-_plain_bytes = 0  # bytes copied plainly so far, while no buffer has been pinned
-_pinned = False   # a staged copy has run: torch's cache holds the buffers
+#: Bytes of jobs a ``Batches`` collects before copying them: copies made on the way
+#: to the device (decoded, byte-swapped or unaligned tensors) never pile up beyond it.
+BATCH_BYTES = 256 << 20
+
+_plain_bytes = 0      # bytes copied plainly so far, while no buffer has been pinned
+_pinned = False       # a staged copy has run: torch's cache holds the buffers
+_pin_failed = False   # pinning failed once (a locked-memory limit): plain from then on
 
 
 def cuda_device(torch, device):
@@ -52,22 +57,50 @@ def copy_to_device(torch, jobs, pinned=True):
     when every byte has arrived. Small copies (see ``MIN_BYTES`` and
     ``PIN_AFTER_BYTES``) are plain ``copy_`` calls. ``pinned=False`` stages through
     ordinary memory (for tests without a GPU)."""
-    global _plain_bytes, _pinned
+    global _plain_bytes, _pinned, _pin_failed
     total = sum(src.nbytes for src, _ in jobs)
     ring = None
-    if total >= max(MIN_BYTES, 1) and (_pinned or _plain_bytes + total >= PIN_AFTER_BYTES):
+    if (total >= max(MIN_BYTES, 1) and not _pin_failed
+            and (_pinned or _plain_bytes + total >= PIN_AFTER_BYTES)):
         try:
             ring = _Ring(torch, total, pinned)
         except RuntimeError:
-            pass  # no pinned memory to be had (a locked-memory limit): plain copies
+            _pin_failed = True  # no pinned memory to be had: plain copies
     if ring is None:
         _plain_bytes += total
         for src, dst in jobs:
-            if src.nbytes:
-                dst.copy_(torch.from_numpy(src))
+            if not src.nbytes:
+                continue
+            if not src.flags.writeable:
+                # torch.from_numpy warns of read-only arrays: through a scratch copy.
+                scratch = torch.empty(src.nbytes, dtype=torch.uint8)
+                _native._copy_pairs([(scratch.numpy(), src)])
+                src = scratch.numpy()
+            dst.copy_(torch.from_numpy(src))
         return
     ring.run(jobs)
     _pinned = True
+
+
+class Batches:
+    """Collects ``(src, dst)`` jobs for :func:`copy_to_device` and copies them each
+    time ``BATCH_BYTES`` have come together, and on :meth:`flush`."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.jobs = []
+        self.bytes = 0
+
+    def add(self, src, dst):
+        self.jobs.append((src, dst))
+        self.bytes += src.nbytes
+        if self.bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self):
+        """Copies what was added since the last flush; returns when it has arrived."""
+        jobs, self.jobs, self.bytes = self.jobs, [], 0
+        copy_to_device(self.torch, jobs)
 
 
 class _Ring:

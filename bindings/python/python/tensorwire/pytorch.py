@@ -292,7 +292,7 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
     on_storages = tt.StorageViews()
     tensors = {}
     to_cuda = {}  # device_of's answer -> the CUDA device it names, or None
-    staged = []   # (host bytes, device bytes) of the storages bound for a CUDA device
+    staged = _staging.Batches(torch)  # the storages bound for a CUDA device
     for name, (key, nbytes, saved, view, offset, strides) in zip(
             reader.keys(), reader._pytorch_storages()):
         if only is not None and name not in only:
@@ -308,7 +308,7 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
             # (from pageable memory, on one thread): one staged copy of them all.
             host = reader._pytorch_storage(name, False, to_copy=True)
             device_bytes = torch.empty(host.nbytes, dtype=torch.uint8, device=to_cuda[where])
-            staged.append((host, device_bytes))
+            staged.add(host, device_bytes)
             storage = restored[key] = device_bytes.untyped_storage()
         elif storage is None:
             raw = tt.from_numpy(reader._pytorch_storage(name, copy)).untyped_storage()
@@ -326,7 +326,7 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
                 storage = views[(key, view)] = restored[key][view[0]:view[1]]
         dtype, shape = tt.torch_type(*reader._dtype_and_shape(name))
         tensors[name] = on_storages.view(storage, dtype, offset, shape, strides)
-    _staging.copy_to_device(torch, staged)
+    staged.flush()
     return tensors
 
 
