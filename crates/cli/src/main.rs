@@ -54,7 +54,8 @@ enum Command {
     /// Each repetition opens the file afresh, then times (1) the open plus a view of
     /// every tensor (zero-copy for raw tensors, so this reads almost none of the data:
     /// its GB/s is not a read speed; compressed tensors are decoded) and (2) a copy
-    /// of every tensor's bytes into fresh memory (this reads all of the data). The
+    /// of every tensor's bytes into fresh memory, as the library copies (on several
+    /// threads when large; this reads all of the data). The
     /// median of the repetitions is printed. The page cache is not dropped: after the
     /// first repetition the file is usually in memory.
     #[command(after_help = EXIT_CODES)]

@@ -197,6 +197,20 @@ pub fn huge_page_vec(capacity: usize) -> Vec<u8> {
     v
 }
 
+/// A copy of `bytes` in fresh memory, made the fast way: the memory is asked for huge
+/// pages ([`advise_huge_pages`]) and filled by the calling thread and the copy
+/// helpers together ([`tensorwire_core::copy`]), so the page faults of the fresh
+/// memory are taken on every thread at once. For 500 MiB on a 2-core machine about
+/// 3× faster than `bytes.to_vec()` (`tensorwire bench`).
+pub fn fresh_copy(bytes: &[u8]) -> Vec<u8> {
+    // Zeroed memory this large comes untouched from the kernel (no zeroing pass): the
+    // copy is the first to write it.
+    let mut copy = vec![0u8; bytes.len()];
+    advise_huge_pages(&mut copy);
+    tensorwire_core::copy::copy(&mut copy, bytes);
+    copy
+}
+
 /// Asks the kernel to back the 2 MiB-aligned interior of `buf` with transparent huge
 /// pages, for a destination about to be filled whose memory another allocator made
 /// (a torch tensor from `torch.empty`): a multi-megabyte fill is then bounded by
@@ -275,6 +289,14 @@ mod tests {
         advise_huge_pages(&mut []);
     }
     use std::io::Write;
+
+    #[test]
+    fn fresh_copy_is_exact_at_every_size() {
+        for len in [0usize, 1, 4095, (2 << 20) + 3, (5 << 20) + 17] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+            assert_eq!(fresh_copy(&src), src, "len {len}");
+        }
+    }
 
     fn temp_file(content: &[u8]) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().unwrap();
