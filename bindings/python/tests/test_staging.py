@@ -68,6 +68,34 @@ def test_copy_pairs_refuses_bad_pairs_before_copying_anything():
     assert np.array_equal(buf, np.tile(src, 3))
 
 
+def test_copy_pairs_refuses_exactly_the_pairs_whose_destinations_overlap():
+    # Random pairs of slices of one buffer, against a brute-force overlap check.
+    rng = np.random.default_rng(5)
+    buf = np.zeros(64, np.uint8)
+    for _ in range(3000):
+        pairs = []
+        for _ in range(rng.integers(1, 5)):
+            n = int(rng.integers(0, 9))
+            d, s = (int(x) for x in rng.integers(0, 64 - n + 1, 2))
+            pairs.append(((d, d + n), (s, s + n)))
+        spans = [(lo, hi, True) for (lo, hi), _ in pairs if hi > lo]
+        spans += [(lo, hi, False) for (dlo, dhi), (lo, hi) in pairs if hi > lo and dhi > dlo]
+        bad = any(a[0] < b[1] and b[0] < a[1] and (a[2] or b[2])
+                  for i, a in enumerate(spans) for b in spans[i + 1:])
+        buf[:] = np.arange(64, dtype=np.uint8)
+        arrays = [(buf[dlo:dhi], buf[slo:shi]) for (dlo, dhi), (slo, shi) in pairs]
+        if bad:
+            with pytest.raises(_native.InvalidArgumentError):
+                _native._copy_pairs(arrays)
+            assert np.array_equal(buf, np.arange(64, dtype=np.uint8))
+        else:
+            want = buf.copy()
+            for (dlo, dhi), (slo, shi) in pairs:
+                want[dlo:dhi] = np.arange(64, dtype=np.uint8)[slo:shi]
+            _native._copy_pairs(arrays)
+            assert np.array_equal(buf, want), pairs
+
+
 # ------------------------------------------------------------------ the ring, on the CPU
 
 @pytest.fixture
