@@ -109,6 +109,7 @@ def small_ring(monkeypatch):
     monkeypatch.setattr(_staging, "SLOT_BYTES", 1000)
     monkeypatch.setattr(_staging, "MIN_BYTES", 0)
     monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
+    monkeypatch.setattr(_staging, "_pinned", _staging._pinned)  # restored afterwards
 
 
 def _jobs(torch, sizes):
