@@ -18,7 +18,7 @@ from tensorwire.cache import TensorCache
 
 from conftest import REPO
 from test_ipc import CHILD_HEAD, CHILD_SERVE, kill, start_server_process
-from test_pytorch_load import _fixtures, compare_trees
+from test_pytorch_load import _fixtures, compare_trees, same_as_loaded
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -133,27 +133,7 @@ def test_pytorch_load_of_every_fixture_to_cuda_is_torch_load(path, spec, staging
                 pytorch.load(path, map_location="cuda", flat=False)
             return
         got = pytorch.load(path, map_location="cuda", flat=False)
-    compare_trees(got, want, _same_on_cuda, name)
-
-
-def _same_on_cuda(got, want, where):
-    """A dense tensor as torch loaded it: device, dtype, shape, strides, offset, bytes
-    and quantization."""
-    assert (got.device, got.dtype, got.shape) == (want.device, want.dtype, want.shape), where
-    assert got.stride() == want.stride(), where
-    assert got.storage_offset() == want.storage_offset(), where
-    assert got.is_quantized == want.is_quantized, where
-    if want.is_quantized:
-        assert got.qscheme() == want.qscheme(), where
-        if want.qscheme() == torch.per_tensor_affine:
-            assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
-        else:
-            assert got.q_per_channel_axis() == want.q_per_channel_axis(), where
-            assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales())
-            assert torch.equal(got.q_per_channel_zero_points(),
-                               want.q_per_channel_zero_points())
-        got, want = got.int_repr(), want.int_repr()
-    _assert_same(got, want)
+    compare_trees(got, want, same_as_loaded, name)
 
 
 @pytest.mark.parametrize("fixture", ["shared.pt", "shared.legacy.pt", "views.pt"])
@@ -224,7 +204,7 @@ def test_large_checkpoint_through_the_ring_is_torch_load(tmp_path, monkeypatch, 
             got = pytorch.load(path, map_location=location)
         assert list(got) == list(want)
         for name in want:
-            _same_on_cuda(got[name], want[name], name)
+            same_as_loaded(got[name], want[name], name)
         assert got["lm_head"].untyped_storage().data_ptr() == got["embed"].untyped_storage().data_ptr()
         # The bytes are there when load returns, for any stream.
         side = torch.cuda.Stream()

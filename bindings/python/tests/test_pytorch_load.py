@@ -422,6 +422,15 @@ def _same_values(got, want, where):
     assert _quantization(got) == _quantization(want), where
 
 
+def same_as_loaded(got, want, where):
+    """A dense tensor as torch loaded it: device, dtype, shape, strides, storage
+    offset, values and quantization."""
+    assert got.device == want.device, where
+    assert got.stride() == want.stride(), where
+    assert got.storage_offset() == want.storage_offset(), where
+    _same_values(got, want, where)
+
+
 def _same_object(got, want):
     compare_trees(got, want, _same_values)
 
