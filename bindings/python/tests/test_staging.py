@@ -329,3 +329,24 @@ def test_read_torch_through_the_ring_is_read_torch(torch, fixture, cpu_as_cuda):
         assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride()), name
         assert _torch_bytes(g) == _torch_bytes(w), name
     assert cpu_as_cuda, "nothing went through the ring"
+
+
+def test_slices_through_the_ring_are_slices(torch, cpu_as_cuda, tmp_path):
+    """safe_open(device=...).get_slice(name)[index]: contiguous parts through the ring,
+    others moved by torch, all equal to the slices of the whole tensor."""
+    from tensorwire import formats
+
+    t = torch.arange(10 * 300, dtype=torch.float32).reshape(10, 300)
+    path = str(tmp_path / "s.safetensors")
+    formats.torch.save_file({"t": t, "b": t.to(torch.bfloat16)}, path)
+    with formats.safe_open(path, framework="pt", device="cuda") as f:
+        for name, whole in (("t", t), ("b", t.to(torch.bfloat16))):
+            part = f.get_slice(name)
+            for index in (slice(2, 7), 3, (slice(1, 3), 4), (slice(None), slice(5, 9))):
+                runs = len(cpu_as_cuda)
+                got, want = part[index], whole[index]
+                assert (got.dtype, got.shape) == (want.dtype, want.shape), (name, index)
+                assert torch.equal(got, want), (name, index)
+                staged = len(cpu_as_cuda) > runs
+                assert staged == want.is_contiguous(), (name, index)
+            assert torch.equal(f.get_tensor(name), whole)

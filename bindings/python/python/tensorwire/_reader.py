@@ -142,16 +142,12 @@ def _shared_torch(reader, tt, name):
 def _to_cuda(reader, tt, names, device):
     """``{name: tensor on the CUDA device}``, copied through pinned buffers
     (``_staging``); a strided tensor is moved by torch itself (strides kept)."""
-    torch = tt.torch
-    out, staged = {}, _staging.Batches(torch)
+    staged = _staging.Batches(tt.torch)
+    out = {}
     for n in names:
-        t = _shared_torch(reader, tt, n)
-        if not t.is_contiguous() or t.numel() == 0:
-            out[n] = t.to(device)
-            continue
-        dst = torch.empty(t.shape, dtype=t.dtype, device=device)
-        staged.add(t.reshape(-1).view(torch.uint8).numpy(), dst.reshape(-1).view(torch.uint8))
-        out[n] = dst
+        out[n], job = _staging.device_job(tt.torch, _shared_torch(reader, tt, n), device)
+        if job is not None:
+            staged.add(*job)
     staged.flush()
     return out
 

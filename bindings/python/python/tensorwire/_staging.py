@@ -51,6 +51,30 @@ def cuda_device(torch, device):
     return torch.device("cuda", index)
 
 
+def device_job(torch, tensor, device):
+    """``(result, job)`` for moving a CPU ``tensor`` to the CUDA ``device``: an empty
+    tensor there and the ``(src, dst)`` job that fills it, or, for a tensor that is
+    not contiguous (or empty), ``tensor.to(device)`` (torch keeps its strides) and no
+    job."""
+    if not tensor.is_contiguous() or tensor.numel() == 0:
+        return tensor.to(device), None
+    dst = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+    src = tensor.reshape(-1).view(torch.uint8).numpy()
+    return dst, (src, dst.reshape(-1).view(torch.uint8))
+
+
+def to_device(torch, tensor, device):
+    """``tensor.to(device)`` for a CPU tensor, through the pinned buffers when
+    ``device`` is a CUDA device and the tensor is contiguous."""
+    target = cuda_device(torch, device)
+    if target is None:
+        return tensor.to(device)
+    result, job = device_job(torch, tensor, target)
+    if job is not None:
+        copy_to_device(torch, [job])
+    return result
+
+
 def copy_to_device(torch, jobs, pinned=True):
     """Copies each ``(src, dst)`` of ``jobs``: ``src`` a flat uint8 numpy array,
     ``dst`` a flat uint8 torch tensor of the same length on a CUDA device. Returns

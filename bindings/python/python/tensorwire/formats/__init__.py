@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _native
+from .. import _native, _staging
 from .._reader import Reader, _logical_name, _on_cpu, _torch_interop
 
 TensorwireError = _native.TensorwireError
@@ -103,10 +103,11 @@ class _Loader:
         return self.reader.read_torch(name, device=self.device)
 
     def from_view(self, view):
-        """A slice of a CPU view in this framework, on this device."""
+        """A slice of a CPU view in this framework, on this device (to a CUDA device
+        through the pinned buffers, as whole tensors go)."""
         if self.framework == "np" or _on_cpu(self.device):
             return view
-        return view.to(self.device)
+        return _staging.to_device(_torch_interop().torch, view, self.device)
 
     def whole(self, name):
         """The tensor as a CPU view (a slice of it is taken next)."""
