@@ -891,33 +891,36 @@ impl Reader {
     /// `safetensors:F4`, with its logical shape). `strides` is `None` for row-major
     /// bytes, or the element strides of a strided view (a transposed bfloat16 or
     /// float8 torch tensor), whose array holds the bytes from its first element to
-    /// its last.
-    #[pyo3(signature = (name, *, copy = false))]
+    /// its last. With `to_copy`, the bytes are only to be copied elsewhere (to a GPU):
+    /// views at any alignment, read-only where the reader's memory is.
+    #[pyo3(signature = (name, *, copy = false, to_copy = false))]
     fn _read_for_torch<'py>(
         &self,
         py: Python<'py>,
         name: &Bound<'py, PyAny>,
         copy: bool,
+        to_copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let src = self.src()?;
         let at = self.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
         let raw_type = torch_type(info);
+        let lend = if to_copy { Lend::Any } else { Lend::Torch };
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
-            return dense_array(py, src, at, copy, false, Lend::Torch, &self.owner);
+            return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
         let dims = info.shape.dims().to_vec();
         if raw_type.is_none() && !copy && info.encoding.is_none() {
             // Zero-copy with the tensor's own strides, as for the types numpy has.
             let strided = src.strided_at(at).or_raise()?;
-            if strided.zero_copy && lendable(&strided.bytes, info.dtype, Lend::Torch) {
+            if strided.zero_copy && lendable(&strided.bytes, info.dtype, lend) {
                 let len = [strided.bytes.len() as u64];
                 let array = self.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
                 let raw = (array, info.dtype.name(), dims, strided.strides);
                 return Ok(raw.into_pyobject(py)?.into_any());
             }
         }
-        let array = dense_array(py, src, at, copy, true, Lend::Torch, &self.owner)?;
+        let array = dense_array(py, src, at, copy, true, lend, &self.owner)?;
         let (name, dims) = raw_type.unwrap_or((info.dtype.name(), dims));
         Ok((array, name, dims, None::<Vec<u64>>)
             .into_pyobject(py)?

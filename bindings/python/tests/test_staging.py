@@ -96,6 +96,35 @@ def test_copy_pairs_refuses_exactly_the_pairs_whose_destinations_overlap():
             assert np.array_equal(buf, want), pairs
 
 
+@pytest.mark.parametrize("fixture", [
+    "pytorch/dtypes.legacy.pt", "pytorch/views.pt", "numpy/arrays.npz",
+    "safetensors/dtypes.safetensors",
+])
+def test_bytes_bound_for_a_device_are_views_at_any_alignment(fixture):
+    """What read_torch copies to a GPU is read where it lies, also when torch could not
+    share it (unaligned legacy storages and NPZ members, a caller's read-only bytes):
+    only byte-swapped tensors are copies, and strided ones are left to torch."""
+    import os
+
+    import tensorwire as tw
+    from conftest import REPO
+    from tensorwire._reader import _row_major_bytes
+
+    with open(os.path.join(REPO, "fixtures", fixture), "rb") as f:
+        data = f.read()
+    whole = np.frombuffer(data, np.uint8)
+    viewed = 0
+    with tw.Reader(buffer=data) as r:
+        for name in r.keys():
+            raw = _row_major_bytes(r._read_for_torch(name, to_copy=True))
+            if raw is None or not raw.nbytes:
+                continue
+            swapped = r.metadata(name).attributes.get("npy.descr", "").startswith(">")
+            assert np.shares_memory(raw, whole) != swapped, name
+            viewed += not swapped
+    assert viewed
+
+
 # ------------------------------------------------------------------ the ring, on the CPU
 
 @pytest.fixture
@@ -309,16 +338,26 @@ def _storage_groups(tensors):
     "pytorch/dtypes.pt", "pytorch/views.pt", "pytorch/dtypes.legacy.pt",
     "safetensors/dtypes.safetensors", "numpy/arrays.npz",
 ])
-def test_read_torch_through_the_ring_is_read_torch(torch, fixture, cpu_as_cuda):
-    """Reader.read_torch "to the GPU" through the ring: read_torch's tensors, strided
-    ones (moved by torch itself) keeping their strides."""
+@pytest.mark.parametrize("source", ["file", "buffer"])
+def test_read_torch_through_the_ring_is_read_torch(torch, fixture, source, cpu_as_cuda):
+    """Reader.read_torch "to the GPU" through the ring, from a file or from read-only
+    bytes, unaligned tensors included: read_torch's tensors, strided ones (moved by
+    torch itself) keeping their strides, and no warning of read-only memory."""
     import os
+    import warnings
 
     import tensorwire as tw
     from conftest import REPO
     from test_pytorch_load import _torch_bytes
 
-    with tw.Reader(os.path.join(REPO, "fixtures", fixture)) as r:
+    path = os.path.join(REPO, "fixtures", fixture)
+    if source == "file":
+        reader = tw.Reader(path)
+    else:
+        with open(path, "rb") as f:
+            reader = tw.Reader(buffer=f.read())
+    with reader as r, warnings.catch_warnings():
+        warnings.simplefilter("error")
         names = list(r.keys())
         want = r.read_torch(names)
         got = r.read_torch(names, device="cuda")

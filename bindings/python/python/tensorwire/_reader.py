@@ -141,15 +141,33 @@ def _shared_torch(reader, tt, name):
 
 def _to_cuda(reader, tt, names, device):
     """``{name: tensor on the CUDA device}``, copied through pinned buffers
-    (``_staging``); a strided tensor is moved by torch itself (strides kept)."""
-    staged = _staging.Batches(tt.torch)
+    (``_staging``) from the reader's bytes as they lie (unaligned or read-only ones
+    too: no host copy first); a strided or empty tensor is moved by torch itself
+    (strides kept)."""
+    torch = tt.torch
+    staged = _staging.Batches(torch)
     out = {}
     for n in names:
-        out[n], job = _staging.device_job(tt.torch, _shared_torch(reader, tt, n), device)
-        if job is not None:
-            staged.add(*job)
+        raw = _row_major_bytes(reader._read_for_torch(n, to_copy=True))
+        if raw is None or not raw.nbytes:
+            out[n], job = _staging.device_job(torch, _shared_torch(reader, tt, n), device)
+            if job is not None:
+                staged.add(*job)
+            continue
+        dtype, shape = tt.torch_type(*reader._dtype_and_shape(n))
+        out[n] = torch.empty(shape, dtype=dtype, device=device)
+        staged.add(raw, out[n].reshape(-1).view(torch.uint8))
     staged.flush()
     return out
+
+
+def _row_major_bytes(x):
+    """What ``_read_for_torch`` gave, as a flat uint8 view of row-major bytes, or None
+    for a strided view."""
+    if isinstance(x, tuple):
+        raw, _, _, strides = x
+        return raw if strides is None else None
+    return x.reshape(-1).view("uint8") if x.flags.c_contiguous else None
 
 
 _torch_module = None
