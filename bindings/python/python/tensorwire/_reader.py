@@ -148,15 +148,26 @@ def _to_cuda(reader, tt, names, device):
     staged = _staging.Batches(torch)
     out = {}
     for n in names:
-        raw = _row_major_bytes(reader._read_for_torch(n, to_copy=True))
+        x = reader._read_for_torch(n, to_copy=True)
+        raw = _row_major_bytes(x)
         if raw is None or not raw.nbytes:
             out[n], job = _staging.device_job(torch, _shared_torch(reader, tt, n), device)
             if job is not None:
                 staged.add(*job)
             continue
-        dtype, shape = tt.torch_type(*reader._dtype_and_shape(n))
-        out[n] = torch.empty(shape, dtype=dtype, device=device)
-        staged.add(raw, out[n].reshape(-1).view(torch.uint8))
+        # The dtype, shape and strides the CPU tensor of these bytes would have.
+        if isinstance(x, tuple):
+            dtype, shape = tt.torch_type(x[1], x[2])
+            strides = None
+        else:
+            dtype, shape = tt.dtype_of(x), x.shape
+            strides = tuple(s // x.itemsize for s in x.strides)
+        if strides is None:
+            dst = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            dst = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        staged.add(raw, tt.flat_bytes(dst))
+        out[n] = dst
     staged.flush()
     return out
 

@@ -53,14 +53,16 @@ def cuda_device(torch, device):
 
 def device_job(torch, tensor, device):
     """``(result, job)`` for moving a CPU ``tensor`` to the CUDA ``device``: an empty
-    tensor there and the ``(src, dst)`` job that fills it, or, for a tensor that is
-    not contiguous (or empty), ``tensor.to(device)`` (torch keeps its strides) and no
-    job."""
+    tensor there with the same strides and the ``(src, dst)`` job that fills it, or,
+    for a tensor that is not contiguous (or empty), ``tensor.to(device)`` and no job."""
+    from ._torch import flat_bytes
+
     if not tensor.is_contiguous() or tensor.numel() == 0:
         return tensor.to(device), None
-    dst = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
-    src = tensor.reshape(-1).view(torch.uint8).numpy()
-    return dst, (src, dst.reshape(-1).view(torch.uint8))
+    # Contiguous, so the bytes are in row-major order whatever the strides of its
+    # size-1 dimensions, which torch's own copy keeps.
+    dst = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+    return dst, (flat_bytes(tensor).numpy(), flat_bytes(dst))
 
 
 def to_device(torch, tensor, device):

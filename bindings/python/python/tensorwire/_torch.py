@@ -29,6 +29,30 @@ RAW_FROM_TORCH = {v: k for k, v in RAW_TO_TORCH.items()}
 _F4 = "safetensors:F4"
 
 
+# Quantized types tensorwire reads as their integers (tenso packets' qint8 and quint8):
+# torch gets the integers, as read_torch gives them.
+_INTEGERS_OF = {"qint8": torch.int8, "quint8": torch.uint8}
+# numpy dtype -> the torch dtype torch.from_numpy gives it, filled on first use.
+_FROM_NUMPY = {}
+
+
+def dtype_of(array):
+    """The torch dtype ``torch.from_numpy(array)`` would have."""
+    dt = _FROM_NUMPY.get(array.dtype)
+    if dt is None:
+        dt = _FROM_NUMPY[array.dtype] = torch.from_numpy(np.empty(0, array.dtype)).dtype
+    return dt
+
+
+def flat_bytes(t):
+    """A contiguous tensor's bytes as a flat uint8 view (also for one element whose
+    stride is not 1, which ``reshape(-1)`` keeps and ``view(uint8)`` refuses)."""
+    flat = t.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
+
+
 def torch_dtype(name: str):
     try:
         return TO_TORCH[name]
@@ -40,7 +64,7 @@ def torch_type(name, shape):
     """(torch dtype, torch shape) for a tensor read_torch reports as (name, shape); a
     safetensors raw type this torch lacks (or an F4 tensor whose last dimension does
     not pair up) stays raw bytes: (uint8, [byte count])."""
-    dt = TO_TORCH.get(name)
+    dt = TO_TORCH.get(name) or _INTEGERS_OF.get(name)
     if dt is not None:
         return dt, tuple(shape)
     if name not in _SAFETENSORS_RAW:
