@@ -151,21 +151,17 @@ def _to_cuda(reader, tt, names, device):
         x = reader._read_for_torch(n, to_copy=True)
         raw = _row_major_bytes(x)
         if raw is None or not raw.nbytes:
-            out[n], job = _staging.device_job(torch, _shared_torch(reader, tt, n), device)
+            out[n], job = _staging.device_job(tt, _shared_torch(reader, tt, n), device)
             if job is not None:
                 staged.add(*job)
             continue
-        # The dtype, shape and strides the CPU tensor of these bytes would have.
-        if isinstance(x, tuple):
+        # The tensor the CPU path would build over these bytes, on the device.
+        if isinstance(x, tuple):  # a dtype numpy lacks, as row-major bytes
             dtype, shape = tt.torch_type(x[1], x[2])
-            strides = None
-        else:
-            dtype, shape = tt.dtype_of(x), x.shape
-            strides = tuple(s // x.itemsize for s in x.strides)
-        if strides is None:
             dst = torch.empty(shape, dtype=dtype, device=device)
-        else:
-            dst = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        else:  # torch.from_numpy's dtype and strides (of size-1 dimensions too)
+            strides = tuple(s // x.itemsize for s in x.strides)
+            dst = torch.empty_strided(x.shape, strides, dtype=tt.dtype_of(x), device=device)
         staged.add(raw, tt.flat_bytes(dst))
         out[n] = dst
     staged.flush()

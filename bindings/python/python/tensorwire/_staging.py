@@ -51,29 +51,29 @@ def cuda_device(torch, device):
     return torch.device("cuda", index)
 
 
-def device_job(torch, tensor, device):
-    """``(result, job)`` for moving a CPU ``tensor`` to the CUDA ``device``: an empty
-    tensor there with the same strides and the ``(src, dst)`` job that fills it, or,
-    for a tensor that is not contiguous (or empty), ``tensor.to(device)`` and no job."""
-    from ._torch import flat_bytes
-
+def device_job(tt, tensor, device):
+    """``(result, job)`` for moving a CPU ``tensor`` to the CUDA ``device`` (``tt``:
+    the ``_torch`` interop module): an empty tensor there with the same strides and
+    the ``(src, dst)`` job that fills it, or, for a tensor that is not contiguous (or
+    empty), ``tensor.to(device)`` and no job."""
     if not tensor.is_contiguous() or tensor.numel() == 0:
         return tensor.to(device), None
     # Contiguous, so the bytes are in row-major order whatever the strides of its
     # size-1 dimensions, which torch's own copy keeps.
-    dst = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
-    return dst, (flat_bytes(tensor).numpy(), flat_bytes(dst))
+    dst = tt.torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                 device=device)
+    return dst, (tt.flat_bytes(tensor).numpy(), tt.flat_bytes(dst))
 
 
-def to_device(torch, tensor, device):
+def to_device(tt, tensor, device):
     """``tensor.to(device)`` for a CPU tensor, through the pinned buffers when
     ``device`` is a CUDA device and the tensor is contiguous."""
-    target = cuda_device(torch, device)
+    target = cuda_device(tt.torch, device)
     if target is None:
         return tensor.to(device)
-    result, job = device_job(torch, tensor, target)
+    result, job = device_job(tt, tensor, target)
     if job is not None:
-        copy_to_device(torch, [job])
+        copy_to_device(tt.torch, [job])
     return result
 
 
@@ -97,12 +97,12 @@ def copy_to_device(torch, jobs, pinned=True):
         for src, dst in jobs:
             if not src.nbytes:
                 continue
-            if not src.flags.writeable:
-                # torch.from_numpy warns of read-only arrays: through a scratch copy.
+            if src.flags.writeable:
+                dst.copy_(torch.from_numpy(src))
+            else:  # torch.from_numpy warns of read-only arrays: through a scratch copy
                 scratch = torch.empty(src.nbytes, dtype=torch.uint8)
                 _native._copy_pairs([(scratch.numpy(), src)])
-                src = scratch.numpy()
-            dst.copy_(torch.from_numpy(src))
+                dst.copy_(scratch)
         return
     ring.run(jobs)
     _pinned = True

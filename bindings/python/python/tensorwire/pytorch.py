@@ -190,7 +190,9 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
             try:
                 built[key] = _sparse_tensor(torch, _torch_object(layout), size, is_coalesced,
                                             [tensors[p] for p in parts])
-            except NotImplementedError:  # torch's own limits (no data on "meta"), as torch.load
+            except NotImplementedError:
+                # A RuntimeError too, but not a bad index: torch cannot check sparse
+                # indices on "meta". torch.load raises it as it is, and so do we.
                 raise
             except RuntimeError as e:  # torch's index checks
                 raise MalformedError(f"sparse tensor `{name}`: {e}") from e

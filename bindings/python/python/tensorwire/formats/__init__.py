@@ -107,7 +107,7 @@ class _Loader:
         through the pinned buffers, as whole tensors go)."""
         if self.framework == "np" or _on_cpu(self.device):
             return view
-        return _staging.to_device(_torch_interop().torch, view, self.device)
+        return _staging.to_device(_torch_interop(), view, self.device)
 
     def whole(self, name):
         """The tensor as a CPU view (a slice of it is taken next)."""
