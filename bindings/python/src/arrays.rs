@@ -746,6 +746,7 @@ pub fn copy_pairs_py(
     Ok(())
 }
 
+/// The bytes of an array's elements (its buffer's length when it is contiguous).
 fn nbytes(array: &Bound<'_, PyUntypedArray>) -> usize {
     array.len() * array.dtype().itemsize()
 }
@@ -788,7 +789,7 @@ pub const RELEASE_GIL_BYTES: usize = 1 << 16;
 // SAFETY: an `unsafe fn` because validity depends on the caller's promises listed in
 // `# Safety`; each call site states why they hold.
 pub unsafe fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
-    let len = array.len() * array.dtype().itemsize();
+    let len = nbytes(array);
     if len == 0 {
         return &[];
     }
@@ -812,7 +813,7 @@ pub unsafe fn contiguous_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a 
 // SAFETY: an `unsafe fn` because validity depends on the caller's promises listed in
 // `# Safety`; each call site states why they hold.
 pub unsafe fn contiguous_bytes_mut<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a mut [u8] {
-    let len = array.len() * array.dtype().itemsize();
+    let len = nbytes(array);
     if len == 0 {
         return &mut [];
     }

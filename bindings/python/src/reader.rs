@@ -248,6 +248,18 @@ enum Lend {
     Torch,
 }
 
+impl Lend {
+    /// For torch, unless the bytes are `only_copied` elsewhere (to a GPU), when any
+    /// view will do.
+    fn for_torch(only_copied: bool) -> Lend {
+        if only_copied {
+            Lend::Any
+        } else {
+            Lend::Torch
+        }
+    }
+}
+
 /// The dense tensor at `at` as a numpy array: zero-copy for raw tensors unless `copy`
 /// (strided tensors keep their strides; unaligned or read-only ones are copied under
 /// [`Lend::Torch`]), a fresh (writable) array otherwise. With `raw`, the array is
@@ -791,7 +803,7 @@ impl Reader {
         let record = &reader.records()[at];
         let (bytes, borrowed) = reader.storage_bytes(record).or_raise()?;
         let dims = [bytes.len() as u64];
-        let lend = if to_copy { Lend::Any } else { Lend::Torch };
+        let lend = Lend::for_torch(to_copy);
         // Tensors of other types may share the storage: aligned for the strictest.
         if borrowed && !copy && lendable(&bytes, DType::Complex128, lend) {
             return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
@@ -905,7 +917,7 @@ impl Reader {
         let at = self.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
         let raw_type = torch_type(info);
-        let lend = if to_copy { Lend::Any } else { Lend::Torch };
+        let lend = Lend::for_torch(to_copy);
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
