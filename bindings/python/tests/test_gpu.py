@@ -19,6 +19,7 @@ from tensorwire.cache import TensorCache
 from conftest import REPO
 from test_ipc import CHILD_HEAD, CHILD_SERVE, kill, start_server_process
 from test_pytorch_load import _fixtures, compare_trees, same_as_loaded
+from test_staging import count_ring_runs
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -186,9 +187,7 @@ def test_large_checkpoint_through_the_ring_is_torch_load(tmp_path, monkeypatch, 
     monkeypatch.setattr(_staging, "SLOT_BYTES", 16 << 20)
     monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
     monkeypatch.setattr(_staging, "BATCH_BYTES", 24 << 20)  # about three batches
-    rings = []
-    real = _staging._Ring.run
-    monkeypatch.setattr(_staging._Ring, "run", lambda self, jobs: (rings.append(1), real(self, jobs)))
+    rings = count_ring_runs(monkeypatch)
     path = str(tmp_path / "big.pt")
     torch.save(_big_state_dict(), path, _use_new_zipfile_serialization=zip_format)
     with open(path, "rb") as f:
@@ -219,9 +218,7 @@ def test_large_safetensors_through_the_ring(tmp_path, monkeypatch):
     monkeypatch.setattr(_staging, "SLOT_BYTES", 16 << 20)
     monkeypatch.setattr(_staging, "MIN_BYTES", 1 << 20)
     monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 0)
-    rings = []
-    real = _staging._Ring.run
-    monkeypatch.setattr(_staging._Ring, "run", lambda self, jobs: (rings.append(1), real(self, jobs)))
+    rings = count_ring_runs(monkeypatch)
     sd = {k: v.contiguous() for k, v in _big_state_dict().items() if k not in ("lm_head", "slice")}
     path = str(tmp_path / "big.safetensors")
     formats.torch.save_file(sd, path)

@@ -3,10 +3,18 @@ copy under it (``_native._copy_pairs``), on the CPU: the ring's cutting of array
 buffer-sized pieces is the same whatever device the pieces go to. test_gpu.py runs the
 CUDA paths that use it against torch."""
 
+import os
+import warnings
+
 import numpy as np
 import pytest
 
-from tensorwire import _native, _staging
+import tensorwire as tw
+from conftest import REPO
+from tensorwire import _native, _staging, formats, pytorch
+from tensorwire._reader import _row_major_bytes
+from test_pytorch_load import (_fixtures, _flat_tensors, _torch_bytes, _torch_load_or_skip,
+                               compare_trees, same_as_loaded)
 
 
 def _pattern(n, seed=0):
@@ -104,12 +112,6 @@ def test_bytes_bound_for_a_device_are_views_at_any_alignment(fixture):
     """What read_torch copies to a GPU is read where it lies, also when torch could not
     share it (unaligned legacy storages and NPZ members, a caller's read-only bytes):
     only byte-swapped tensors are copies, and strided ones are left to torch."""
-    import os
-
-    import tensorwire as tw
-    from conftest import REPO
-    from tensorwire._reader import _row_major_bytes
-
     with open(os.path.join(REPO, "fixtures", fixture), "rb") as f:
         data = f.read()
     whole = np.frombuffer(data, np.uint8)
@@ -158,26 +160,27 @@ def test_ring_fills_every_destination(torch, small_ring, sizes):
         assert np.array_equal(d.numpy(), s)
 
 
-class _CountingRing(_staging._Ring):
-    runs = 0
-
-    def run(self, jobs):
-        type(self).runs += 1
-        super().run(jobs)
+def count_ring_runs(monkeypatch):
+    """A list that gets one item per ring run (``_staging._Ring.run``) while the test
+    runs."""
+    runs = []
+    real_run = _staging._Ring.run
+    monkeypatch.setattr(_staging._Ring, "run",
+                        lambda self, jobs: (runs.append(1), real_run(self, jobs)))
+    return runs
 
 
 def test_small_totals_are_copied_directly(torch, monkeypatch):
-    monkeypatch.setattr(_staging, "_Ring", _CountingRing)
+    runs = count_ring_runs(monkeypatch)
     monkeypatch.setattr(_staging, "_pinned", True)
     monkeypatch.setattr(_staging, "MIN_BYTES", 5000)
-    _CountingRing.runs = 0
     srcs, dsts = _jobs(torch, [10, 0, 4096])
     _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
     for s, d in zip(srcs, dsts):
         assert np.array_equal(d.numpy(), s)
-    assert _CountingRing.runs == 0
+    assert len(runs) == 0
     _staging.copy_to_device(torch, list(zip(*_jobs(torch, [5000]))), pinned=False)
-    assert _CountingRing.runs == 1
+    assert len(runs) == 1
 
 
 def test_no_pinned_memory_means_plain_copies_from_then_on(torch, small_ring, monkeypatch):
@@ -197,8 +200,6 @@ def test_no_pinned_memory_means_plain_copies_from_then_on(torch, small_ring, mon
 
 
 def test_plain_copies_of_read_only_sources_do_not_warn(torch, monkeypatch):
-    import warnings
-
     monkeypatch.setattr(_staging, "MIN_BYTES", 1 << 40)
     srcs, dsts = _jobs(torch, [100, 7])
     for s in srcs:
@@ -229,19 +230,18 @@ def test_batches_copy_each_time_enough_has_come_together(torch, monkeypatch):
 
 
 def test_buffers_are_pinned_once_plain_copies_would_have_paid_for_them(torch, monkeypatch):
-    monkeypatch.setattr(_staging, "_Ring", _CountingRing)
+    ring_runs = count_ring_runs(monkeypatch)
     monkeypatch.setattr(_staging, "_pinned", False)
     monkeypatch.setattr(_staging, "_plain_bytes", 0)
     monkeypatch.setattr(_staging, "MIN_BYTES", 100)
     monkeypatch.setattr(_staging, "PIN_AFTER_BYTES", 10_000)
     monkeypatch.setattr(_staging, "SLOT_BYTES", 1000)
-    _CountingRing.runs = 0
     runs = []
     for size in [4000, 50, 4000, 1999, 1, 100, 50]:
         srcs, dsts = _jobs(torch, [size])
         _staging.copy_to_device(torch, list(zip(srcs, dsts)), pinned=False)
         assert np.array_equal(dsts[0].numpy(), srcs[0])
-        runs.append(_CountingRing.runs)
+        runs.append(len(ring_runs))
     # Plain until 10 000 bytes would have been copied plainly (the 1999 bytes make
     # 10 049); from then on staged at MIN_BYTES and more.
     assert runs == [0, 0, 0, 1, 1, 2, 2]
@@ -281,10 +281,8 @@ def cpu_as_cuda(torch, monkeypatch):
     """The loaders' CUDA paths run on the CPU: a "cuda" device is taken for the CPU,
     and every copy goes through the ring (ordinary memory, 1000-byte buffers). Gives
     the list that each ring run appends to."""
+    runs = count_ring_runs(monkeypatch)
     real_ring = _staging._Ring
-    runs = []
-    real_run = real_ring.run
-    monkeypatch.setattr(real_ring, "run", lambda self, jobs: (runs.append(1), real_run(self, jobs)))
     monkeypatch.setattr(_staging, "_Ring", lambda torch, total, pinned: real_ring(torch, total, False))
     monkeypatch.setattr(_staging, "cuda_device", lambda torch, device: (
         torch.device("cpu") if str(device).startswith("cuda") else None))
@@ -295,22 +293,10 @@ def cpu_as_cuda(torch, monkeypatch):
     return runs
 
 
-def _checkpoints():
-    from test_pytorch_load import _fixtures
-
-    return _fixtures()
-
-
-@pytest.mark.parametrize("path,spec", _checkpoints())
+@pytest.mark.parametrize("path,spec", _fixtures())
 def test_pytorch_load_through_the_ring_is_torch_load(torch, path, spec, cpu_as_cuda):
     """Every checkpoint fixture moved "to the GPU" through the ring: torch's objects,
     down to strides, storage offsets and tied storages."""
-    import os
-
-    from tensorwire import pytorch
-    from test_pytorch_load import (_flat_tensors, _torch_load_or_skip, compare_trees,
-                                   same_as_loaded)
-
     if os.path.basename(path) == "big_endian.pt":
         pytest.skip("torch leaves uint16/32/64 of big-endian files unswapped; we swap")
     want = _torch_load_or_skip(path, map_location="cpu")
@@ -348,13 +334,6 @@ def test_read_torch_through_the_ring_is_read_torch(torch, fixture, source, cpu_a
     bytes, unaligned tensors included: read_torch's tensors (dtype, shape, strides,
     bytes), one at a time and as a list, or read_torch's own error; and no warning of
     read-only memory."""
-    import os
-    import warnings
-
-    import tensorwire as tw
-    from conftest import REPO
-    from test_pytorch_load import _torch_bytes
-
     path = os.path.join(REPO, "fixtures", fixture)
     if source == "file":
         reader = tw.Reader(path)
@@ -387,8 +366,6 @@ def test_read_torch_through_the_ring_is_read_torch(torch, fixture, source, cpu_a
 def test_slices_through_the_ring_are_slices(torch, cpu_as_cuda, tmp_path):
     """safe_open(device=...).get_slice(name)[index]: contiguous parts through the ring,
     others moved by torch, all equal to the slices of the whole tensor."""
-    from tensorwire import formats
-
     t = torch.arange(10 * 300, dtype=torch.float32).reshape(10, 300)
     path = str(tmp_path / "s.safetensors")
     formats.torch.save_file({"t": t, "b": t.to(torch.bfloat16)}, path)
@@ -407,11 +384,6 @@ def test_slices_through_the_ring_are_slices(torch, cpu_as_cuda, tmp_path):
 
 
 def test_read_torch_copies_of_packet_quantized_tensors_are_their_integers(torch):
-    import os
-
-    import tensorwire as tw
-    from conftest import REPO
-
     path = os.path.join(REPO, "fixtures", "packet", "quant_qint8_per_tensor.tnso")
     with tw.Reader(path) as r:
         shared = r.read_torch("tensor")
