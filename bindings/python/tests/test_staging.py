@@ -392,3 +392,49 @@ def test_read_torch_copies_of_packet_quantized_tensors_are_their_integers(torch)
         r.read_into("tensor", into)
     assert shared.dtype == copied.dtype == torch.int8
     assert torch.equal(shared, copied) and torch.equal(shared, into)
+
+
+def test_cache_values_and_tensors_go_to_the_device_through_the_ring(torch, cpu_as_cuda):
+    """TensorCache.get(device="torch:cuda…") and Tensor.torch(device="cuda") copy the
+    shared bytes straight through the ring (no host copy first): equal values, the
+    dtype torch gives (bfloat16 from ml_dtypes too), shapes down to 0-d and empty; a
+    value that is not C-contiguous is moved by torch."""
+    from tensorwire.cache import TensorCache
+
+    values = {
+        "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "i64_scalar": np.array(-7, dtype=np.int64),
+        "empty": np.zeros((0, 5), np.float16),
+        "bool": np.arange(9) % 2 == 0,
+        "fortran": np.asfortranarray(np.arange(20, dtype=np.int32).reshape(4, 5)),
+    }
+    try:
+        import ml_dtypes
+        values["bf16"] = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    with TensorCache("4MB") as cache:
+        for name, value in values.items():
+            cache.put(name, value)
+        for name, value in values.items():
+            stored = cache.get(name)  # C-contiguous, as the cache keeps every array
+            for source, get in ((stored, lambda: cache.get(name, device="torch:cuda")),
+                                (stored, lambda: tw.Tensor({"data": stored}).torch(device="cuda")),
+                                (value, lambda: tw.Tensor({"data": value}).torch(device="cuda"))):
+                runs = len(cpu_as_cuda)
+                got = get()
+                want = _numpy_as_torch(torch, value)
+                assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+                assert torch.equal(got, want), name
+                staged = len(cpu_as_cuda) > runs
+                assert staged == (source.flags.c_contiguous and source.size > 0), name
+        # The CPU forms stay copies of the shared bytes, not views of them.
+        got = cache.get("f32", device="torch")
+        got += 1
+        assert np.array_equal(cache.get("f32"), values["f32"])
+
+
+def _numpy_as_torch(torch, value):
+    if value.dtype.name == "bfloat16":
+        return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(value.copy(order="C"))

@@ -77,6 +77,22 @@ def to_device(tt, tensor, device):
     return result
 
 
+def numpy_to(tt, array, device):
+    """``numpy_to_torch(array).to(device)`` for a numpy ``array`` (ml_dtypes' too; a
+    read-only one included, which torch cannot share): a C-contiguous array headed for
+    a CUDA device goes straight from its own bytes through the pinned buffers, with no
+    host copy first; any other through a CPU tensor (a copy when read-only)."""
+    target = cuda_device(tt.torch, device)
+    if target is not None and array.flags.c_contiguous:
+        dst = tt.torch.empty(array.shape, dtype=tt.numpy_dtype_to_torch(array), device=target)
+        copy_to_device(tt.torch, [(array.reshape(-1).view("u1"), tt.flat_bytes(dst))])
+        return dst
+    t = tt.numpy_to_torch(array if array.flags.writeable else array.copy())
+    if target is not None:
+        return t.to(target)
+    return t if str(device) == "cpu" else t.to(device)
+
+
 def copy_to_device(torch, jobs, pinned=True):
     """Copies each ``(src, dst)`` of ``jobs``: ``src`` a flat uint8 numpy array,
     ``dst`` a flat uint8 torch tensor of the same length on a CUDA device. Returns

@@ -111,11 +111,20 @@ def bytes_to_torch(raw, dtype_name, shape, strides=None):
     return t.reshape(shape) if strides is None else t.as_strided(shape, strides)
 
 
+# ml_dtypes' numpy dtype names -> tensorwire dtype names (torch.from_numpy refuses them).
+_ML_DTYPES = {"bfloat16": "bf16", "float8_e4m3fn": "f8_e4m3fn", "float8_e5m2": "f8_e5m2",
+              "float8_e4m3fnuz": "f8_e4m3fnuz", "float8_e5m2fnuz": "f8_e5m2fnuz"}
+
+
+def numpy_dtype_to_torch(array):
+    """The torch dtype of ``numpy_to_torch(array)``, without making the tensor."""
+    name = _ML_DTYPES.get(array.dtype.name)
+    return dtype_of(array) if name is None else torch_dtype(name)
+
+
 def numpy_to_torch(arr):
     """torch.from_numpy, also for ml_dtypes arrays (bfloat16, float8), sharing memory."""
-    name = {"bfloat16": "bf16", "float8_e4m3fn": "f8_e4m3fn", "float8_e5m2": "f8_e5m2",
-            "float8_e4m3fnuz": "f8_e4m3fnuz",
-            "float8_e5m2fnuz": "f8_e5m2fnuz"}.get(arr.dtype.name)
+    name = _ML_DTYPES.get(arr.dtype.name)
     if name is None:
         # torch.from_numpy takes any address, but torch's kernels assume each element
         # aligned to its size (a complex128 at 8 bytes past a 16-byte boundary

@@ -98,13 +98,9 @@ class Tensor:
     def torch(self, *, device="cpu"):
         """The dense tensor as a torch.Tensor (sharing memory on the CPU, unless the
         array is read-only: torch has no read-only tensors, so then it is a copy)."""
-        from ._torch import numpy_to_torch
+        from . import _staging, _torch
 
-        arr = self.numpy()
-        if not arr.flags.writeable:
-            arr = arr.copy()
-        t = numpy_to_torch(arr)
-        return t if str(device) == "cpu" else t.to(device)
+        return _staging.numpy_to(_torch, self.numpy(), device)
 
     def __repr__(self):
         return (f"<tensorwire.Tensor shape={self.shape} dtype='{self.dtype}' "

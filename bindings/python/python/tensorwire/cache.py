@@ -119,9 +119,11 @@ def _to_device(value, device: str):
     if not isinstance(value, np.ndarray):
         raise TypeError(f"device={device!r} needs an array value, not {type(value).__name__}")
     if framework == "torch":
-        from ._torch import numpy_to_torch  # ml_dtypes' bfloat16 and float8 included
+        from . import _staging, _torch
 
-        t = numpy_to_torch(np.array(value, copy=True))
+        if spec and _staging.cuda_device(_torch.torch, spec) is not None:
+            return _staging.numpy_to(_torch, value, spec)  # no host copy on the way
+        t = _torch.numpy_to_torch(np.array(value, copy=True))
         return t.to(spec) if spec else t
     if framework == "jax":
         import jax.numpy as jnp
