@@ -12,7 +12,7 @@ import pytest
 import tensorwire as tw
 from conftest import REPO
 from tensorwire import _native, _staging, formats, pytorch
-from tensorwire._reader import _row_major_bytes
+from tensorwire._reader import _dense_bytes
 from test_pytorch_load import (_fixtures, _flat_tensors, _torch_bytes, _torch_load_or_skip,
                                compare_trees, same_as_loaded)
 
@@ -111,16 +111,17 @@ def test_copy_pairs_refuses_exactly_the_pairs_whose_destinations_overlap():
 def test_bytes_bound_for_a_device_are_views_at_any_alignment(fixture):
     """What read_torch copies to a GPU is read where it lies, also when torch could not
     share it (unaligned legacy storages and NPZ members, a caller's read-only bytes):
-    only byte-swapped tensors are copies, and strided ones are left to torch."""
+    only byte-swapped tensors are copies; views with gaps are left to torch."""
     with open(os.path.join(REPO, "fixtures", fixture), "rb") as f:
         data = f.read()
     whole = np.frombuffer(data, np.uint8)
     viewed = 0
     with tw.Reader(buffer=data) as r:
         for name in r.keys():
-            raw = _row_major_bytes(r._read_for_torch(name, to_copy=True))
-            if raw is None or not raw.nbytes:
+            dense = _dense_bytes(r._read_for_torch(name, to_copy=True))
+            if dense is None or not dense[0].nbytes:
                 continue
+            raw = dense[0]
             swapped = r.metadata(name).attributes.get("npy.descr", "").startswith(">")
             assert np.shares_memory(raw, whole) != swapped, name
             viewed += not swapped
@@ -438,3 +439,34 @@ def _numpy_as_torch(torch, value):
     if value.dtype.name == "bfloat16":
         return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
     return torch.from_numpy(value.copy(order="C"))
+
+
+@pytest.mark.parametrize("fixture,name,staged,reads", [
+    ("numpy/compressed.npz", "fortran", True, 1),   # decoded once, Fortran order kept
+    ("pytorch/views.pt", "transposed", True, 1),    # the file's bytes, strides kept
+    ("pytorch/views.pt", "slice", False, 2),        # gaps between rows: torch moves it
+    ("pytorch/views.pt", "expanded", False, 2),     # overlapping rows: torch moves it
+    ("numpy/arrays.npz", "fortran", True, 2),       # unaligned: read_torch's own copy
+])
+def test_strided_tensors_to_the_device(torch, cpu_as_cuda, monkeypatch, fixture, name,
+                                       staged, reads):
+    """read_torch(device=...) of a strided tensor: one whose elements fill their span
+    (Fortran order, transposed) goes through the ring from the bytes read once, strides
+    kept; others are read_torch's CPU tensor moved. Either way, read_torch's tensor."""
+    calls = []
+    real = tw.Reader._read_for_torch
+
+    def counting(self, n, **kw):
+        calls.append(n)
+        return real(self, n, **kw)
+
+    monkeypatch.setattr(tw.Reader, "_read_for_torch", counting)
+    with tw.Reader(os.path.join(REPO, "fixtures", fixture)) as r:
+        want = r.read_torch(name)
+        assert not want.is_contiguous()
+        calls.clear()
+        runs = len(cpu_as_cuda)
+        got = r.read_torch(name, device="cuda")
+    assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    assert torch.equal(got, want)
+    assert (len(cpu_as_cuda) > runs, len(calls)) == (staged, reads)

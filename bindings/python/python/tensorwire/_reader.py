@@ -142,39 +142,75 @@ def _shared_torch(reader, tt, name):
 def _to_cuda(reader, tt, names, device):
     """``{name: tensor on the CUDA device}``, copied through pinned buffers
     (``_staging``) from the reader's bytes as they lie (unaligned or read-only ones
-    too: no host copy first); a strided or empty tensor is moved by torch itself
-    (strides kept)."""
+    too: no host copy first), strides kept. A strided view torch could not share
+    (read-only or unaligned), a view with gaps between its elements or an empty
+    tensor is the tensor read_torch gives on the CPU, moved."""
     torch = tt.torch
     staged = _staging.Batches(torch)
     out = {}
     for n in names:
         x = reader._read_for_torch(n, to_copy=True)
-        raw = _row_major_bytes(x)
-        if raw is None or not raw.nbytes:
+        dense = _dense_bytes(x)
+        if dense is not None and dense[1] is not None and not _shareable(x, dense[0]):
+            dense = None  # the CPU copy's layout is the format's to choose
+        if dense is None or not dense[0].nbytes:
             out[n], job = _staging.device_job(tt, _shared_torch(reader, tt, n), device)
             if job is not None:
                 staged.add(*job)
             continue
+        raw, strides = dense
         # The tensor the CPU path would build over these bytes, on the device.
-        if isinstance(x, tuple):  # a dtype numpy lacks, as row-major bytes
+        if isinstance(x, tuple):  # a dtype numpy lacks
             dtype, shape = tt.torch_type(x[1], x[2])
-            dst = torch.empty(shape, dtype=dtype, device=device)
         else:  # torch.from_numpy's dtype and strides (of size-1 dimensions too)
-            strides = tuple(s // x.itemsize for s in x.strides)
-            dst = torch.empty_strided(x.shape, strides, dtype=tt.dtype_of(x), device=device)
+            dtype, shape = tt.dtype_of(x), x.shape
+        if strides is None:
+            dst = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            dst = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         staged.add(raw, tt.flat_bytes(dst))
         out[n] = dst
     staged.flush()
     return out
 
 
-def _row_major_bytes(x):
-    """What ``_read_for_torch`` gave, as a flat uint8 view of row-major bytes, or None
-    for a strided view."""
-    if isinstance(x, tuple):
-        raw, _, _, strides = x
-        return raw if strides is None else None
-    return x.reshape(-1).view("uint8") if x.flags.c_contiguous else None
+def _shareable(x, raw):
+    """Whether read_torch on the CPU shares the bytes ``_read_for_torch(to_copy=True)``
+    gave as ``x`` (``raw``: their span): writable, and each element aligned to its
+    size, as torch's kernels assume."""
+    lent = x[0] if isinstance(x, tuple) else x
+    if not lent.flags.writeable:
+        return False
+    shape = x[2] if isinstance(x, tuple) else x.shape
+    count = 1
+    for d in shape:
+        count *= d
+    return count == 0 or raw.ctypes.data % (raw.nbytes // count) == 0
+
+
+def _dense_bytes(x):
+    """What ``_read_for_torch`` gave, as ``(bytes, strides)`` when its elements fill
+    their span with no gaps in some order of dimensions (row-major, Fortran order, a
+    transposed tensor): a flat uint8 view of the span in memory order, and the element
+    strides that lay it out (None: row-major bytes of a dtype numpy lacks). None for a
+    view with gaps or overlaps."""
+    if isinstance(x, tuple):  # strides None: row-major
+        raw, _, shape, strides = x
+        if strides is None or _staging.fills_span(shape, strides):
+            return raw, strides
+        return None
+    if any(s < 0 or s % x.itemsize for s in x.strides):
+        return None
+    strides = tuple(s // x.itemsize for s in x.strides)
+    if not _staging.fills_span(x.shape, strides):
+        return None
+    if x.flags.c_contiguous:
+        return x.reshape(-1).view("uint8"), strides
+    # Positive strides: the first element is the lowest address, where the span starts.
+    from numpy.lib.stride_tricks import as_strided
+
+    span = as_strided(x, (x.size,), (x.itemsize,), writeable=False)
+    return span.view("uint8"), strides
 
 
 _torch_module = None

@@ -51,15 +51,28 @@ def cuda_device(torch, device):
     return torch.device("cuda", index)
 
 
+def fills_span(shape, strides):
+    """True when elements at these non-negative element ``strides`` cover the span
+    from the first to the last exactly once (in row-major or any other order of
+    dimensions): sorted, the strides of the dimensions longer than 1 are 1 and then
+    each the product of the lengths before."""
+    step = 1
+    for stride, dim in sorted((s, d) for s, d in zip(strides, shape) if d != 1):
+        if stride != step:
+            return False
+        step *= dim
+    return True
+
+
 def device_job(tt, tensor, device):
     """``(result, job)`` for moving a CPU ``tensor`` to the CUDA ``device`` (``tt``:
     the ``_torch`` interop module): an empty tensor there with the same strides and
-    the ``(src, dst)`` job that fills it, or, for a tensor that is not contiguous (or
-    empty), ``tensor.to(device)`` and no job."""
-    if not tensor.is_contiguous() or tensor.numel() == 0:
+    the ``(src, dst)`` job that fills it, or, for an empty tensor or a view with gaps
+    between its elements, ``tensor.to(device)`` and no job."""
+    if tensor.numel() == 0 or not fills_span(tensor.shape, tensor.stride()):
         return tensor.to(device), None
-    # Contiguous, so the bytes are in row-major order whatever the strides of its
-    # size-1 dimensions, which torch's own copy keeps.
+    # The same strides (of size-1 dimensions too, as torch's own copy keeps them), so
+    # the destination's bytes are in the same order as the source's.
     dst = tt.torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
                                  device=device)
     return dst, (tt.flat_bytes(tensor).numpy(), tt.flat_bytes(dst))

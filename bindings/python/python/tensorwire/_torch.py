@@ -45,12 +45,10 @@ def dtype_of(array):
 
 
 def flat_bytes(t):
-    """A contiguous tensor's bytes as a flat uint8 view (also for one element whose
-    stride is not 1, which ``reshape(-1)`` keeps and ``view(uint8)`` refuses)."""
-    flat = t.reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:
-        flat = flat.as_strided((flat.numel(),), (1,))
-    return flat.view(torch.uint8)
+    """The bytes of a tensor whose elements fill their span with no gaps (a contiguous
+    one, or one with its dimensions in another order, such as a transposed one) as a
+    flat uint8 view, in memory order."""
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
 def torch_dtype(name: str):
