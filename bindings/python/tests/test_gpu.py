@@ -57,9 +57,11 @@ def staging(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("fixture", ["dtypes.pt", "views.pt", "dtypes.legacy.pt"])
+@pytest.mark.parametrize("fixture", ["pytorch/dtypes.pt", "pytorch/views.pt",
+                                     "pytorch/dtypes.legacy.pt", "numpy/arrays.npz",
+                                     "numpy/compressed.npz"])
 def test_reader_read_torch_to_cuda(fixture, staging):
-    path = os.path.join(PT, fixture)
+    path = os.path.join(REPO, "fixtures", fixture)
     with tw.Reader(path) as r:
         for name in r.keys():
             cpu = r.read_torch(name)
@@ -67,6 +69,8 @@ def test_reader_read_torch_to_cuda(fixture, staging):
                 t = r.read_torch(name, device="cuda", copy=copy)
                 assert t.is_cuda
                 _assert_same(t, cpu)
+                if not copy:  # Fortran-order and transposed tensors keep their strides
+                    assert t.stride() == cpu.stride(), name
         moved = r.read_torch(list(r.keys()), device="cuda:0")
         assert all(t.device == torch.device("cuda", 0) for t in moved.values())
 
@@ -302,7 +306,7 @@ def test_writer_takes_cuda_tensors(tmp_path):
         _assert_same(dst, t)
 
 
-def test_cache_takes_and_gives_cuda_tensors():
+def test_cache_takes_and_gives_cuda_tensors(staging):
     torch.manual_seed(3)
     t = torch.randn(16, 16, device="cuda")
     with TensorCache("8MB") as cache:
@@ -313,6 +317,7 @@ def test_cache_takes_and_gives_cuda_tensors():
         _assert_same(got, t)
         bf = cache.get("bf", device="torch:cuda")
         _assert_same(bf, t.bfloat16())
+        _assert_same(tw.Tensor({"data": cache.get("t")}).torch(device="cuda"), t)
         try:
             import cupy  # noqa: F401 - only whether it is there
         except ImportError:
