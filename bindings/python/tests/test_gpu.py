@@ -69,7 +69,9 @@ def test_reader_read_torch_to_cuda(fixture, staging):
                 t = r.read_torch(name, device="cuda", copy=copy)
                 assert t.is_cuda
                 _assert_same(t, cpu)
-                if not copy:  # Fortran-order and transposed tensors keep their strides
+                if not copy and _staging.fills_span(cpu.shape, cpu.stride()):
+                    # Fortran-order and transposed tensors keep their strides (views
+                    # with gaps become contiguous, as torch's .to makes them).
                     assert t.stride() == cpu.stride(), name
         moved = r.read_torch(list(r.keys()), device="cuda:0")
         assert all(t.device == torch.device("cuda", 0) for t in moved.values())
