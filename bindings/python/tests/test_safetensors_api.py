@@ -112,8 +112,11 @@ def test_get_tensor_and_slices_are_views_of_the_map():
         one = s[2, 3]
     np.testing.assert_array_equal(rows, embed[1:4])
     np.testing.assert_array_equal(cols, embed[:, ::2])
-    assert one == embed[2, 3]
+    # An int for every dimension gives a 0-d array, as the package does (not a numpy
+    # scalar), still a view.
+    assert isinstance(one, np.ndarray) and one.shape == () and one == embed[2, 3]
     assert np.shares_memory(rows, embed) and np.shares_memory(cols, embed)
+    assert np.shares_memory(one, embed)
     # Private copy-on-write: writable, and the file is unchanged.
     rows[0, 0] = 1234.0
     again = formats.load_file(_fixture("numpy"))["embed"]
@@ -587,3 +590,14 @@ def test_zt_writer_refuses_safetensors_only_torch_types(tmp_path):
     with tw.Writer(str(tmp_path / "x.zt")) as w:
         with pytest.raises(TypeError, match=".zt"):
             w.write_torch("s", torch.ones(2).to(torch.float8_e8m0fnu))
+
+
+def test_slices_of_0d_tensors_and_full_int_indices_are_0d_arrays(tmp_path):
+    path = str(tmp_path / "s.safetensors")
+    formats.numpy.save_file({"s": np.array(7.5, np.float32),
+                             "m": np.arange(6, dtype=np.int16).reshape(2, 3)}, path)
+    with formats.safe_open(path, "np") as f:
+        for name, index, want in (("s", (), 7.5), ("s", ..., 7.5), ("m", (1, 2), 5),
+                                  ("m", (np.int64(-1), -3), 3), ("m", (0, ..., 1), 1)):
+            got = f.get_slice(name)[index]
+            assert isinstance(got, np.ndarray) and got.shape == () and got == want, index

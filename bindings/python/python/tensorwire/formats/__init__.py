@@ -221,7 +221,12 @@ class TensorSlice:
 
     def __getitem__(self, index):
         whole = self._view if self._view is not None else self._loader.whole(self._name)
-        return self._loader.from_view(whole[index])
+        part = whole[index]
+        if isinstance(part, np.generic):
+            # Every dimension taken by an int: numpy gives a scalar, the package (and
+            # a trailing `...`) a 0-d array, a view like every other part.
+            part = whole[(index if isinstance(index, tuple) else (index,)) + (Ellipsis,)]
+        return self._loader.from_view(part)
 
     def __len__(self):
         shape = self.get_shape()
