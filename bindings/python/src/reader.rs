@@ -689,6 +689,20 @@ impl Reader {
             .collect())
     }
 
+    /// `(name, requires_grad, parameter)` for each tensor of a PyTorch checkpoint
+    /// pickled as requiring grad or as an `nn.Parameter`, which `torch.load` gives
+    /// back so.
+    fn _pytorch_autograd(&self) -> PyResult<Vec<(String, bool, bool)>> {
+        let reader = pytorch(self.src()?)?;
+        Ok(reader
+            .tensors()
+            .iter()
+            .zip(reader.records())
+            .filter(|(_, r)| r.requires_grad || r.parameter)
+            .map(|(info, r)| (info.name.to_string(), r.requires_grad, r.parameter))
+            .collect())
+    }
+
     /// How each tensor of a PyTorch checkpoint lies in its storage, in `keys()`
     /// order: `(storage key, storage bytes, saved location, view, storage offset,
     /// strides)`, where `view` is `None`, or for a legacy storage view the byte range

@@ -69,6 +69,11 @@ def test_fixture_reads_back(path, want):
                 assert _raw_equal(copy, t), t["name"]
             raw = r._read_raw(t["name"])[0]
             assert raw.tobytes() == _expected_array(t).tobytes(), t["name"]
+        # Those pickled as nn.Parameters (and so requiring grad, as the fixtures'
+        # parameters do), which pytorch.load gives back as parameters.
+        autograd = {name: (rg, param) for name, rg, param in r._pytorch_autograd()}
+        assert {n for n, (_, param) in autograd.items() if param} == {
+            t["name"] for t in want["tensors"] if t["parameter"]}
         attrs = r.attributes
         assert set(attrs) == set(want["attributes"]), attrs
         for k, v in want["attributes"].items():

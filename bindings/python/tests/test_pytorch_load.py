@@ -389,12 +389,15 @@ def test_load_numpy_nested_keeps_int_keys_of_an_optimizer_state():
 
 def compare_trees(got, want, same_tensor, where="root"):
     """Walks our object `got` and torch's `want` together: containers of the same
-    type with the same keys and lengths, equal values, and dense tensors compared by
-    `same_tensor(got, want, where)` (a sparse tensor's layout, size and coalesced
+    type with the same keys and lengths, equal values, and dense tensors of the same
+    class and requires_grad compared by `same_tensor(got, want, where)` (a sparse tensor's layout, size and coalesced
     flag here, then its parts)."""
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), where
         if want.layout == torch.strided:
+            # An nn.Parameter is one, and requires_grad is torch's.
+            assert type(got) is type(want), (where, type(got), type(want))
+            assert got.requires_grad == want.requires_grad, where
             same_tensor(got, want, where)
             return
         assert (got.layout, got.shape, got.device) == (want.layout, want.shape, want.device), where
@@ -951,3 +954,32 @@ def test_sparse_tensors_sent_to_meta_fail_as_in_torch(location):
         torch.load(path, weights_only=True, map_location=location)
     with pytest.raises(NotImplementedError):
         pytorch.load(path, map_location=location)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("legacy", [False, True])
+def test_parameters_and_requires_grad_are_torch_loads(tmp_path, legacy):
+    """nn.Parameters come back as parameters (frozen ones too, and one object under
+    two names), tensors saved requiring grad require it, on every load path."""
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    state = {
+        "w": w,
+        "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
+        "steps": torch.nn.Parameter(torch.arange(3), requires_grad=False),  # an int one
+        "grad": torch.linspace(0, 1, 5).requires_grad_(),
+        "plain": torch.zeros(2),
+        "tied": w,
+        "nested": [w, {"g": torch.ones(1, dtype=torch.float64).requires_grad_()}],
+    }
+    path = str(tmp_path / "autograd.pt")
+    torch.save(state, path, _use_new_zipfile_serialization=not legacy)
+    want = torch.load(path, weights_only=True)
+    for kwargs in ({}, {"mmap": False}, {"map_location": "cpu"},
+                   {"map_location": lambda storage, loc: storage}):
+        got = pytorch.load(path, flat=False, **kwargs)
+        compare_trees(got, want, _same_values, str(kwargs))
+        assert got["tied"] is got["w"] and got["nested"][0] is got["w"], kwargs
+        flat = pytorch.load(path, **kwargs)
+        assert type(flat["w"]) is torch.nn.Parameter and flat["tied"] is flat["w"]
+        assert flat["grad"].requires_grad and not flat["plain"].requires_grad
+        assert flat["nested.1.g"].requires_grad

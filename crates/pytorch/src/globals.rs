@@ -379,6 +379,32 @@ fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'
     }
 }
 
+/// torch: "only Tensors of floating point and complex dtype can require gradients"
+/// (quantized ones neither).
+fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result<()> {
+    use DType::*;
+    let differentiable = matches!(
+        record.dtype,
+        F16 | BF16
+            | F32
+            | F64
+            | F8E4M3Fn
+            | F8E5M2
+            | F8E4M3Fnuz
+            | F8E5M2Fnuz
+            | Complex64
+            | Complex128
+    );
+    if record.requires_grad && (!differentiable || record.quantization.is_some()) {
+        return Err(bad_args(
+            what,
+            offset,
+            format!("a {} tensor requiring grad", torch_dtype_name(record.dtype)),
+        ));
+    }
+    Ok(())
+}
+
 /// `requires_grad`, which torch sets on the tensor: a bool.
 fn requires_grad_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<bool> {
     match arena.get(id) {
@@ -447,13 +473,14 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             if argv.len() < min || argv.len() > 7 {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
-            if global == Global::RebuildTensorV2 {
-                requires_grad_arg(arena, argv[4], what, offset)?;
-            }
-            let record = TensorRecord::from_rebuild(
+            let mut record = TensorRecord::from_rebuild(
                 arena, argv[0], argv[1], argv[2], argv[3], None, offset,
             )?;
+            if global == Global::RebuildTensorV2 {
+                record.requires_grad = requires_grad_arg(arena, argv[4], what, offset)?;
+            }
             check_storage_kind(&record, false, what, offset)?;
+            check_requires_grad(&record, what, offset)?;
             Ok(Obj::Tensor(Box::new(record)))
         }
         Global::RebuildTensorV3 => {
@@ -469,8 +496,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 }
                 _ => return Err(bad_args(what, offset, "the dtype argument is not a dtype")),
             };
-            requires_grad_arg(arena, argv[4], what, offset)?;
-            let record = TensorRecord::from_rebuild(
+            let mut record = TensorRecord::from_rebuild(
                 arena,
                 argv[0],
                 argv[1],
@@ -479,7 +505,9 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 Some(*dtype),
                 offset,
             )?;
+            record.requires_grad = requires_grad_arg(arena, argv[4], what, offset)?;
             check_storage_kind(&record, false, what, offset)?;
+            check_requires_grad(&record, what, offset)?;
             Ok(Obj::Tensor(Box::new(record)))
         }
         Global::RebuildQTensor => {
@@ -506,13 +534,26 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             record.quantization = Some(Box::new(quantization));
             Ok(Obj::Tensor(Box::new(record)))
         }
-        Global::RebuildParameter | Global::RebuildParameterWithState => match argv.first() {
-            None => Err(bad_args(what, offset, "no arguments")),
-            Some(&data) => match arena.get(data) {
+        Global::RebuildParameter | Global::RebuildParameterWithState => {
+            // (data, requires_grad, backward_hooks[, state]): torch makes
+            // `nn.Parameter(data, requires_grad)` (the state sets Python attributes on
+            // it, which are not kept here).
+            let [data, requires_grad, ..] = argv else {
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
+            };
+            let requires_grad = requires_grad_arg(arena, *requires_grad, what, offset)?;
+            match arena.get(*data) {
                 sparse @ Obj::Sparse(_) => Ok(sparse.clone()),
-                _ => tensor_arg(arena, data, what, offset),
-            },
-        },
+                Obj::Tensor(record) => {
+                    let mut record = record.clone();
+                    record.parameter = true;
+                    record.requires_grad = requires_grad;
+                    check_requires_grad(&record, what, offset)?;
+                    Ok(Obj::Tensor(record))
+                }
+                _ => tensor_arg(arena, *data, what, offset),
+            }
+        }
         Global::RebuildFromTypeV2 => {
             let [func, new_type, inner_args, _state] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
@@ -950,6 +991,63 @@ mod tests {
             assert_eq!(scales.shape.dims(), [3]);
             assert_eq!(&*zero_points.storage.key, "2");
         }
+    }
+
+    /// The root object of pickle `p` (protocol 2 header and STOP added) as a tensor.
+    fn root_tensor(body: &[u8]) -> Result<TensorRecord> {
+        let mut p = b"\x80\x02".to_vec();
+        p.extend(body);
+        p.push(b'.');
+        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
+        match u.arena.get(u.root) {
+            Obj::Tensor(t) => Ok((**t).clone()),
+            other => panic!("{}", other.kind()),
+        }
+    }
+
+    /// `tensor_pickle` with `requires_grad=True`.
+    fn requiring_grad(class: &str) -> Vec<u8> {
+        let mut p = tensor_pickle(class, "0", 3);
+        let flag = p.iter().rposition(|&b| b == 0x89).unwrap();
+        p[flag] = 0x88; // NEWTRUE
+        p
+    }
+
+    #[test]
+    fn requires_grad_and_parameters_are_kept() {
+        let plain = root_tensor(&tensor_pickle("FloatStorage", "0", 3)).unwrap();
+        assert!(!plain.requires_grad && !plain.parameter);
+        let grad = root_tensor(&requiring_grad("FloatStorage")).unwrap();
+        assert!(grad.requires_grad && !grad.parameter);
+        // _rebuild_parameter(data, requires_grad, OrderedDict()): the parameter's flag.
+        for (flag, want) in [(0x88, true), (0x89, false)] {
+            let mut p = b"ctorch._utils\n_rebuild_parameter\n(".to_vec();
+            p.extend(tensor_pickle("FloatStorage", "0", 3));
+            p.extend([flag, b'}', b't', b'R']);
+            let param = root_tensor(&p).unwrap();
+            assert!(param.parameter && param.requires_grad == want);
+        }
+        // An int parameter that does not require grad is one torch makes.
+        let mut p = b"ctorch._utils\n_rebuild_parameter\n(".to_vec();
+        p.extend(tensor_pickle("LongStorage", "0", 3));
+        p.extend(b"\x89}tR");
+        assert!(root_tensor(&p).unwrap().parameter);
+        // Integer tensors cannot require grad (torch refuses to make them).
+        for body in [requiring_grad("LongStorage"), {
+            let mut p = b"ctorch._utils\n_rebuild_parameter\n(".to_vec();
+            p.extend(tensor_pickle("IntStorage", "0", 3));
+            p.extend(b"\x88}tR");
+            p
+        }] {
+            let err = root_tensor(&body).unwrap_err();
+            assert!(err.to_string().contains("tensor requiring grad"), "{err}");
+        }
+        // Too few arguments.
+        let mut p = b"ctorch._utils\n_rebuild_parameter\n(".to_vec();
+        p.extend(tensor_pickle("FloatStorage", "0", 3));
+        p.extend(b"tR");
+        let err = root_tensor(&p).unwrap_err();
+        assert!(err.to_string().contains("1 arguments"), "{err}");
     }
 
     #[test]

@@ -135,6 +135,12 @@ pub struct TensorRecord {
     /// For a quantized tensor (`_rebuild_qtensor`), how its integers (`dtype`: i8
     /// for `torch.qint8`, u8 for `quint8`, i32 for `qint32`) map to real values.
     pub quantization: Option<Box<Quantization>>,
+    /// The `requires_grad` flag torch sets on the tensor (only floating-point and
+    /// complex tensors have it set).
+    pub requires_grad: bool,
+    /// Pickled as an `nn.Parameter` (`_rebuild_parameter`), which `torch.load`
+    /// returns as one.
+    pub parameter: bool,
 }
 
 /// How a quantized tensor's integers map to real values: torch's `qscheme()` and
@@ -295,6 +301,8 @@ impl TensorRecord {
             shape: Shape::try_from_dims(dims_of(arena, size, "size", offset)?)?,
             strides: dims_of(arena, stride, "stride", offset)?,
             quantization: None,
+            requires_grad: false,
+            parameter: false,
         };
         if record.strides.len() != record.shape.ndim() {
             return Err(Error::malformed(
@@ -489,6 +497,8 @@ mod tests {
             shape: Shape::new(shape.to_vec()).unwrap(),
             strides: Dims::new(strides),
             quantization: None,
+            requires_grad: false,
+            parameter: false,
         }
     }
 

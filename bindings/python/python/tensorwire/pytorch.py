@@ -124,6 +124,9 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
         quantized = reader._pytorch_quantized()
         if quantized:
             _quantize(tensors, quantized, skip={name for name, _ in same})
+        autograd = reader._pytorch_autograd()
+        if autograd:
+            _set_autograd(tensors, autograd, skip={name for name, _ in same})
         _same_objects_once(same, tensors)
         for name, scale, zero_point, axis in quantized:
             if axis is not None:  # per channel: parts of the tensor, not entries
@@ -136,6 +139,21 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
         import torch
 
         return reader._pytorch_structure(tensors.__getitem__, _torch_object)
+
+
+def _set_autograd(tensors, autograd, skip):
+    """Sets ``requires_grad``, and makes an ``nn.Parameter`` of each tensor pickled as
+    one, as ``torch.load`` does (``autograd``: ``reader._pytorch_autograd()``; the
+    names in ``skip`` get the object of an earlier name afterwards)."""
+    import torch
+
+    for name, requires_grad, parameter in autograd:
+        if name in skip:
+            continue
+        if parameter:
+            tensors[name] = torch.nn.Parameter(tensors[name], requires_grad=requires_grad)
+        else:
+            tensors[name].requires_grad_(True)
 
 
 def _torch_object(name):
