@@ -601,3 +601,20 @@ def test_slices_of_0d_tensors_and_full_int_indices_are_0d_arrays(tmp_path):
                                   ("m", (np.int64(-1), -3), 3), ("m", (0, ..., 1), 1)):
             got = f.get_slice(name)[index]
             assert isinstance(got, np.ndarray) and got.shape == () and got == want, index
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_slice_errors_are_safetensor_errors_and_the_frameworks_own(tmp_path, framework):
+    if framework == "pt":
+        pytest.importorskip("torch")
+    path = str(tmp_path / "e.safetensors")
+    formats.numpy.save_file({"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, path)
+    with formats.safe_open(path, framework) as f:
+        part = f.get_slice("x")
+        for index in (5, (0, 0, 0), (slice(None), -4)):
+            with pytest.raises(formats.SafetensorError) as e:
+                part[index]
+            assert isinstance(e.value, IndexError) and "x" in str(e.value), index
+        with pytest.raises(formats.SafetensorError) as e:
+            part[::0]
+        assert isinstance(e.value, ValueError)

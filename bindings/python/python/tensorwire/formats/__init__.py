@@ -47,7 +47,10 @@ Differences from the ``safetensors`` package:
   the index 1) and torch's with torch.
 - ``SafetensorError`` is ``tensorwire.TensorwireError``, the base of tensorwire's
   errors (a missing tensor is also a ``KeyError``, a bad argument a ``ValueError``,
-  an I/O error an ``OSError``, which is not a ``TensorwireError``).
+  an I/O error an ``OSError``, which is not a ``TensorwireError``). A slice index out
+  of range raises ``SliceIndexError``, both a ``SafetensorError`` (as the package
+  raises) and the ``IndexError`` numpy and torch raise; a step of 0 or a bad index
+  value an ``InvalidArgumentError`` (a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ from .._reader import Reader, _logical_name, _on_cpu, _torch_interop
 TensorwireError = _native.TensorwireError
 #: The package's error class: here, the base of tensorwire's errors.
 SafetensorError = TensorwireError
+
+
+
+class SliceIndexError(TensorwireError, IndexError):
+    """An index out of a tensor's range in ``get_slice(name)[index]``: the package's
+    ``SafetensorError``, and the ``IndexError`` of numpy's and torch's indexing."""
+
 
 __all__ = ["safe_open", "save_file", "save", "load_file", "load", "numpy", "torch",
            "SafetensorError"]
@@ -221,7 +231,12 @@ class TensorSlice:
 
     def __getitem__(self, index):
         whole = self._view if self._view is not None else self._loader.whole(self._name)
-        part = whole[index]
+        try:
+            part = whole[index]
+        except IndexError as e:
+            raise SliceIndexError(f"{self._name}: {e}") from None
+        except ValueError as e:  # a step of 0, an index value numpy or torch refuses
+            raise _native.InvalidArgumentError(f"{self._name}: {e}") from None
         if isinstance(part, np.generic):
             # Every dimension taken by an int: numpy gives a scalar, the package (and
             # a trailing `...`) a 0-d array, a view like every other part.
