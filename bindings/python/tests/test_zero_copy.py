@@ -131,10 +131,19 @@ def test_read_into_numpy_and_dict(small):
         np.testing.assert_array_equal(targets["b"], data["b"])
         with pytest.raises(ValueError):
             r.read_into("w", np.empty((4, 3), np.float32))
-        with pytest.raises(ValueError):
-            r.read_into("w", np.empty((3, 4), np.float64))
-        with pytest.raises(ValueError):
-            r.read_into("w", np.empty((4, 3), np.float32).T)
+        # Other dtypes and layouts as ztensor's read_into fills them (np.copyto):
+        # same-kind casts, any strides; a cast numpy refuses is refused.
+        wide = np.empty((3, 4), np.float64)
+        r.read_into("w", wide)
+        np.testing.assert_array_equal(wide, data["w"])
+        strided = np.zeros((4, 3), np.float32).T
+        r.read_into("w", strided)
+        np.testing.assert_array_equal(strided, data["w"])
+        both = {"w": np.zeros((3, 8), np.float32)[:, ::2], "b": np.empty(5, np.int64)}
+        r.read_into(both)
+        np.testing.assert_array_equal(both["w"], data["w"])
+        with pytest.raises(TypeError):
+            r.read_into("w", np.empty((3, 4), np.int32))
         ro = np.empty((3, 4), np.float32)
         ro.flags.writeable = False
         with pytest.raises(ValueError):
@@ -202,3 +211,15 @@ def test_threads_can_read_concurrently(small):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_ztensor_names_read_tensors_and_ztensor_error(small):
+    path, data = small
+    with tw.Reader(path) as r:
+        got = r.read_tensors(("w", "b"))
+        assert sorted(got) == ["b", "w"]
+        np.testing.assert_array_equal(got["w"], data["w"])
+        assert np.shares_memory(got["w"], r.read_numpy("w"))
+        assert r.read_tensors(["b"], copy=True)["b"].flags.writeable
+        with pytest.raises(tw.ZTensorError):
+            r.read_tensors(["nope"])

@@ -46,6 +46,9 @@ from ._native import (
     convert,
 )
 from ._reader import Reader
+
+#: ztensor's error class: here, the base of tensorwire's errors.
+ZTensorError = TensorwireError
 from ._types import Tensor, TensorMetadata
 from ._writer import Writer
 from . import cache, formats, ipc, packet, pytorch, shm
@@ -75,6 +78,7 @@ __all__ = [
     "UnsafePickleError",
     "UnsupportedError",
     "Writer",
+    "ZTensorError",
     "__version__",
     "convert",
     "open",

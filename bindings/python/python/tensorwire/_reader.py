@@ -88,6 +88,11 @@ class Reader(_native.Reader):
             return {n: one(n) for n in self._sorted_by_offset(list(name))}
         raise TypeError("name must be a str or a list of str")
 
+    def read_tensors(self, names, *, copy=False):
+        """``{name: numpy array}`` for ``names``, as ztensor's ``read_tensors`` gives
+        them (``read_numpy`` with a list)."""
+        return self.read_numpy(list(names), copy=copy)
+
     def read_into(self, name, dst=None):
         """Copy (or decode) tensor data straight into existing arrays, without the GIL
         for large tensors.
@@ -95,30 +100,46 @@ class Reader(_native.Reader):
         Args:
             name: a tensor name (then ``dst`` is required) or a dict {name: dst},
                 filled in file-offset order.
-            dst: a writable, C-contiguous numpy array, or a torch tensor (contiguous
-                on the CPU: filled in place; other devices: copied to), of the
-                tensor's shape and dtype.
+            dst: a writable numpy array or a torch tensor of the tensor's shape.
+                One that is C-contiguous (for torch: on the CPU) and of the
+                tensor's dtype is filled in place natively; any other as
+                ``np.copyto(dst, read_numpy(name))`` or ``dst.copy_(read_torch(
+                name))`` fill it (a cast by numpy's or torch's rules, as ztensor's
+                ``read_into`` makes it).
         """
         if isinstance(name, dict):
             if all(_is_ndarray(d) for d in name.values()):
-                return _native.Reader.read_into(self, name)
+                try:
+                    return _native.Reader.read_into(self, name)
+                except _native.InvalidArgumentError:
+                    if not all(d.flags.writeable for d in name.values()):
+                        raise
             for n in self._sorted_by_offset(list(name)):
                 self.read_into(n, name[n])
             return None
         if dst is None:
             raise TypeError("dst is required when name is a str")
         if _is_ndarray(dst):
-            return _native.Reader.read_into(self, name, dst)
+            try:
+                return _native.Reader.read_into(self, name, dst)
+            except _native.InvalidArgumentError as refused:
+                src = self.read_numpy(name) if dst.flags.writeable else None
+                if src is None or src.shape != dst.shape:
+                    raise refused
+            import numpy as np
+
+            np.copyto(dst, src)
+            return None
         return self._read_into_torch(name, dst)
 
     def _read_into_torch(self, name, dst):
         tt = _torch_interop()
         dtype, shape = tt.torch_type(*self._dtype_and_shape(name))
-        if tuple(dst.shape) != shape or dst.dtype != dtype:
+        if tuple(dst.shape) != shape:
             raise _native.InvalidArgumentError(
                 f"dst for `{name}` is {dst.dtype} {list(dst.shape)}, the tensor is "
                 f"{dtype} {list(shape)}")
-        if dst.device.type == "cpu" and dst.is_contiguous():
+        if dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous():
             self._read_into_raw(name, tt.torch_dst_bytes(dst))
         else:
             dst.copy_(self.read_torch(name))
