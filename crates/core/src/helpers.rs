@@ -11,8 +11,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Most helper threads (memory bandwidth, not cores, bounds the copies they share).
+/// Most helper threads by default (memory bandwidth, not cores, bounds the copies
+/// they share).
 const MAX_HELPERS: usize = 7;
+
+/// The environment variable that sets how many threads share a large copy, the
+/// calling one included (`1`: no helpers); read once, when the pool is made. Unset,
+/// or not a positive integer: one per core, at most `MAX_HELPERS + 1`.
+pub const THREADS_ENV: &str = "TENSORWIRE_COPY_THREADS";
+
+/// Most helper threads [`THREADS_ENV`] may ask for.
+const MAX_CONFIGURED_HELPERS: usize = 63;
+
+/// Helper threads for a machine of `cores` cores, with [`THREADS_ENV`] set to
+/// `setting`.
+fn helper_count(cores: usize, setting: Option<&str>) -> usize {
+    match setting.and_then(|s| s.trim().parse::<usize>().ok()) {
+        Some(threads) if threads > 0 => (threads - 1).min(MAX_CONFIGURED_HELPERS),
+        _ => cores.saturating_sub(1).min(MAX_HELPERS),
+    }
+}
 
 /// The helper pool, made on first use; `None` on a one-core machine, when its
 /// threads cannot be started, or in a child forked after it was made (threads do not
@@ -23,7 +41,7 @@ pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     let (pool, made_in) = POOL
         .get_or_init(|| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let threads = cores.saturating_sub(1).min(MAX_HELPERS);
+            let threads = helper_count(cores, std::env::var(THREADS_ENV).ok().as_deref());
             if threads == 0 {
                 return None;
             }
@@ -201,6 +219,20 @@ where
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn helper_count_follows_the_cores_or_the_setting() {
+        assert_eq!(helper_count(1, None), 0);
+        assert_eq!(helper_count(2, None), 1);
+        assert_eq!(helper_count(16, None), MAX_HELPERS);
+        assert_eq!(helper_count(16, Some("16")), 15);
+        assert_eq!(helper_count(2, Some(" 4 ")), 3); // more than cores: as asked
+        assert_eq!(helper_count(16, Some("1")), 0);
+        assert_eq!(helper_count(4, Some("100000")), MAX_CONFIGURED_HELPERS);
+        for ignored in ["0", "-3", "four", ""] {
+            assert_eq!(helper_count(4, Some(ignored)), 3, "{ignored:?}");
+        }
+    }
 
     #[test]
     fn both_sides_run_exactly_once() {
