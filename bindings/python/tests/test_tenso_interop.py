@@ -105,3 +105,23 @@ def test_strings_and_ragged_both_ways():
 def test_big_endian_we_swap_where_tenso_corrupts():
     a = np.arange(4, dtype=">i4")
     np.testing.assert_array_equal(tenso.loads(bytes(packet.dumps(a))), a)
+
+
+def test_packet_info_is_tensos_keys_in_tensos_order():
+    import glob
+    import os
+
+    from conftest import REPO
+
+    compared = 0
+    for path in sorted(glob.glob(os.path.join(REPO, "fixtures", "packet", "*.tnso"))):
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            want = tenso.get_packet_info(data)
+        except Exception:  # a header tenso refuses (our error fixtures)
+            continue
+        got = packet.get_packet_info(data)
+        assert list(got.items()) == list(want.items()), os.path.basename(path)
+        compared += 1
+    assert compared > 20

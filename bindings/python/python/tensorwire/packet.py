@@ -390,6 +390,8 @@ def get_packet_info(data) -> dict:
     shape = tuple(np.frombuffer(head[pos:pos + 4 * ndim], dtype="<u4").tolist())
     count = math.prod(shape)
     dtype = _numpy_dtype(code) if not flags & 0x168 else None
+    # Keys in tenso's order.
+    info.update(total_elements=count, shape=shape, dtype=dtype)
     if code in QUANTIZED_NAMES:
         info["quantized"] = True
         size = (count + 1) // 2 if code in (QINT4, QUINT4) else count
@@ -397,7 +399,7 @@ def get_packet_info(data) -> dict:
         size = count * dtype.itemsize
     else:
         size = 0
-    info.update(shape=shape, total_elements=count, dtype=dtype, data_size_bytes=size)
+    info["data_size_bytes"] = size
     return info
 
 
