@@ -503,7 +503,11 @@ fn node_to_py<'py>(
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
-        Node::Dict { items, kind } => {
+        Node::Dict {
+            items,
+            kind,
+            attributes,
+        } => {
             let dict = match kind {
                 DictKind::Dict => PyDict::new(py).into_any(),
                 DictKind::OrderedDict => make.ordered_dict.call0()?,
@@ -514,6 +518,9 @@ fn node_to_py<'py>(
                     node_to_py(py, key, make, shared)?,
                     node_to_py(py, value, make, shared)?,
                 )?;
+            }
+            for (name, value) in attributes {
+                dict.setattr(&**name, node_to_py(py, value, make, shared)?)?;
             }
             dict
         }

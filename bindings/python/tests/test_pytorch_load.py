@@ -411,6 +411,11 @@ def compare_trees(got, want, same_tensor, where="root"):
         assert list(got) == list(want), where
         for k in want:
             compare_trees(got[k], want[k], same_tensor, f"{where}.{k}")
+        # Attributes torch sets on an OrderedDict (a state dict's `_metadata`).
+        got_attrs, want_attrs = getattr(got, "__dict__", {}), getattr(want, "__dict__", {})
+        assert list(got_attrs) == list(want_attrs), where
+        for k in want_attrs:
+            compare_trees(got_attrs[k], want_attrs[k], same_tensor, f"{where}@{k}")
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), where
         for i, (g, w) in enumerate(zip(got, want)):

@@ -49,6 +49,9 @@ pub enum Node {
         items: Vec<(Node, Node)>,
         /// Which dict class (`OrderedDict` where the checkpoint has one).
         kind: DictKind,
+        /// The attributes the checkpoint sets on an `OrderedDict` (`state_dict()`'s
+        /// `_metadata`, the modules' versions), by name; they hold no tensors.
+        attributes: Vec<(Arc<str>, Node)>,
     },
     /// A list.
     List(Vec<Node>),
@@ -500,6 +503,7 @@ impl<'a> Walker<'a> {
                     })
                     .collect::<Result<_>>()?,
                 kind: *kind,
+                attributes: self.attributes_of(id, depth)?,
             },
             Obj::List(list) => Node::List(items(self, list)?),
             Obj::Set(set) => Node::Set(items(self, set)?),
@@ -515,6 +519,30 @@ impl<'a> Walker<'a> {
         } else {
             node
         })
+    }
+
+    /// The attributes `BUILD` set on the dict `id` (see [`Arena::attributes`]), as
+    /// nodes; tensors there are `Unsupported` (the flat view would not list them).
+    fn attributes_of(&mut self, id: Id, depth: usize) -> Result<Vec<(Arc<str>, Node)>> {
+        let Some(state) = self.arena.attributes(id) else {
+            return Ok(Vec::new());
+        };
+        if self.holds_tensor(state, depth + 1)? {
+            return Err(Error::unsupported(
+                "tensors in the attributes of an OrderedDict of the checkpoint",
+            ));
+        }
+        let Obj::Dict { items, .. } = self.arena.get(state) else {
+            return Ok(Vec::new()); // only dicts are kept by BUILD
+        };
+        items
+            .iter()
+            .map(|&(k, v)| {
+                let key: Arc<str> = key_text(self.arena, k)?.into();
+                self.copy(&*key)?;
+                Ok((key, self.node(v, "".into(), depth + 1)?))
+            })
+            .collect()
     }
 
     /// A tensor-free object as a metadata value.

@@ -811,9 +811,40 @@ fn is_float(dtype: DType) -> bool {
 /// Interprets `BUILD` (`target.__setstate__(state)`): the attributes torch attaches to
 /// a state dict (`_metadata`) or to a tensor are accepted and dropped; nothing else
 /// takes state.
-pub fn build(arena: &Arena, target: Id, _state: Id, offset: u64) -> Result<()> {
+pub fn build(arena: &Arena, target: Id, state: Id, offset: u64) -> Result<Option<Id>> {
     match arena.get(target) {
-        Obj::Dict { .. } | Obj::Tensor(_) => Ok(()),
+        // torch: `inst.__dict__.update(state)`, the attributes `state_dict()` sets
+        // (`_metadata`, the modules' versions).
+        Obj::Dict {
+            kind: DictKind::OrderedDict,
+            ..
+        } => match arena.get(state) {
+            Obj::None => Ok(None),
+            Obj::Dict { items, .. } => {
+                if let Some(&(key, _)) = items
+                    .iter()
+                    .find(|(k, _)| !matches!(arena.get(*k), Obj::Str(_)))
+                {
+                    return Err(Error::malformed(
+                        offset,
+                        format!(
+                            "pickle: BUILD of an OrderedDict with an attribute named by a {}",
+                            arena.get(key).kind()
+                        ),
+                    ));
+                }
+                Ok(Some(state))
+            }
+            other => Err(Error::malformed(
+                offset,
+                format!(
+                    "pickle: BUILD of an OrderedDict with a {} state",
+                    other.kind()
+                ),
+            )),
+        },
+        // Kept as before torch knew them: accepted, their state dropped.
+        Obj::Dict { .. } | Obj::Tensor(_) => Ok(None),
         other => Err(Error::malformed(
             offset,
             format!("pickle: BUILD on a {}", other.kind()),
@@ -1011,6 +1042,35 @@ mod tests {
         let flag = p.iter().rposition(|&b| b == 0x89).unwrap();
         p[flag] = 0x88; // NEWTRUE
         p
+    }
+
+    #[test]
+    fn build_keeps_an_ordered_dicts_attributes_only() {
+        let run = |body: &[u8]| {
+            let mut p = b"\x80\x02ccollections\nOrderedDict\n)R".to_vec();
+            p.extend(body);
+            p.push(b'.');
+            unpickle(&p, 0, &PickleLimits::default(), &mut Storages)
+        };
+        const META: &[u8] = b"}X\x09\x00\x00\x00_metadata}sb";
+        let u = run(META).unwrap();
+        let state = u.arena.attributes(u.root).expect("attributes kept");
+        assert!(matches!(u.arena.get(state), Obj::Dict { items, .. } if items.len() == 1));
+        // A None state sets nothing, as Python's BUILD.
+        let u = run(b"Nb").unwrap();
+        assert_eq!(u.arena.attributes(u.root), None);
+        for (body, message) in [
+            (&b"}K\x01K\x02sb"[..], "attribute named by a int"),
+            (b"]b", "with a list state"),
+            (&[META, META].concat()[..], "a second BUILD"),
+        ] {
+            let err = run(body).unwrap_err();
+            assert!(err.to_string().contains(message), "{err}");
+        }
+        // On a plain dict, accepted and dropped.
+        let p = b"\x80\x02}}X\x01\x00\x00\x00aK\x01sb.";
+        let u = unpickle(p, 0, &PickleLimits::default(), &mut Storages).unwrap();
+        assert_eq!(u.arena.attributes(u.root), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! are interpreted by that module too, never executed. Every count, length and depth
 //! is checked against [`PickleLimits`] before anything is allocated.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tensorwire_core::{Error, NameMap, Result};
@@ -188,6 +189,9 @@ pub struct Arena {
     /// Bytes of every str and bytes object made so far (see [`Obj::text_len`]).
     text_bytes: usize,
     max_text_bytes: usize,
+    /// The attributes `BUILD` gave an `OrderedDict` (its `__dict__`: the
+    /// `_metadata` of a state dict), by the dict's id: the id of a str-keyed dict.
+    attributes: HashMap<Id, Id>,
 }
 
 impl Arena {
@@ -201,7 +205,14 @@ impl Arena {
             max_objects,
             text_bytes: 0,
             max_text_bytes,
+            attributes: HashMap::new(),
         }
+    }
+
+    /// The attributes (a dict of str keys) that `BUILD` set on the `OrderedDict`
+    /// `id`, as `torch.load` sets them (`state_dict()`'s `_metadata`).
+    pub fn attributes(&self, id: Id) -> Option<Id> {
+        self.attributes.get(&id).copied()
     }
 
     /// The object with id `id`.
@@ -992,7 +1003,13 @@ impl Machine<'_> {
                 b'b' => {
                     let state = self.pop(at)?;
                     let target = self.top(at)?;
-                    globals::build(&self.arena, target, state, at)?;
+                    if let Some(attributes) = globals::build(&self.arena, target, state, at)? {
+                        // One BUILD per object, as pickle writes it (a second would
+                        // update the first's attributes in Python).
+                        if self.arena.attributes.insert(target, attributes).is_some() {
+                            return Err(malformed(at, "a second BUILD of one OrderedDict"));
+                        }
+                    }
                 }
                 // Persistent ids: torch's storages.
                 b'Q' => {

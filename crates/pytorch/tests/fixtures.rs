@@ -450,6 +450,7 @@ fn the_nested_structure_is_what_torch_saved() {
     let dict = |items: Vec<(Node, Node)>| Node::Dict {
         items,
         kind: DictKind::Dict,
+        attributes: vec![],
     };
     let layer = |i: usize| {
         dict(vec![
@@ -467,6 +468,7 @@ fn the_nested_structure_is_what_torch_saved() {
                     Node::Dict {
                         items: vec![(s("proj"), t("model.head.proj"))],
                         kind: DictKind::OrderedDict,
+                        attributes: vec![],
                     },
                 ),
             ]),
@@ -586,4 +588,42 @@ fn sparse_tensors_are_listed_with_their_parts() {
             })
         );
     }
+}
+
+/// `module.pt`: a module's `state_dict()` is an `OrderedDict` whose `_metadata`
+/// attribute (the modules' versions, set by `BUILD`) comes back as torch sets it.
+#[test]
+fn a_state_dicts_metadata_is_kept() {
+    use tensorwire_pytorch::Node;
+    let s = |v: &str| Node::Value(Value::Str(v.into()));
+    let version = || Node::Dict {
+        items: vec![(s("version"), Node::Value(Value::Int(1.into())))],
+        kind: DictKind::Dict,
+        attributes: vec![],
+    };
+    for file in ["module.pt", "module.legacy.pt"] {
+        let reader = PtReader::open(dir().join(file)).unwrap();
+        let Node::Dict {
+            kind, attributes, ..
+        } = reader.structure().unwrap()
+        else {
+            panic!("{file}: not a dict")
+        };
+        assert_eq!(kind, DictKind::OrderedDict, "{file}");
+        let want = Node::Dict {
+            items: ["", "emb", "proj", "norm", "out"]
+                .into_iter()
+                .map(|module| (s(module), version()))
+                .collect(),
+            kind: DictKind::OrderedDict,
+            attributes: vec![],
+        };
+        assert_eq!(attributes, vec![("_metadata".into(), want)], "{file}");
+    }
+    // Other files' dicts have none.
+    let reader = PtReader::open(dir().join("nested.pt")).unwrap();
+    let Node::Dict { attributes, .. } = reader.structure().unwrap() else {
+        panic!("nested.pt: not a dict")
+    };
+    assert!(attributes.is_empty());
 }
