@@ -470,3 +470,45 @@ def test_strided_tensors_to_the_device(torch, cpu_as_cuda, monkeypatch, fixture,
     assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
     assert torch.equal(got, want)
     assert (len(cpu_as_cuda) > runs, len(calls)) == (staged, reads)
+
+
+@pytest.mark.parametrize("fixture,source", [
+    ("pytorch/dtypes.legacy.pt", "file"),        # unaligned storages
+    ("safetensors/dtypes.safetensors", "buffer"),  # read-only bytes
+    ("numpy/arrays.npz", "buffer"),               # both
+])
+def test_row_major_tensors_to_the_device_are_read_once(torch, cpu_as_cuda, monkeypatch,
+                                                        fixture, source):
+    """Row-major tensors torch could not share on the CPU (unaligned, read-only) go
+    through the ring from the bytes as they lie: one read, no host copy first."""
+    calls = []
+    real = tw.Reader._read_for_torch
+
+    def counting(self, n, **kw):
+        calls.append(n)
+        return real(self, n, **kw)
+
+    monkeypatch.setattr(tw.Reader, "_read_for_torch", counting)
+    path = os.path.join(REPO, "fixtures", fixture)
+    if source == "file":
+        reader = tw.Reader(path)
+    else:
+        with open(path, "rb") as f:
+            reader = tw.Reader(buffer=f.read())
+    checked = 0
+    with reader as r:
+        for name in r.keys():
+            try:
+                x = real(r, name, to_copy=True)
+            except (tw.TensorwireError, TypeError):
+                continue
+            data = x[0] if isinstance(x, tuple) else x
+            row_major = x[3] is None if isinstance(x, tuple) else x.flags.c_contiguous
+            if not row_major or not data.nbytes:
+                continue
+            calls.clear()
+            got = r.read_torch(name, device="cuda")
+            assert calls == [name], name
+            assert _torch_bytes(got) == _torch_bytes(r.read_torch(name, copy=True)), name
+            checked += 1
+    assert checked > 5

@@ -172,7 +172,8 @@ def _to_cuda(reader, tt, names, device):
     for n in names:
         x = reader._read_for_torch(n, to_copy=True)
         dense = _dense_bytes(x)
-        if dense is not None and dense[1] is not None and not _shareable(x, dense[0]):
+        row_major = x[3] is None if isinstance(x, tuple) else x.flags.c_contiguous
+        if dense is not None and not row_major and not _shareable(x, dense[0]):
             dense = None  # the CPU copy's layout is the format's to choose
         if dense is None or not dense[0].nbytes:
             out[n], job = _staging.device_job(tt, _shared_torch(reader, tt, n), device)
@@ -206,7 +207,8 @@ def _shareable(x, raw):
     count = 1
     for d in shape:
         count *= d
-    return count == 0 or raw.ctypes.data % (raw.nbytes // count) == 0
+    itemsize = raw.nbytes // count if count else 0
+    return itemsize == 0 or raw.ctypes.data % itemsize == 0
 
 
 def _dense_bytes(x):
