@@ -781,13 +781,23 @@ impl Reader {
     }
 
     /// The sparse tensors of a PyTorch checkpoint, in the order the pickle lists them:
-    /// `(name, layout, size, is_coalesced, part names)`, where `layout` is torch's name
-    /// (`"torch.sparse_coo"`), `is_coalesced` is `None` unless saved, and the parts
-    /// (tensors of `keys()`) come in the order `_rebuild_sparse_tensor` takes them.
+    /// `(name, layout, size, is_coalesced, part names, parameter)`, where `layout` is
+    /// torch's name (`"torch.sparse_coo"`), `is_coalesced` is `None` unless saved, the
+    /// parts (tensors of `keys()`) come in the order `_rebuild_sparse_tensor` takes
+    /// them, and `parameter` is `None`, or for an `nn.Parameter` its `requires_grad`.
     #[allow(clippy::type_complexity)]
     fn _pytorch_sparse(
         &self,
-    ) -> PyResult<Vec<(String, &'static str, Vec<u64>, Option<bool>, Vec<String>)>> {
+    ) -> PyResult<
+        Vec<(
+            String,
+            &'static str,
+            Vec<u64>,
+            Option<bool>,
+            Vec<String>,
+            Option<bool>,
+        )>,
+    > {
         Ok(pytorch(self.src()?)?
             .sparse_tensors()
             .iter()
@@ -798,6 +808,7 @@ impl Reader {
                     s.size.to_vec(),
                     s.is_coalesced,
                     s.part_names(name),
+                    s.parameter,
                 )
             })
             .collect())

@@ -394,10 +394,10 @@ def compare_trees(got, want, same_tensor, where="root"):
     flag here, then its parts)."""
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), where
+        # An nn.Parameter is one, and requires_grad is torch's.
+        assert type(got) is type(want), (where, type(got), type(want))
+        assert got.requires_grad == want.requires_grad, where
         if want.layout == torch.strided:
-            # An nn.Parameter is one, and requires_grad is torch's.
-            assert type(got) is type(want), (where, type(got), type(want))
-            assert got.requires_grad == want.requires_grad, where
             same_tensor(got, want, where)
             return
         assert (got.layout, got.shape, got.device) == (want.layout, want.shape, want.device), where
@@ -993,6 +993,8 @@ def test_parameters_and_requires_grad_are_torch_loads(tmp_path, legacy):
         "plain": torch.zeros(2),
         "tied": w,
         "nested": [w, {"g": torch.ones(1, dtype=torch.float64).requires_grad_()}],
+        "sparse": torch.nn.Parameter(torch.eye(3).to_sparse()),
+        "frozen_csr": torch.nn.Parameter(torch.eye(3).to_sparse_csr(), requires_grad=False),
     }
     path = str(tmp_path / "autograd.pt")
     torch.save(state, path, _use_new_zipfile_serialization=not legacy)

@@ -223,3 +223,5 @@ def test_ztensor_names_read_tensors_and_ztensor_error(small):
         assert r.read_tensors(["b"], copy=True)["b"].flags.writeable
         with pytest.raises(tw.ZTensorError):
             r.read_tensors(["nope"])
+        with pytest.raises(TypeError):
+            r.read_tensors("w")

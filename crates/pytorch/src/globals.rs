@@ -379,23 +379,31 @@ fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'
     }
 }
 
-/// torch: "only Tensors of floating point and complex dtype can require gradients"
-/// (quantized ones neither).
-fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result<()> {
+/// Whether tensors of `dtype` can require grad: torch's "only Tensors of floating
+/// point and complex dtype can require gradients".
+fn differentiable(dtype: Option<DType>) -> bool {
     use DType::*;
-    let differentiable = matches!(
-        record.dtype,
-        F16 | BF16
-            | F32
-            | F64
-            | F8E4M3Fn
-            | F8E5M2
-            | F8E4M3Fnuz
-            | F8E5M2Fnuz
-            | Complex64
-            | Complex128
-    );
-    if record.requires_grad && (!differentiable || record.quantization.is_some()) {
+    matches!(
+        dtype,
+        Some(
+            F16 | BF16
+                | F32
+                | F64
+                | F8E4M3Fn
+                | F8E5M2
+                | F8E4M3Fnuz
+                | F8E5M2Fnuz
+                | Complex64
+                | Complex128
+        )
+    )
+}
+
+/// A tensor requiring grad must be [`differentiable`] (and not quantized).
+fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result<()> {
+    if record.requires_grad
+        && (!differentiable(Some(record.dtype)) || record.quantization.is_some())
+    {
         return Err(bad_args(
             what,
             offset,
@@ -538,12 +546,28 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             // (data, requires_grad, backward_hooks[, state]): torch makes
             // `nn.Parameter(data, requires_grad)` (the state sets Python attributes on
             // it, which are not kept here).
+            let arity = if global == Global::RebuildParameter {
+                3
+            } else {
+                4
+            };
             let [data, requires_grad, ..] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
+            if argv.len() != arity {
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
+            }
             let requires_grad = requires_grad_arg(arena, *requires_grad, what, offset)?;
             match arena.get(*data) {
-                sparse @ Obj::Sparse(_) => Ok(sparse.clone()),
+                Obj::Sparse(sparse) => {
+                    let mut sparse = sparse.clone();
+                    let values = sparse.parts.last().map(|v| v.dtype);
+                    if requires_grad && !differentiable(values) {
+                        return Err(bad_args(what, offset, "a sparse tensor requiring grad"));
+                    }
+                    sparse.parameter = Some(requires_grad);
+                    Ok(Obj::Sparse(sparse))
+                }
                 Obj::Tensor(record) => {
                     let mut record = record.clone();
                     record.parameter = true;
@@ -558,10 +582,17 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             let [func, new_type, inner_args, _state] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
-            if !matches!(arena.get(*new_type), Obj::Global(Global::TensorClass(_))) {
+            let Obj::Global(Global::TensorClass(class)) = arena.get(*new_type) else {
                 return Err(bad_args(what, offset, "new_type is not torch.Tensor"));
+            };
+            // torch: `func(*args)`, then `as_subclass(new_type)` when not of that type.
+            match call(arena, *func, *inner_args, offset)? {
+                Obj::Tensor(mut record) if class.ends_with("Parameter") => {
+                    record.parameter = true;
+                    Ok(Obj::Tensor(record))
+                }
+                other => Ok(other),
             }
-            call(arena, *func, *inner_args, offset)
         }
         Global::OrderedDict => match argv {
             [] => Ok(Obj::Dict {
@@ -687,10 +718,16 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             let [data, dtype, _device, requires_grad] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
-            requires_grad_arg(arena, *requires_grad, what, offset)?;
+            let requires_grad = requires_grad_arg(arena, *requires_grad, what, offset)?;
             let tensor = tensor_arg(arena, *data, what, offset)?;
             match (arena.get(*dtype), &tensor) {
-                (Obj::Global(Global::Dtype(d)), Obj::Tensor(t)) if *d == t.dtype => Ok(tensor),
+                (Obj::Global(Global::Dtype(d)), Obj::Tensor(t)) if *d == t.dtype => {
+                    // torch: `data.to(dtype, device)`, then `requires_grad` set on it.
+                    let mut record = t.clone();
+                    record.requires_grad = requires_grad;
+                    check_requires_grad(&record, what, offset)?;
+                    Ok(Obj::Tensor(record))
+                }
                 (Obj::Global(g), _) => Err(Error::unsupported(format!(
                     "{what} converting a tensor to {}",
                     g.name()
@@ -1102,12 +1139,30 @@ mod tests {
             let err = root_tensor(&body).unwrap_err();
             assert!(err.to_string().contains("tensor requiring grad"), "{err}");
         }
-        // Too few arguments.
-        let mut p = b"ctorch._utils\n_rebuild_parameter\n(".to_vec();
+        // torch's arities: 3 for _rebuild_parameter, 4 with state.
+        for (function, args, count) in [
+            ("_rebuild_parameter", &b""[..], "1 arguments"),
+            ("_rebuild_parameter", b"\x88", "2 arguments"),
+            ("_rebuild_parameter", b"\x88}}", "4 arguments"),
+            ("_rebuild_parameter_with_state", b"\x88}", "3 arguments"),
+        ] {
+            let mut p = format!("ctorch._utils\n{function}\n(").into_bytes();
+            p.extend(tensor_pickle("FloatStorage", "0", 3));
+            p.extend(args);
+            p.extend(b"tR");
+            let err = root_tensor(&p).unwrap_err();
+            assert!(err.to_string().contains(count), "{function}: {err}");
+        }
+        let mut p = b"ctorch._utils\n_rebuild_parameter_with_state\n(".to_vec();
         p.extend(tensor_pickle("FloatStorage", "0", 3));
-        p.extend(b"tR");
-        let err = root_tensor(&p).unwrap_err();
-        assert!(err.to_string().contains("1 arguments"), "{err}");
+        p.extend(b"\x88}}tR");
+        assert!(root_tensor(&p).unwrap().parameter);
+        // _rebuild_device_tensor_from_cpu_tensor(data, dtype, device, requires_grad).
+        let mut p = b"ctorch._utils\n_rebuild_device_tensor_from_cpu_tensor\n(".to_vec();
+        p.extend(tensor_pickle("FloatStorage", "0", 3));
+        p.extend(b"ctorch\nfloat32\nX\x03\x00\x00\x00xla\x88tR");
+        let t = root_tensor(&p).unwrap();
+        assert!(t.requires_grad && !t.parameter);
     }
 
     #[test]

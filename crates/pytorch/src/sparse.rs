@@ -85,6 +85,9 @@ pub struct SparseTensor {
     pub is_coalesced: Option<bool>,
     /// The parts, in the order of [`SparseLayout::parts`].
     pub parts: Vec<TensorRecord>,
+    /// Pickled as an `nn.Parameter` (`_rebuild_parameter`), which `torch.load`
+    /// returns as one, with this `requires_grad`.
+    pub parameter: Option<bool>,
 }
 
 impl SparseTensor {
@@ -142,6 +145,7 @@ impl SparseTensor {
             size,
             is_coalesced,
             parts,
+            parameter: None,
         };
         tensor.check_shapes().map_err(bad)?;
         Ok(tensor)

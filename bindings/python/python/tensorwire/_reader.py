@@ -89,8 +89,10 @@ class Reader(_native.Reader):
         raise TypeError("name must be a str or a list of str")
 
     def read_tensors(self, names, *, copy=False):
-        """``{name: numpy array}`` for ``names``, as ztensor's ``read_tensors`` gives
-        them (``read_numpy`` with a list)."""
+        """``{name: numpy array}`` for ``names`` (a list or tuple), as ztensor's
+        ``read_tensors`` gives them (``read_numpy`` with a list)."""
+        if isinstance(names, (str, bytes)):
+            raise TypeError("read_tensors takes a list of names (read_numpy takes one)")
         return self.read_numpy(list(names), copy=copy)
 
     def read_into(self, name, dst=None):

@@ -202,7 +202,7 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
     first_of = dict(same)  # a part -> the same object's first name
     built = {}
     at_first_part = {}
-    for name, layout, size, is_coalesced, parts in sparse:
+    for name, layout, size, is_coalesced, parts, parameter in sparse:
         key = tuple(first_of.get(p, p) for p in parts)
         if key not in built:
             try:
@@ -214,8 +214,10 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
                 raise
             except RuntimeError as e:  # torch's index checks
                 raise MalformedError(f"sparse tensor `{name}`: {e}") from e
+            if parameter is not None:  # pickled as an nn.Parameter
+                built[key] = torch.nn.Parameter(built[key], requires_grad=parameter)
         at_first_part[parts[0]] = (name, built[key])
-    parts = {p for *_, names in sparse for p in names}
+    parts = {p for _, _, _, _, names, _ in sparse for p in names}
     out = {}
     for name, t in tensors.items():
         if name in at_first_part:
@@ -379,7 +381,7 @@ def load_numpy(f, *, mmap=True, flat=True):
         else:
             got = reader.read_numpy(names, copy=not mmap)
         if not flat:
-            for name, layout, size, is_coalesced, parts in reader._pytorch_sparse():
+            for name, layout, size, is_coalesced, parts, _ in reader._pytorch_sparse():
                 got[name] = {"layout": layout, "size": tuple(size),
                              **({} if is_coalesced is None else {"is_coalesced": is_coalesced}),
                              **{p.rsplit(".", 1)[-1]: got[p] for p in parts}}
