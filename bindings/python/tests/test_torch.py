@@ -128,6 +128,13 @@ def test_read_into_torch(zt_path):
         nc = torch.empty(3, 2).T
         r.read_into("a", nc)  # not contiguous: filled through a copy
         assert torch.equal(nc, torch.from_numpy(data["a"]))
+        # A parameter: filled under no_grad, refused by torch outside it.
+        param = torch.nn.Parameter(torch.zeros(2, 3))
+        with pytest.raises(RuntimeError, match="requires grad"):
+            r.read_into("a", param)
+        with torch.no_grad():
+            r.read_into("a", param)
+        assert torch.equal(param.detach(), torch.from_numpy(data["a"]))
 
 
 def test_tensor_torch(zt_path):

@@ -141,7 +141,9 @@ class Reader(_native.Reader):
             raise _native.InvalidArgumentError(
                 f"dst for `{name}` is {dst.dtype} {list(dst.shape)}, the tensor is "
                 f"{dtype} {list(shape)}")
-        if dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous():
+        # A tensor requiring grad, outside no_grad, is torch's to fill (a leaf refuses).
+        tracked = dst.requires_grad and tt.torch.is_grad_enabled()
+        if dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous() and not tracked:
             self._read_into_raw(name, tt.torch_dst_bytes(dst))
         else:
             dst.copy_(self.read_torch(name))
