@@ -624,7 +624,8 @@ impl Reader {
         dense_array(py, src, at, false, false, Lend::Any, &self.owner)
     }
 
-    /// The file format (`"zt"`, `"zt-0.1"`).
+    /// The file format: `"zt"`, `"zt-0.1"`, `"zt-2"`, `"safetensors"`, `"gguf"`, `"npy"`,
+    /// `"npz"`, `"pytorch-zip"`, `"pytorch-legacy"`, `"tenso-packet"` or `"sharded"`.
     #[getter]
     fn format(&self) -> PyResult<&'static str> {
         Ok(self.src()?.format())

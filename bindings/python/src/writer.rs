@@ -162,7 +162,7 @@ impl Writer {
     ///     name: tensor name.
     ///     data: numpy array (numeric, bool, complex, or ml_dtypes bfloat16/float8).
     ///     compress: None/False/0 raw; True zstd level 3; int > 0 that zstd level.
-    ///     checksum: "none", "crc32c" or "sha256".
+    ///     checksum: "none", "crc32c" or "sha256" (version 2: "none", "xxh3" or "sha256").
     ///     attributes: optional dict of per-tensor metadata.
     #[pyo3(signature = (name, data, *, compress = None, checksum = "none", attributes = None))]
     fn write_numpy(

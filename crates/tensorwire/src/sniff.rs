@@ -44,7 +44,8 @@ pub enum FileFormat {
 }
 
 impl FileFormat {
-    /// Short name (`"zt"`, `"zt-0.1"`).
+    /// Short name of the sniffed format (`"zt"`, `"zt-0.1"`, `"zt-2"`, `"tenso-packet"`,
+    /// `"pytorch"`, `"safetensors"`, `"gguf"`, `"npy"`, `"npz"`, `"shard-index"`).
     pub fn name(self) -> &'static str {
         match self {
             FileFormat::Zt => "zt",

@@ -1,9 +1,9 @@
 """tensorwire: zero-copy, safe tensor I/O.
 
 Read tensor files as numpy arrays that view the file's memory, or as torch tensors:
-.zt (ztensor 1.x and 0.1), safetensors, GGUF, NPY/NPZ and PyTorch checkpoints (read
-safely, with no pickle code run), recognised by their magic bytes. Write .zt files
-ztensor 1.2.3 reads; ``convert(src, dst)`` writes .zt or safetensors. The API follows
+.zt (ztensor 1.x, 2.x and 0.1), safetensors, GGUF, NPY/NPZ, tenso packets and PyTorch
+checkpoints (read safely, with no pickle code run), recognised by their magic bytes.
+Write .zt files ztensor 1.2.3 (or, with ``version=2``, ztensor 2.x) reads; ``convert(src, dst)`` writes .zt or safetensors. The API follows
 ztensor 1.x::
 
     import tensorwire
