@@ -946,6 +946,25 @@ pub fn write_source(
                 })?,
             _ => info.shape.dims().to_vec(),
         };
+        // The shape comes from the source's attributes for a raw type (a `.zt` file's
+        // own, so anything): it must describe the tensor's bytes, or the header would
+        // promise what the data does not hold (a file no reader accepts).
+        let needed = shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|numel| dtype.byte_len(numel));
+        if needed != Some(info.nbytes) {
+            return Err(Error::invalid(format!(
+                "tensor `{}`: {} {shape:?} does not describe its {} bytes{}",
+                info.name,
+                dtype.name(),
+                info.nbytes,
+                needed.map_or_else(
+                    || " (not a whole number of bytes)".to_owned(),
+                    |n| format!(" ({n} bytes)")
+                )
+            )));
+        }
         entries.push(WriteEntry {
             name: info.name.to_string(),
             dtype,

@@ -8,6 +8,8 @@ from typing import List, Sequence, Union
 
 import numpy as np
 
+from . import _native
+
 # Quantized dtype codes on the wire, and their names.
 QINT8, QUINT8, QINT4, QUINT4 = 16, 17, 18, 19
 QUANTIZED_NAMES = {QINT8: "qint8", QUINT8: "quint8", QINT4: "qint4", QUINT4: "quint4"}
@@ -139,11 +141,12 @@ class QuantizedTensor:
             if not shape:
                 raise ValueError("per_channel quantization needs at least one dimension")
             axis = axis % len(shape)
-            rows = np.moveaxis(values, axis, 0).reshape(shape[axis], -1)
+            moved_values = np.moveaxis(values, axis, 0)
+            # Sizes spelled out: numpy cannot infer a -1 next to a 0 (no channels).
+            rows = moved_values.reshape(shape[axis], math.prod(moved_values.shape[1:]))
             scales, zeros = cls._parameters(rows, qmin, qmax)
             q_rows = np.round(rows / scales[:, None] + zeros[:, None])
-            moved_shape = np.moveaxis(values, axis, 0).shape
-            q = np.moveaxis(q_rows.reshape(moved_shape), 0, axis).ravel()
+            q = np.moveaxis(q_rows.reshape(moved_values.shape), 0, axis).ravel()
         else:
             if group_size <= 0:
                 raise ValueError("group_size must be > 0 for per_group scheme")
@@ -190,7 +193,8 @@ class QuantizedTensor:
         elif self.quant_scheme == PER_CHANNEL:
             axis = self.axis % max(len(self.shape), 1)
             rows = np.moveaxis(q.reshape(self.shape), axis, 0)
-            rows = rows.reshape(len(self.scales), -1)
+            # Sizes spelled out: numpy cannot infer a -1 next to a 0 (no channels).
+            rows = rows.reshape(len(self.scales), math.prod(rows.shape[1:]))
             rows = (rows - self.zero_points[:, None]) * self.scales[:, None]
             moved = (self.shape[axis],) + tuple(s for i, s in enumerate(self.shape) if i != axis)
             out = np.moveaxis(rows.reshape(moved), 0, axis)
@@ -248,16 +252,27 @@ class StringTensor:
     def _span(self, i: int) -> bytes:
         return self._data[int(self._offsets[i]):int(self._offsets[i + 1])].tobytes()
 
+    def _text(self, i: int) -> str:
+        """String ``i``; bytes that are not UTF-8 (a packet's payload is checked on
+        access, not on decode) raise ``MalformedError``."""
+        raw = self._span(i)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _native.MalformedError(
+                f"string {i} is not valid UTF-8 ({e.reason} at byte {e.start} of "
+                f"{len(raw)})") from None
+
     def __getitem__(self, index: int) -> str:
         count = len(self)
         if index < 0:
             index += count
         if not 0 <= index < count:
             raise IndexError(f"index {index} out of range for StringTensor of size {count}")
-        return self._span(index).decode("utf-8")
+        return self._text(index)
 
     def __iter__(self):
-        return (self._span(i).decode("utf-8") for i in range(len(self)))
+        return (self._text(i) for i in range(len(self)))
 
     def __eq__(self, other):
         if not isinstance(other, StringTensor):

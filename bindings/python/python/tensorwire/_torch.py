@@ -7,6 +7,8 @@ import math
 import numpy as np
 import torch
 
+from ._native import UnsupportedError
+
 # tensorwire dtype name -> torch dtype (those this torch build has).
 _NAMES = {
     "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
@@ -61,12 +63,14 @@ def torch_dtype(name: str):
 def torch_type(name, shape):
     """(torch dtype, torch shape) for a tensor read_torch reports as (name, shape); a
     safetensors raw type this torch lacks (or an F4 tensor whose last dimension does
-    not pair up) stays raw bytes: (uint8, [byte count])."""
+    not pair up) stays raw bytes: (uint8, [byte count]). A type torch has no dtype for
+    (a tenso packet's qint4) is an ``UnsupportedError``, as numpy's is: the file's
+    type, not the caller's argument."""
     dt = TO_TORCH.get(name) or _INTEGERS_OF.get(name)
     if dt is not None:
         return dt, tuple(shape)
     if name not in _SAFETENSORS_RAW:
-        raise TypeError(f"this torch build has no dtype for {name} tensors")
+        raise UnsupportedError(f"this torch build has no dtype for {name} tensors")
     dt = RAW_TO_TORCH.get(name)
     if name == _F4:  # two values per byte, and per float4_e2m1fn_x2 element
         if dt is not None and shape and shape[-1] % 2 == 0:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import mmap as _mmap
+import os
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -288,6 +289,8 @@ def load(fp, mmap_mode: bool = False, copy: bool = False) -> Any:
             raise EOFError("Empty file or stream")
         return result
     start = fp.tell()
+    if os.fstat(fp.fileno()).st_size == 0:  # (mmap refuses an empty file: ValueError)
+        raise EOFError("Empty file or stream")
     mapped = _mmap.mmap(fp.fileno(), 0, access=_mmap.ACCESS_READ)
     view = np.frombuffer(mapped, dtype=np.uint8)[start:]
     if view.size == 0:

@@ -181,6 +181,8 @@ def _quantize(tensors, quantized, skip):
             continue
         ints = tensors[name]
         qdtype = qdtypes[ints.dtype]
+        _check_zero_points(torch, name, ints.dtype,
+                           zero_point if axis is None else tensors[zero_point])
         if axis is None:
             q = torch._empty_affine_quantized(
                 ints.size(), scale=scale, zero_point=zero_point, dtype=qdtype, device=ints.device)
@@ -189,6 +191,27 @@ def _quantize(tensors, quantized, skip):
                 ints.size(), scales=tensors[scale], zero_points=tensors[zero_point], axis=axis,
                 dtype=qdtype, device=ints.device)
         tensors[name] = q.set_(ints.untyped_storage(), ints.storage_offset(), ints.size(), ints.stride())
+
+
+def _check_zero_points(torch, name, int_dtype, zero_points):
+    """A ``MalformedError`` for a zero point outside the range of the quantized
+    tensor's integers (``int_dtype``): torch builds such a tensor, but every
+    ``dequantize`` of it raises (``torch.quantize_per_*`` never makes one). Float zero
+    points (``per_channel_affine_float_qparams``) and those on "meta" (no values) are
+    not checked."""
+    if isinstance(zero_points, torch.Tensor):
+        if (zero_points.is_floating_point() or zero_points.device.type == "meta"
+                or not zero_points.numel()):
+            return
+        low, high = int(zero_points.min()), int(zero_points.max())
+    else:
+        low = high = int(zero_points)
+    info = torch.iinfo(int_dtype)
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        raise MalformedError(
+            f"quantized tensor `{name}`: zero point {bad} is outside the range of its "
+            f"{str(int_dtype).removeprefix('torch.')} values [{info.min}, {info.max}]")
 
 
 def _sparse_in_place_of_parts(tensors, sparse, same):

@@ -218,8 +218,21 @@ class TensorSlice:
     def get_shape(self):
         """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
         raw bytes, their logical shape, as the package reports it)."""
+        # Only a tensor listed as a raw safetensors type has a logical shape (the
+        # attribute its reader sets). Another file's attributes are its writer's: a
+        # `.zt` tensor's `safetensors.shape` is data, not the shape of what indexing
+        # gives, and may be anything.
+        if not self._meta.format.startswith("safetensors:"):
+            return list(self._meta.shape)
         logical = (self._meta.attributes or {}).get("safetensors.shape")
-        return list(logical if logical is not None else self._meta.shape)
+        if logical is None:
+            return list(self._meta.shape)
+        if not (isinstance(logical, list)
+                and all(type(d) is int and d >= 0 for d in logical)):
+            raise _native.MalformedError(
+                f"tensor `{self._name}`: its safetensors.shape attribute is {logical!r:.80}, "
+                "not a list of dimensions")
+        return list(logical)
 
     def get_dtype(self):
         """The safetensors dtype name (``"F32"``, ``"BF16"``, ...)."""
