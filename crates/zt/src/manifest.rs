@@ -64,6 +64,11 @@ pub struct Component {
     pub digest: Option<Digest>,
 }
 
+/// The most bytes one stored byte of zstd data can decode to. The densest block is an
+/// RLE block: a 3-byte header whose 21-bit size libzstd honours in a single-segment
+/// frame (up to 2 MiB - 1), and the one byte it repeats; so 4 bytes make < 2^21.
+pub const MAX_ZSTD_EXPANSION: u64 = 1 << 19;
+
 impl Component {
     /// Bytes after decoding.
     pub fn decoded_length(&self) -> u64 {
@@ -71,6 +76,29 @@ impl Component {
             Encoding::Raw => self.length,
             Encoding::Zstd | Encoding::ZstdSeekable => self.uncompressed_length.unwrap_or(0),
         }
+    }
+
+    /// Fails unless the stored bytes could decode to [`Self::decoded_length`] of them,
+    /// so that a component of a few bytes cannot make a reader allocate gigabytes
+    /// for its output before the decoder finds it short. zstd makes at most
+    /// [`MAX_ZSTD_EXPANSION`] bytes per stored byte.
+    pub(crate) fn check_expansion(&self, label: impl FnOnce() -> String) -> Result<()> {
+        if self.encoding == Encoding::Raw {
+            return Ok(());
+        }
+        let most = self.length.saturating_mul(MAX_ZSTD_EXPANSION);
+        if self.decoded_length() > most {
+            return Err(Error::Decode {
+                tensor: label(),
+                encoding: self.encoding.name().to_owned(),
+                reason: format!(
+                    "{} decoded bytes cannot come from {} stored bytes (zstd expands at most {MAX_ZSTD_EXPANSION}:1)",
+                    self.decoded_length(),
+                    self.length
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The logical dtype if the `type` names one we know and it matches the storage

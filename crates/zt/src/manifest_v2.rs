@@ -550,6 +550,7 @@ pub(crate) fn validate(
                 c.decoded_length(),
                 limits.max_decoded_bytes,
             )?;
+            c.check_expansion(|| label(oi, ci))?;
             if c.length > 0 {
                 spans.push((c.offset, c.length, oi, ci));
             }

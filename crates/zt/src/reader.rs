@@ -633,6 +633,7 @@ fn validate_layout(
                 c.decoded_length(),
                 limits.max_decoded_bytes,
             )?;
+            c.check_expansion(|| label(oi, ci))?;
             let unit = c.dtype.size().unwrap_or(1) as u64;
             if c.decoded_length() % unit != 0 {
                 return Err(Error::SizeMismatch {

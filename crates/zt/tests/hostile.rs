@@ -385,3 +385,64 @@ fn verify_decodes_compressed_components() {
     assert!(matches!(r.verify(), Err(Error::SizeMismatch { .. })));
     assert!(r.verify().unwrap_err().is_corrupt_data());
 }
+
+/// A zstd frame of one RLE block: 12 bytes that decode to `size` copies of 7, the most
+/// output per stored byte libzstd gives (single-segment frames honour the block header's
+/// 21-bit size).
+fn densest_zstd_frame(size: u32) -> Vec<u8> {
+    let mut frame = 0xFD2F_B528u32.to_le_bytes().to_vec();
+    frame.push(0x20 | 0x80); // single segment, 4-byte content size
+    frame.extend_from_slice(&size.to_le_bytes());
+    let block_header = 1 | (1 << 1) | (size << 3); // last block, RLE
+    frame.extend_from_slice(&block_header.to_le_bytes()[..3]);
+    frame.push(7);
+    frame
+}
+
+fn zstd_component(stored: u64, decoded: u64) -> ciborium::Value {
+    map(vec![
+        ("dtype", text("u8")),
+        ("offset", int(64)),
+        ("length", int(stored)),
+        ("uncompressed_length", int(decoded)),
+        ("encoding", text("zstd")),
+    ])
+}
+
+#[test]
+fn a_decoded_size_no_zstd_data_of_that_length_makes_is_refused_on_open() {
+    // 8 stored bytes claiming 8 GiB (under the 64 GiB limit): refused before any
+    // buffer for it is allocated.
+    let f = image(
+        &at64(&[0; 8]),
+        &manifest(vec![(
+            "bomb",
+            dense(&[8 << 30], zstd_component(8, 8 << 30)),
+        )]),
+    );
+    match open(f) {
+        Err(Error::Decode { tensor, reason, .. }) => {
+            assert_eq!(tensor, "bomb/data");
+            assert!(reason.contains("8589934592 decoded bytes"), "{reason}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn the_densest_zstd_frame_libzstd_decodes_is_within_the_bound() {
+    let size = (1u32 << 21) - 1;
+    let frame = densest_zstd_frame(size);
+    let n = frame.len() as u64;
+    let f = image(
+        &at64(&frame),
+        &manifest(vec![(
+            "dense",
+            dense(&[size as u64], zstd_component(n, size as u64)),
+        )]),
+    );
+    let r = open(f).unwrap();
+    let v = r.view("dense").unwrap();
+    assert_eq!(v.bytes.len(), size as usize);
+    assert!(v.bytes.iter().all(|&b| b == 7));
+}

@@ -1676,3 +1676,32 @@ fn ztensor2_reads_the_files_we_write() {
         "{text}"
     );
 }
+
+/// A seek table whose frames take no bytes and claim 16 MiB each: it tiles and adds up,
+/// but 4 KiB of stored bytes cannot decode to 8 GiB, so the file is refused on open
+/// rather than when a read has allocated the 8 GiB.
+#[test]
+fn a_seek_table_claiming_more_than_zstd_can_make_is_refused_on_open() {
+    let frames = 512u32;
+    let mut table = Vec::new();
+    table.extend_from_slice(&0x184D_2A5Eu32.to_le_bytes());
+    table.extend_from_slice(&(frames * 8 + 9).to_le_bytes());
+    for _ in 0..frames {
+        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&(16u32 << 20).to_le_bytes());
+    }
+    table.extend_from_slice(&frames.to_le_bytes());
+    table.push(0);
+    table.extend_from_slice(&0x8F92_EAB1u32.to_le_bytes());
+    let decoded = u64::from(frames) << 24;
+    let mut p = part("u8", 4096, table.len() as u64);
+    p.push(("encoding", C::T("zt.zstd-seekable/1")));
+    p.push(("decoded_length", C::U(decoded)));
+    let f = image(&table, &objects(vec![("w", dense(&[decoded], p))]));
+    match err_of(f) {
+        Error::Decode { reason, .. } => {
+            assert!(reason.contains("8589934592 decoded bytes"), "{reason}")
+        }
+        e => panic!("{e}"),
+    }
+}
