@@ -703,13 +703,9 @@ def op_reader(path, data):
             if t is not None and t.format == "dense":
                 t.numpy()
             _try(r.read, n, copy=True)
-            a = _try(r.read_numpy, n)
+            a = _read_numpy_both_ways(r, n, "read_numpy")
             if a is None:
                 continue
-            c = _try(r.read_numpy, n, copy=True)
-            if c is not None:
-                _same_bytes(a, c, f"read_numpy({n!r}) vs copy=True")
-            _touch_numpy(a)
             if isinstance(a, np.ndarray) and a.dtype.kind != "O":
                 _try(r.read_into, n, np.empty(a.shape, a.dtype))
                 _try(r.read_into, {n: np.empty(a.shape, a.dtype)})
@@ -738,6 +734,19 @@ def op_reader(path, data):
         _try(r.verify)
 
 
+def _read_numpy_both_ways(r, n, label):
+    """``r.read_numpy(n)`` (None when it raised a typed error), checked equal to its
+    ``copy=True`` read and touched end to end."""
+    a = _try(r.read_numpy, n)
+    if a is None:
+        return None
+    c = _try(r.read_numpy, n, copy=True)
+    if c is not None:
+        _same_bytes(a, c, f"{label}({n!r}) vs copy=True")
+    _touch_numpy(a)
+    return a
+
+
 def op_buffer(path, data):
     import tensorwire as tw
 
@@ -747,13 +756,9 @@ def op_buffer(path, data):
             for n in names:
                 _try(r.metadata, n)
                 _try(r.read, n)
-                a = _try(r.read_numpy, n)
+                a = _read_numpy_both_ways(r, n, "buffer read_numpy")
                 if a is None:
                     continue
-                c = _try(r.read_numpy, n, copy=True)
-                if c is not None:
-                    _same_bytes(a, c, f"buffer read_numpy({n!r}) vs copy")
-                _touch_numpy(a)
                 if _have_torch():
                     _touch_torch(_try(r.read_torch, n))
             _try(r.verify)
