@@ -441,6 +441,19 @@ def _numpy_as_torch(torch, value):
     return torch.from_numpy(value.copy(order="C"))
 
 
+def _count_reads_for_torch(monkeypatch):
+    """The names `Reader._read_for_torch` is called with from now on, in a list."""
+    calls = []
+    real = tw.Reader._read_for_torch
+
+    def counting(self, n, **kw):
+        calls.append(n)
+        return real(self, n, **kw)
+
+    monkeypatch.setattr(tw.Reader, "_read_for_torch", counting)
+    return calls
+
+
 @pytest.mark.parametrize("fixture,name,staged,reads", [
     ("numpy/compressed.npz", "fortran", True, 1),   # decoded once, Fortran order kept
     ("pytorch/views.pt", "transposed", True, 1),    # the file's bytes, strides kept
@@ -453,14 +466,7 @@ def test_strided_tensors_to_the_device(torch, cpu_as_cuda, monkeypatch, fixture,
     """read_torch(device=...) of a strided tensor: one whose elements fill their span
     (Fortran order, transposed) goes through the ring from the bytes read once, strides
     kept; others are read_torch's CPU tensor moved. Either way, read_torch's tensor."""
-    calls = []
-    real = tw.Reader._read_for_torch
-
-    def counting(self, n, **kw):
-        calls.append(n)
-        return real(self, n, **kw)
-
-    monkeypatch.setattr(tw.Reader, "_read_for_torch", counting)
+    calls = _count_reads_for_torch(monkeypatch)
     with tw.Reader(os.path.join(REPO, "fixtures", fixture)) as r:
         want = r.read_torch(name)
         assert not want.is_contiguous()
@@ -481,14 +487,8 @@ def test_row_major_tensors_to_the_device_are_read_once(torch, cpu_as_cuda, monke
                                                         fixture, source):
     """Row-major tensors torch could not share on the CPU (unaligned, read-only) go
     through the ring from the bytes as they lie: one read, no host copy first."""
-    calls = []
-    real = tw.Reader._read_for_torch
-
-    def counting(self, n, **kw):
-        calls.append(n)
-        return real(self, n, **kw)
-
-    monkeypatch.setattr(tw.Reader, "_read_for_torch", counting)
+    real = tw.Reader._read_for_torch  # reads made here are not counted
+    calls = _count_reads_for_torch(monkeypatch)
     path = os.path.join(REPO, "fixtures", fixture)
     if source == "file":
         reader = tw.Reader(path)
