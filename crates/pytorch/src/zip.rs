@@ -166,7 +166,10 @@ fn find_directory(input: &Input) -> Result<Directory> {
                 .read_meta(record_offset, 56)
                 .map_err(|_| bad(eocd_offset - 20, "ZIP64 end record lies outside the file"))?;
             if u32_at(&record, 0) != ZIP64_EOCD_SIG {
-                return Err(bad(record_offset, "bad ZIP64 end-record signature"));
+                return Err(bad(
+                    record_offset,
+                    format!("bad ZIP64 end-record signature{SHIFTED}"),
+                ));
             }
             // The record ends where the locator starts (its size field counts the
             // bytes after itself), as every writer puts it and Python's zipfile
@@ -178,7 +181,7 @@ fn find_directory(input: &Input) -> Result<Directory> {
             if record_end != Some(eocd_offset - 20) {
                 return Err(bad(
                     record_offset,
-                    "the ZIP64 end record does not end where its locator starts",
+                    format!("the ZIP64 end record does not end where its locator starts{SHIFTED}"),
                 ));
             }
             directory_end_limit = record_offset;
@@ -362,6 +365,15 @@ impl ZipDirectory {
             let head = central
                 .get(pos..pos + CENTRAL_LEN)
                 .ok_or_else(|| bad(at, "central directory ends inside a record"))?;
+            if u32_at(head, 0) != CENTRAL_SIG && pos == 0 {
+                // The end record's offsets are absolute: an archive with bytes before
+                // it (or a second archive after it, whose end record is the one found)
+                // points here at something else.
+                return Err(bad(
+                    at,
+                    format!("the end record puts the central directory here, but none starts here{SHIFTED}"),
+                ));
+            }
             if u32_at(head, 0) != CENTRAL_SIG {
                 return Err(bad(at, "bad central-directory record signature"));
             }
@@ -636,6 +648,10 @@ impl ZipDirectory {
         })
     }
 }
+
+/// Added to the errors of an end record whose absolute offsets miss their targets:
+/// what a file made by adding bytes to a whole archive looks like.
+const SHIFTED: &str = " (were bytes added before the archive, or a second archive after it?)";
 
 /// The most output one byte of deflate data can make.
 const MAX_DEFLATE_RATIO: u64 = 1032;

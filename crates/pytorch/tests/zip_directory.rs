@@ -170,3 +170,32 @@ fn a_record_count_the_directory_cannot_hold_is_refused_up_front() {
     let directory = ZipDirectory::read(&end_record(u16::MAX), 1 << 20, 1 << 10).unwrap();
     assert!(directory.is_empty());
 }
+
+#[test]
+fn bytes_before_the_archive_or_a_second_archive_after_it_are_named() {
+    use tensorwire_core::{Bytes, Error};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch");
+    // A second archive appended: its end records, found first, point into the first
+    // archive. A prefix (which `PtReader` refuses by its magic before this): the
+    // archive's own absolute offsets miss by its length. With ZIP64 end records, as
+    // torch writes them, and without, as Python's zipfile writes small archives.
+    for (name, second) in [
+        ("module.pt", "views.pt"),
+        ("../numpy/arrays.npz", "../numpy/compressed.npz"),
+    ] {
+        let image = std::fs::read(path.join(name)).unwrap();
+        let mut appended = image.clone();
+        appended.extend_from_slice(&std::fs::read(path.join(second)).unwrap());
+        let mut prefixed = vec![b'#'; 100];
+        prefixed.extend_from_slice(&image);
+        for (what, file) in [("appended", appended), ("prefixed", prefixed)] {
+            let input = Input::mapped(Bytes::from_vec(file));
+            match ZipDirectory::read(&input, 1 << 10, 1 << 10) {
+                Err(Error::Malformed { reason, .. }) => {
+                    assert!(reason.contains("second archive"), "{name} {what}: {reason}")
+                }
+                other => panic!("{name} {what}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
+}
