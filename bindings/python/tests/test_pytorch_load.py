@@ -1008,3 +1008,80 @@ def test_parameters_and_requires_grad_are_torch_loads(tmp_path, legacy):
         assert type(flat["w"]) is torch.nn.Parameter and flat["tied"] is flat["w"]
         assert flat["grad"].requires_grad and not flat["plain"].requires_grad
         assert flat["nested.1.g"].requires_grad
+
+
+def _pickle_checkpoint(path, obj):
+    """A ZIP checkpoint holding `obj` (no tensors), pickled by Python's pickle, as
+    torch would pickle it: protocol 2, stored records."""
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("ck/data.pkl", pickle.dumps(obj, protocol=2))
+        z.writestr("ck/version", "3\n")
+
+
+# Dict keys of every kind a checkpoint's pickle can hold, as Python writes them with
+# str(): floats in both notations and at the edges of each, and strs inside tuples
+# with quotes, backslashes and control characters, which repr escapes.
+_KEYS = [
+    0, -7, 2**63 - 1, True, False, None,
+    0.0, -0.0, 1.5, 0.1, 1e-4, 9.999e-5, 1e-5, 1.5e-7, 123456789.125, 1e15, 1e16,
+    9999999999999998.0, 1.7976931348623157e308, 5e-324, float("inf"), float("-inf"),
+    float("nan"),
+    (), (1,), (1, 2), ("a", 0), ((1, 2), (3, (4,))), (None, True, 2.5),
+    ("it's",), ('say "hi"',), ("both ' and \"",), ("back\\slash",), ("tab\tnl\nrc\r",),
+    ("\x00\x1f\x7f\x85",), ("ünïcode ✓",), ("",),
+]
+
+
+def test_dict_keys_name_their_values_as_str_names_them(tmp_path):
+    """A tensor-free dict under any key kind opens, each key as Python's str(key),
+    so a tuple-keyed dict (an optimizer state keyed by (group, index)) does too."""
+    path = tmp_path / "keys.pt"
+    # One dict per key: Python's dicts merge equal keys (0, False, 0.0, -0.0).
+    _pickle_checkpoint(path, {"meta": [{k: i} for i, k in enumerate(_KEYS)]})
+    with tw.Reader(str(path)) as r:
+        got = r.attributes["value"]["meta"]  # a root holding no tensor is one value
+    assert got == [{str(k): i} for i, k in enumerate(_KEYS)]
+    # flat=False (load_numpy needs no torch) keeps the keys themselves: tuples stay
+    # tuples (a list key would not be hashable).
+    nested = pytorch.load_numpy(path, flat=False)["meta"]
+    assert [list(d.values()) for d in nested] == [[i] for i in range(len(_KEYS))]
+    for d, want_key in zip(nested, _KEYS):
+        (got_key,) = d
+        assert type(got_key) is type(want_key)
+        assert str(got_key) == str(want_key)
+
+
+def test_hostile_tuple_keys_are_bounded(tmp_path):
+    """A key of tuples nested past 32 levels, or a tuple holding one shared tuple
+    enough times to write megabytes of text (gigabytes, with a few more levels), is a
+    limit error, not a hang."""
+    deep = 0
+    for _ in range(40):
+        deep = (deep,)
+    path = tmp_path / "deep.pt"
+    _pickle_checkpoint(path, {"meta": {deep: 1}})
+    with pytest.raises(tw.LimitExceededError, match="tuple nesting"):
+        tw.Reader(str(path))
+    wide = ("x" * 100,)
+    for _ in range(16):  # pickled once each (memo): 2**16 copies of the str, 6.5 MB
+        wide = (wide, wide)
+    path = tmp_path / "wide.pt"
+    _pickle_checkpoint(path, {"meta": {wide: 1}})
+    with pytest.raises(tw.LimitExceededError):
+        tw.Reader(str(path))
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_tuple_keys_next_to_tensors_load_as_torch_loads_them(tmp_path):
+    t = torch.arange(6.0).reshape(2, 3)
+    obj = {(0, "w"): t, "state": {(1, 2): {"exp_avg": t * 2}, 1e-7: t[0]}, 3: [t]}
+    path = tmp_path / "tuple_keys.pt"
+    torch.save(obj, path)
+    flat = pytorch.load(path)
+    assert list(flat) == ["(0, 'w')", "state.(1, 2).exp_avg", "state.1e-07", "3.0"]
+    want = torch.load(path, weights_only=True)
+    for mmap in (True, False):
+        compare_trees(pytorch.load(path, flat=False, mmap=mmap), want, _same_values)

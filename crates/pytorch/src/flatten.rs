@@ -233,21 +233,132 @@ fn child_name(arena: &Arena, prefix: &str, key: Id) -> Result<Arc<str>> {
     }
 }
 
-/// A dict key as text.
+/// A dict key as text: a str as it is; any other key as Python's `repr` writes it
+/// (`0`, `True`, `None`, `1e-07`, `(1, 'a')`), as `str(key)` gives it, so tuple keys
+/// (an optimizer state keyed by `(group, index)`) name their values too. Inside a
+/// tuple, strs are quoted and escaped as `repr` does for printable text; control
+/// characters come out as `\xNN`, other characters as they are.
 fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
-    Ok(match arena.get(key) {
-        Obj::Str(s) => Cow::Borrowed(&**s),
-        Obj::Int(n) => Cow::Owned(n.to_string()),
-        Obj::Bool(b) => Cow::Borrowed(if *b { "True" } else { "False" }),
-        Obj::None => Cow::Borrowed("None"),
-        Obj::Float(f) => Cow::Owned(format!("{f:?}")),
+    if let Obj::Str(s) = arena.get(key) {
+        return Ok(Cow::Borrowed(&**s));
+    }
+    let mut text = String::new();
+    write_key(arena, key, &mut text, 0)?;
+    Ok(Cow::Owned(text))
+}
+
+/// Deepest tuple nesting in a dict key.
+const MAX_KEY_DEPTH: usize = 32;
+/// Longest text of one dict key: a tuple that holds one shared tuple many times
+/// would otherwise write text exponential in the pickle's size.
+const MAX_KEY_BYTES: u64 = 64 << 10;
+
+fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<()> {
+    use std::fmt::Write;
+    match arena.get(key) {
+        Obj::Str(s) if depth == 0 => out.push_str(s),
+        Obj::Str(s) => push_str_repr(out, s),
+        Obj::Int(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Obj::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
+        Obj::None => out.push_str("None"),
+        Obj::Float(f) => push_float_repr(out, *f),
+        Obj::Tuple(span) => {
+            if depth >= MAX_KEY_DEPTH {
+                return Err(Error::LimitExceeded {
+                    what: "tuple nesting in a dict key",
+                    limit: MAX_KEY_DEPTH as u64,
+                    found: depth as u64 + 1,
+                });
+            }
+            let items = arena.tuple_items(*span);
+            out.push('(');
+            for (i, &item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_key(arena, item, out, depth + 1)?;
+                Error::check_limit("dict key text, in bytes", out.len() as u64, MAX_KEY_BYTES)?;
+            }
+            if items.len() == 1 {
+                out.push(',');
+            }
+            out.push(')');
+        }
         other => {
             return Err(Error::unsupported(format!(
-                "a dict key of type {} next to tensors",
+                "a dict key of type {}",
                 other.kind()
             )))
         }
-    })
+    }
+    Ok(())
+}
+
+/// `s` quoted as Python's `repr` quotes it: single quotes unless `s` holds one and
+/// no double quote; backslashes, the quote, tab, newline and carriage return escaped;
+/// the other control characters (C0, DEL, C1) as `\xNN`.
+fn push_str_repr(out: &mut String, s: &str) {
+    use std::fmt::Write;
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || (0x7f..0xa0).contains(&(c as u32)) => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// `f` as Python's `repr` writes a float: the shortest text that reads back, in
+/// positional form from 1e-4 up to 1e16 and in exponent form with a signed exponent
+/// of at least two digits outside it (`1e+16`, `1e-07`); `inf`, `-inf`, `nan`.
+fn push_float_repr(out: &mut String, f: f64) {
+    if f.is_nan() {
+        out.push_str("nan");
+        return;
+    }
+    if f.is_infinite() {
+        out.push_str(if f > 0.0 { "inf" } else { "-inf" });
+        return;
+    }
+    let magnitude = f.abs();
+    if magnitude == 0.0 || (1e-4..1e16).contains(&magnitude) {
+        // Rust's shortest round-trip form, positional here, as Python's (`1.0`, `0.1`).
+        let text = format!("{f:?}");
+        out.push_str(&text);
+        return;
+    }
+    // `{:e}` is the same shortest digits in exponent form (`1e16`, `1.5e-7`).
+    let text = format!("{f:e}");
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+    let (sign, digits) = match exponent.strip_prefix('-') {
+        Some(digits) => ('-', digits),
+        None => ('+', exponent),
+    };
+    out.push_str(mantissa);
+    out.push('e');
+    out.push(sign);
+    if digits.len() < 2 {
+        out.push('0');
+    }
+    out.push_str(digits);
 }
 
 impl<'a> Walker<'a> {
@@ -497,7 +608,7 @@ impl<'a> Walker<'a> {
                 items: items
                     .iter()
                     .map(|&(k, v)| {
-                        let key = Node::Value(self.value_uncounted(k, depth + 1)?);
+                        let key = self.key_node(k, depth + 1)?;
                         let value = child(self, v, &|w| w.child_name(&name, k))?;
                         Ok((key, value))
                     })
@@ -543,6 +654,29 @@ impl<'a> Walker<'a> {
                 Ok((key, self.node(v, "".into(), depth + 1)?))
             })
             .collect()
+    }
+
+    /// A dict key as a node: a tuple key stays a tuple (a metadata value would make
+    /// it a list, which Python cannot hash), each of its items counted.
+    fn key_node(&mut self, key: Id, depth: usize) -> Result<Node> {
+        if depth > self.max_depth {
+            return Err(self.too_deep("dict key"));
+        }
+        let arena = self.arena;
+        match arena.get(key) {
+            Obj::Tuple(span) => {
+                let items = arena
+                    .tuple_items(*span)
+                    .iter()
+                    .map(|&item| {
+                        self.count()?;
+                        self.key_node(item, depth + 1)
+                    })
+                    .collect::<Result<_>>()?;
+                Ok(Node::Tuple(items))
+            }
+            _ => Ok(Node::Value(self.value_uncounted(key, depth)?)),
+        }
     }
 
     /// A tensor-free object as a metadata value.
@@ -615,4 +749,58 @@ fn name_taken(name: &str) -> Error {
         "two entries of the checkpoint flatten to the dotted name `{name}` \
          (the flat view needs distinct names)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{push_float_repr, push_str_repr};
+
+    fn float(f: f64) -> String {
+        let mut out = String::new();
+        push_float_repr(&mut out, f);
+        out
+    }
+
+    fn quoted(s: &str) -> String {
+        let mut out = String::new();
+        push_str_repr(&mut out, s);
+        out
+    }
+
+    /// The texts Python's `repr` gives (Python's own results are the oracle of
+    /// `test_dict_keys_name_their_values_as_str_names_them` in the bindings).
+    #[test]
+    fn floats_read_as_python_writes_them() {
+        for (f, python) in [
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.5, "1.5"),
+            (1e-4, "0.0001"),
+            (9.999e-5, "9.999e-05"),
+            (1.5e-7, "1.5e-07"),
+            (1e15, "1000000000000000.0"),
+            (1e16, "1e+16"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (5e-324, "5e-324"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+            (f64::NAN, "nan"),
+        ] {
+            assert_eq!(float(f), python, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn strs_are_quoted_as_python_quotes_them() {
+        for (s, python) in [
+            ("a", "'a'"),
+            ("it's", "\"it's\""),
+            ("both ' and \"", "'both \\' and \"'"),
+            ("back\\slash", "'back\\\\slash'"),
+            ("\t\n\r\0\u{7f}\u{85}", "'\\t\\n\\r\\x00\\x7f\\x85'"),
+            ("ünïcode ✓", "'ünïcode ✓'"),
+        ] {
+            assert_eq!(quoted(s), python, "{s:?}");
+        }
+    }
 }
