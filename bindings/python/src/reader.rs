@@ -503,6 +503,8 @@ fn node_to_py<'py>(
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
+        Node::FrozenSet(items) => pyo3::types::PyFrozenSet::new(py, all(items)?)?.into_any(),
+        Node::ByteArray(bytes) => pyo3::types::PyByteArray::new(py, bytes).into_any(),
         Node::Dict {
             items,
             kind,

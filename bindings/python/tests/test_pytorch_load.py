@@ -1085,3 +1085,26 @@ def test_tuple_keys_next_to_tensors_load_as_torch_loads_them(tmp_path):
     want = torch.load(path, weights_only=True)
     for mmap in (True, False):
         compare_trees(pytorch.load(path, flat=False, mmap=mmap), want, _same_values)
+
+
+def test_frozensets_and_bytearrays_keep_their_class(tmp_path):
+    """A frozenset and a bytearray come back as themselves from flat=False, pickled
+    by REDUCE (protocol 2, as torch.save) or by their own opcodes (FROZENSET,
+    BYTEARRAY8: protocol 4 and 5); the flat view's metadata has lists and bytes."""
+    import pickle
+    import zipfile
+
+    obj = {"tags": frozenset({"a", "b"}), "raw": bytearray(b"\x00\xffab"),
+           "plain": {1, 2}, "b": b"xy", "empty": (frozenset(), bytearray())}
+    for protocol in (2, 4, 5):
+        path = tmp_path / f"p{protocol}.pt"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("ck/data.pkl", pickle.dumps(obj, protocol=protocol))
+            z.writestr("ck/version", "3\n")
+        nested = pytorch.load_numpy(path, flat=False)
+        assert nested == obj, protocol
+        assert {k: type(v) for k, v in nested.items()} == {k: type(v) for k, v in obj.items()}
+        assert [type(v) for v in nested["empty"]] == [frozenset, bytearray]
+        with tw.Reader(str(path)) as r:
+            value = r.attributes["value"]
+        assert sorted(value["tags"]) == ["a", "b"] and value["raw"] == b"\x00\xffab", protocol

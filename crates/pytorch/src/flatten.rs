@@ -57,8 +57,12 @@ pub enum Node {
     List(Vec<Node>),
     /// A tuple.
     Tuple(Vec<Node>),
-    /// A set or frozenset.
+    /// A set.
     Set(Vec<Node>),
+    /// A frozenset.
+    FrozenSet(Vec<Node>),
+    /// A bytearray (a `bytes` is a [`Node::Value`]).
+    ByteArray(Vec<u8>),
     /// A container the checkpoint holds in more than one place (one list, dict,
     /// tuple or set, pickled once and referenced again). Every place has the whole
     /// tree; `torch.load` gives one object for all places with the same `id`.
@@ -83,9 +87,9 @@ impl Node {
         match self {
             Node::Tensor(name) => out.push(name),
             Node::Sparse { parts, .. } => out.extend(parts),
-            Node::Value(_) | Node::TorchObject(_) => {}
+            Node::Value(_) | Node::TorchObject(_) | Node::ByteArray(_) => {}
             Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.push_tensor_names(out)),
-            Node::List(items) | Node::Tuple(items) | Node::Set(items) => {
+            Node::List(items) | Node::Tuple(items) | Node::Set(items) | Node::FrozenSet(items) => {
                 items.iter().for_each(|v| v.push_tensor_names(out))
             }
             Node::Shared { node, .. } => node.push_tensor_names(out),
@@ -140,7 +144,7 @@ fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
     let is_container = |id: Id| {
         matches!(
             arena.get(id),
-            Obj::List(_) | Obj::Set(_) | Obj::Tuple(_) | Obj::Dict { .. }
+            Obj::List(_) | Obj::Set(_) | Obj::FrozenSet(_) | Obj::Tuple(_) | Obj::Dict { .. }
         )
     };
     let mut seen = vec![false; arena.len()];
@@ -160,7 +164,9 @@ fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
             }
         };
         match arena.get(id) {
-            Obj::List(items) | Obj::Set(items) => items.iter().copied().for_each(&mut reach),
+            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => {
+                items.iter().copied().for_each(&mut reach)
+            }
             Obj::Tuple(span) => arena
                 .tuple_items(*span)
                 .iter()
@@ -444,7 +450,7 @@ impl<'a> Walker<'a> {
                 self.holds_tensor[id] = Some(true);
                 return Ok(true);
             }
-            Obj::List(items) | Obj::Set(items) => items.clone(),
+            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => items.clone(),
             Obj::Tuple(span) => self.arena.tuple_items(*span).to_vec(),
             Obj::Dict { items, .. } => items.iter().map(|&(_, v)| v).collect(),
             _ => Vec::new(),
@@ -535,7 +541,9 @@ impl<'a> Walker<'a> {
                 }
                 Ok(())
             }
-            Obj::List(items) | Obj::Set(items) if self.holds_tensor(id, depth)? => {
+            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items)
+                if self.holds_tensor(id, depth)? =>
+            {
                 for (i, &v) in items.iter().enumerate() {
                     let child = self.join(&name, &i.to_string())?;
                     self.visit(v, child, depth + 1)?;
@@ -618,6 +626,11 @@ impl<'a> Walker<'a> {
             },
             Obj::List(list) => Node::List(items(self, list)?),
             Obj::Set(set) => Node::Set(items(self, set)?),
+            Obj::FrozenSet(set) => Node::FrozenSet(items(self, set)?),
+            Obj::ByteArray(b) => {
+                self.copy(&**b)?;
+                Node::ByteArray(b.to_vec())
+            }
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
             Obj::Global(g) if g.name().starts_with("torch.") => Node::TorchObject(g.name()),
             _ => Node::Value(self.value_uncounted(id, depth)?),
@@ -706,11 +719,11 @@ impl<'a> Walker<'a> {
                 self.copy(&**s)?;
                 Value::Str(s.to_string())
             }
-            Obj::Bytes(b) => {
+            Obj::Bytes(b) | Obj::ByteArray(b) => {
                 self.copy(&**b)?;
                 Value::Bytes(b.to_vec())
             }
-            Obj::List(items) | Obj::Set(items) => Value::List(
+            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => Value::List(
                 items
                     .iter()
                     .map(|&i| self.value(i, depth + 1))

@@ -74,8 +74,10 @@ pub enum Global {
     Device,
     /// `_codecs.encode`, which protocol 2 uses for Python 3 `bytes`.
     CodecsEncode,
-    /// `builtins.set` / `builtins.frozenset`.
+    /// `builtins.set`.
     Set,
+    /// `builtins.frozenset`.
+    FrozenSet,
     /// `builtins.bytearray`.
     ByteArray,
 }
@@ -105,6 +107,7 @@ impl Global {
             Global::Device => "torch.device",
             Global::CodecsEncode => "_codecs.encode",
             Global::Set => "builtins.set",
+            Global::FrozenSet => "builtins.frozenset",
             Global::ByteArray => "builtins.bytearray",
         }
     }
@@ -168,7 +171,8 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
             .map(|&(name, builds)| Global::Unsupported { name, builds }),
         ("collections", "OrderedDict") => Some(Global::OrderedDict),
         ("_codecs", "encode") => Some(Global::CodecsEncode),
-        ("builtins", "set" | "frozenset") => Some(Global::Set),
+        ("builtins", "set") => Some(Global::Set),
+        ("builtins", "frozenset") => Some(Global::FrozenSet),
         ("builtins", "bytearray") => Some(Global::ByteArray),
         ("builtins", "complex") => Some(Global::Unsupported {
             name: "builtins.complex",
@@ -667,18 +671,25 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             };
             Ok(Obj::Bytes(bytes.into()))
         }
-        Global::Set => match argv {
-            [] => Ok(Obj::Set(Vec::new())),
-            [items] => arena
-                .items(*items)
-                .map(|i| Obj::Set(i.to_vec()))
-                .ok_or_else(|| bad_args(what, offset, "expected a list")),
-            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
-        },
+        Global::Set | Global::FrozenSet => {
+            let items = match argv {
+                [] => Vec::new(),
+                [items] => arena
+                    .items(*items)
+                    .map(<[Id]>::to_vec)
+                    .ok_or_else(|| bad_args(what, offset, "expected a list"))?,
+                _ => return Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
+            };
+            Ok(if global == Global::FrozenSet {
+                Obj::FrozenSet(items)
+            } else {
+                Obj::Set(items)
+            })
+        }
         Global::ByteArray => match argv {
-            [] => Ok(Obj::Bytes(Box::new([]))),
+            [] => Ok(Obj::ByteArray(Box::new([]))),
             [b] => match arena.get(*b) {
-                Obj::Bytes(b) => Ok(Obj::Bytes(b.clone())),
+                Obj::Bytes(b) | Obj::ByteArray(b) => Ok(Obj::ByteArray(b.clone())),
                 other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
             },
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),

@@ -65,8 +65,10 @@ pub enum Obj {
     Float(f64),
     /// A str (shared: a memoized str referenced again costs no copy).
     Str(Arc<str>),
-    /// bytes or bytearray.
+    /// bytes.
     Bytes(Box<[u8]>),
+    /// A bytearray (`torch.load` gives one back, mutable, where `bytes` is not).
+    ByteArray(Box<[u8]>),
     /// A list.
     List(Vec<Id>),
     /// A tuple: its items are [`Arena::items`] (tuples are immutable, so they live
@@ -79,8 +81,10 @@ pub enum Obj {
         /// Which dict class.
         kind: DictKind,
     },
-    /// A set or frozenset.
+    /// A set.
     Set(Vec<Id>),
+    /// A frozenset (built whole: `ADDITEMS` applies to sets only).
+    FrozenSet(Vec<Id>),
     /// An allowlisted global (function, class or dtype).
     Global(Global),
     /// A storage named by a persistent id (see [`Arena::storage`]).
@@ -116,6 +120,8 @@ impl Obj {
             Obj::Tuple(_) => "tuple",
             Obj::Dict { .. } => "dict",
             Obj::Set(_) => "set",
+            Obj::FrozenSet(_) => "frozenset",
+            Obj::ByteArray(_) => "bytearray",
             Obj::Global(_) => "global",
             Obj::Storage(_) => "storage",
             Obj::Tensor(_) => "tensor",
@@ -129,7 +135,7 @@ impl Obj {
     /// budget counts, so calls that copy containers cannot amplify a small pickle.
     fn slots(&self) -> usize {
         match self {
-            Obj::List(items) | Obj::Set(items) => items.len(),
+            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => items.len(),
             Obj::Tuple(span) => span.len,
             Obj::Dict { items, .. } => items.len() * 2,
             _ => 0,
@@ -141,7 +147,7 @@ impl Obj {
     fn text_len(&self) -> usize {
         match self {
             Obj::Str(s) => s.len(),
-            Obj::Bytes(b) | Obj::WideInt(b) => b.len(),
+            Obj::Bytes(b) | Obj::ByteArray(b) | Obj::WideInt(b) => b.len(),
             _ => 0,
         }
     }
@@ -799,10 +805,15 @@ impl Machine<'_> {
                     let b = self.input.take(n.into())?;
                     self.push_new(Obj::Bytes(b.into()))?;
                 }
-                0x8e | 0x96 => {
+                0x8e => {
                     let n = self.input.u64()?;
                     let b = self.input.payload(n)?;
                     self.push_new(Obj::Bytes(b.into()))?;
+                }
+                0x96 => {
+                    let n = self.input.u64()?;
+                    let b = self.input.payload(n)?;
+                    self.push_new(Obj::ByteArray(b.into()))?;
                 }
                 // Containers.
                 b']' => self.push_new(Obj::List(Vec::new()))?,
@@ -843,7 +854,7 @@ impl Machine<'_> {
                 }
                 0x91 => {
                     let items = self.pop_mark(at)?;
-                    self.push_new(Obj::Set(items))?;
+                    self.push_new(Obj::FrozenSet(items))?;
                 }
                 b'a' => {
                     let value = self.pop(at)?;
