@@ -1032,6 +1032,8 @@ _KEYS = [
     (), (1,), (1, 2), ("a", 0), ((1, 2), (3, (4,))), (None, True, 2.5),
     ("it's",), ('say "hi"',), ("both ' and \"",), ("back\\slash",), ("tab\tnl\nrc\r",),
     ("\x00\x1f\x7f\x85",), ("ünïcode ✓",), ("",),
+    # Assigned characters Python does not print, in each escape width.
+    ("\xa0\xad\u200b\u2028\ufeff\u3000\ue000",), ("\U000e0001\U0010fffd",),
 ]
 
 
@@ -1108,3 +1110,31 @@ def test_frozensets_and_bytearrays_keep_their_class(tmp_path):
         with tw.Reader(str(path)) as r:
             value = r.attributes["value"]
         assert sorted(value["tags"]) == ["a", "b"] and value["raw"] == b"\x00\xffab", protocol
+
+
+def test_frozenset_keys_in_a_state_dicts_attributes_stay_hashable(tmp_path):
+    """A key of an OrderedDict attribute (a state dict's `_metadata`) that is a
+    frozenset, or a tuple holding one, comes back as one, as torch.load gives it."""
+    from collections import OrderedDict
+
+    state = OrderedDict(step=3)
+    state._metadata = {frozenset({1}): "a", (frozenset({2}), 0): "b"}
+    path = tmp_path / "attrs.pt"
+    _pickle_checkpoint(path, {"sd": state})
+    got = pytorch.load_numpy(path, flat=False)["sd"]
+    assert got == state and got._metadata == state._metadata
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_top_level_tuple_keys_count_against_the_text_budget(tmp_path):
+    """Top-level str keys are shared, not copied; a top-level tuple key's text is
+    new, so 2 000 keys each holding one memoized 60 kB str (a 60 kB file) cannot
+    make 120 MB of names."""
+    text = "a" * 60_000
+    t = torch.zeros(1)
+    path = tmp_path / "wide_names.pt"
+    torch.save({(text, i): t for i in range(2_000)}, path)
+    for load in (lambda: tw.Reader(str(path)), lambda: pytorch.load(path),
+                 lambda: pytorch.load(path, flat=False)):
+        with pytest.raises(tw.LimitExceededError, match="text copied"):
+            load()

@@ -263,7 +263,12 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
     use std::fmt::Write;
     match arena.get(key) {
         Obj::Str(s) if depth == 0 => out.push_str(s),
-        Obj::Str(s) => push_str_repr(out, s),
+        Obj::Str(s) => {
+            // Refused before its text is written (escapes may make it 4x longer).
+            let most = (out.len() + s.len()) as u64;
+            Error::check_limit("dict key text, in bytes", most, MAX_KEY_BYTES)?;
+            push_str_repr(out, s)
+        }
         Obj::Int(n) => {
             let _ = write!(out, "{n}");
         }
@@ -304,7 +309,8 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
 
 /// `s` quoted as Python's `repr` quotes it: single quotes unless `s` holds one and
 /// no double quote; backslashes, the quote, tab, newline and carriage return escaped;
-/// the other control characters (C0, DEL, C1) as `\xNN`.
+/// the characters Python does not print (see [`NOT_PRINTABLE`]) as `\xNN`, `\uNNNN`
+/// or `\UNNNNNNNN`.
 fn push_str_repr(out: &mut String, s: &str) {
     use std::fmt::Write;
     let quote = if s.contains('\'') && !s.contains('"') {
@@ -323,13 +329,62 @@ fn push_str_repr(out: &mut String, s: &str) {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || (0x7f..0xa0).contains(&(c as u32)) => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
+            c if !is_printable(c) => {
+                let _ = match u32::from(c) {
+                    n @ 0..=0xff => write!(out, "\\x{n:02x}"),
+                    n @ 0x100..=0xffff => write!(out, "\\u{n:04x}"),
+                    n => write!(out, "\\U{n:08x}"),
+                };
             }
             c => out.push(c),
         }
     }
     out.push(quote);
+}
+
+/// The assigned characters Python's `str.isprintable` rejects, as inclusive ranges:
+/// the categories Cc, Cf, Co, Zs (but the ASCII space), Zl and Zp of Unicode 14
+/// (Python 3.11's table), made by
+/// `[c for c in range(0x110000) if c != 0x20 and unicodedata.category(chr(c)) in
+/// {"Cc", "Cf", "Co", "Zs", "Zl", "Zp"}]`, runs joined. Unassigned code points
+/// (category Cn, which Python also escapes) are kept as they are: which ones are
+/// unassigned changes with each Unicode version, and so with each Python.
+const NOT_PRINTABLE: [(u32, u32); 28] = [
+    (0x0, 0x1f),
+    (0x7f, 0xa0),
+    (0xad, 0xad),
+    (0x600, 0x605),
+    (0x61c, 0x61c),
+    (0x6dd, 0x6dd),
+    (0x70f, 0x70f),
+    (0x890, 0x891),
+    (0x8e2, 0x8e2),
+    (0x1680, 0x1680),
+    (0x180e, 0x180e),
+    (0x2000, 0x200f),
+    (0x2028, 0x202f),
+    (0x205f, 0x2064),
+    (0x2066, 0x206f),
+    (0x3000, 0x3000),
+    (0xe000, 0xf8ff),
+    (0xfeff, 0xfeff),
+    (0xfff9, 0xfffb),
+    (0x110bd, 0x110bd),
+    (0x110cd, 0x110cd),
+    (0x13430, 0x13438),
+    (0x1bca0, 0x1bca3),
+    (0x1d173, 0x1d17a),
+    (0xe0001, 0xe0001),
+    (0xe0020, 0xe007f),
+    (0xf0000, 0xffffd),
+    (0x100000, 0x10fffd),
+];
+
+fn is_printable(c: char) -> bool {
+    let c = u32::from(c);
+    // The last range starting at or before `c` is the only one that may hold it.
+    let after = NOT_PRINTABLE.partition_point(|&(start, _)| start <= c);
+    after == 0 || NOT_PRINTABLE[after - 1].1 < c
 }
 
 /// `f` as Python's `repr` writes a float: the shortest text that reads back, in
@@ -416,7 +471,9 @@ impl<'a> Walker<'a> {
     /// [`child_name`], counted against the text budget.
     fn child_name(&mut self, prefix: &str, key: Id) -> Result<Arc<str>> {
         let name = child_name(self.arena, prefix, key)?;
-        if !prefix.is_empty() {
+        // Only a top-level str key is shared rather than copied; any other key's
+        // text (a tuple's may be long) is new and counted, at the top level too.
+        if !prefix.is_empty() || !matches!(self.arena.get(key), Obj::Str(_)) {
             self.copy(&*name)?;
         }
         Ok(name)
@@ -677,19 +734,23 @@ impl<'a> Walker<'a> {
         }
         let arena = self.arena;
         match arena.get(key) {
-            Obj::Tuple(span) => {
-                let items = arena
-                    .tuple_items(*span)
-                    .iter()
-                    .map(|&item| {
-                        self.count()?;
-                        self.key_node(item, depth + 1)
-                    })
-                    .collect::<Result<_>>()?;
-                Ok(Node::Tuple(items))
-            }
+            Obj::Tuple(span) => Ok(Node::Tuple(
+                self.key_nodes(arena.tuple_items(*span), depth)?,
+            )),
+            Obj::FrozenSet(items) => Ok(Node::FrozenSet(self.key_nodes(items, depth)?)),
             _ => Ok(Node::Value(self.value_uncounted(key, depth)?)),
         }
+    }
+
+    /// The items of a tuple or frozenset key as nodes, each counted.
+    fn key_nodes(&mut self, items: &[Id], depth: usize) -> Result<Vec<Node>> {
+        items
+            .iter()
+            .map(|&item| {
+                self.count()?;
+                self.key_node(item, depth + 1)
+            })
+            .collect()
     }
 
     /// A tensor-free object as a metadata value.
@@ -812,6 +873,10 @@ mod tests {
             ("back\\slash", "'back\\\\slash'"),
             ("\t\n\r\0\u{7f}\u{85}", "'\\t\\n\\r\\x00\\x7f\\x85'"),
             ("ünïcode ✓", "'ünïcode ✓'"),
+            // What Python does not print, in each escape width.
+            ("\u{a0}\u{ad}\u{200b}", "'\\xa0\\xad\\u200b'"),
+            ("\u{3000}\u{feff}", "'\\u3000\\ufeff'"),
+            ("\u{e0001}\u{10fffd}", "'\\U000e0001\\U0010fffd'"),
         ] {
             assert_eq!(quoted(s), python, "{s:?}");
         }

@@ -1178,6 +1178,22 @@ mod tests {
     }
 
     #[test]
+    fn frozensets_are_built_whole_and_bytearrays_kept_apart_from_bytes() {
+        // (frozenset({1}), bytearray(b'ab'), b'ab') at protocol 5.
+        let u =
+            run(b"\x80\x05(K\x01\x91\x96\x02\x00\x00\x00\x00\x00\x00\x00abC\x02ab\x87.").unwrap();
+        let items = items_of(&u);
+        assert!(matches!(&items[0], Obj::FrozenSet(set) if set.len() == 1));
+        assert!(matches!(&items[1], Obj::ByteArray(b) if &b[..] == b"ab"));
+        assert!(matches!(&items[2], Obj::Bytes(b) if &b[..] == b"ab"));
+        // ADDITEMS adds to a set, never to a frozenset (Python refuses it too).
+        let err = run(b"\x80\x04(K\x01\x91(K\x02\x90.").unwrap_err();
+        assert!(err.to_string().contains("ADDITEMS on a frozenset"), "{err}");
+        let u = run(b"\x80\x04\x8f(K\x02\x90.").unwrap();
+        assert!(matches!(u.arena.get(u.root), Obj::Set(set) if set.len() == 1));
+    }
+
+    #[test]
     fn memoized_dict_is_shared_after_it_is_filled() {
         // {} memoized as 0, then [d, d] where d is filled after being memoized:
         // `\x80\x02]q\x00(}q\x01(X\x01\x00\x00\x00aK\x01uh\x01e.`

@@ -388,7 +388,9 @@ fn verify_decodes_compressed_components() {
 
 /// A zstd frame of one RLE block: 12 bytes that decode to `size` copies of 7, the most
 /// output per stored byte libzstd gives (single-segment frames honour the block header's
-/// 21-bit size).
+/// 21-bit size). The format caps blocks at 128 KiB and no encoder writes larger ones;
+/// libzstd's one-shot decoder (reads) accepts them, its streaming decoder (`verify`)
+/// does not, so the bound is set for the laxer of the two.
 fn densest_zstd_frame(size: u32) -> Vec<u8> {
     let mut frame = 0xFD2F_B528u32.to_le_bytes().to_vec();
     frame.push(0x20 | 0x80); // single segment, 4-byte content size
