@@ -69,6 +69,7 @@ import argparse
 import collections
 import io
 import json
+import math
 import os
 import random
 import re
@@ -894,8 +895,11 @@ def _compare_torch(ours, theirs, where, values=True):
                 if ours.qscheme() != theirs.qscheme():
                     raise Invariant(f"{where}: qscheme differs")
                 if ours.qscheme() == torch.per_tensor_affine:
-                    if (ours.q_scale(), ours.q_zero_point()) != (theirs.q_scale(),
-                                                                 theirs.q_zero_point()):
+                    # A NaN scale (a pickle may hold one, and torch keeps it) is not
+                    # equal to itself.
+                    a, b = ours.q_scale(), theirs.q_scale()
+                    same_scale = a == b or (math.isnan(a) and math.isnan(b))
+                    if not same_scale or ours.q_zero_point() != theirs.q_zero_point():
                         raise Invariant(f"{where}: scale/zero point differ")
             # (torch.load does not swap the bytes of a big-endian file's uint16, uint32
             # and uint64 tensors: values are compared for little-endian files only.)

@@ -1138,3 +1138,24 @@ def test_top_level_tuple_keys_count_against_the_text_budget(tmp_path):
                  lambda: pytorch.load(path, flat=False)):
         with pytest.raises(tw.LimitExceededError, match="text copied"):
             load()
+
+
+@pytest.mark.parametrize("pkl,what", [
+    (b"\x80\x02}(X\x01\x00\x00\x00m}(]K\x01uu.", "dict key is a list"),         # {"m": {[]: 1}}
+    (b"\x80\x02}(X\x01\x00\x00\x00m}(]\x85K\x01uu.", "dict key holds a list"),  # {"m": {([],): 1}}
+    (b"\x80\x04}(X\x01\x00\x00\x00m\x8f(]\x85\x90u.", "set item holds a list"),  # {"m": {([],)}}
+])
+def test_keys_python_cannot_hash_are_malformed(tmp_path, pkl, what):
+    """A mutable container as a dict key or set item, directly or inside a tuple:
+    Python's unpickler fails on it (TypeError: unhashable type), and so does
+    torch.load; every entry point gives a MalformedError naming it."""
+    import zipfile
+
+    path = tmp_path / "unhashable.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("ck/data.pkl", pkl)
+        z.writestr("ck/version", "3\n")
+    for load in (lambda: tw.Reader(str(path)),
+                 lambda: pytorch.load_numpy(path, flat=False)):
+        with pytest.raises(tw.MalformedError, match=what):
+            load()

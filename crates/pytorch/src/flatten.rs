@@ -253,6 +253,18 @@ fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
     Ok(Cow::Owned(text))
 }
 
+/// The error for a mutable container where Python needs a hashable object (`what`:
+/// a dict key, a set item), nested in a tuple or frozenset: torch.load fails on it.
+fn unhashable(obj: &Obj, what: &str) -> Error {
+    Error::malformed(
+        0,
+        format!(
+            "pickle: {what} holds a {}, which Python cannot hash (torch.load fails on it too)",
+            obj.kind()
+        ),
+    )
+}
+
 /// Deepest tuple nesting in a dict key.
 const MAX_KEY_DEPTH: usize = 32;
 /// Longest text of one dict key: a tuple that holds one shared tuple many times
@@ -296,6 +308,9 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
                 out.push(',');
             }
             out.push(')');
+        }
+        other @ (Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_)) => {
+            return Err(unhashable(other, "a dict key"))
         }
         other => {
             return Err(Error::unsupported(format!(
@@ -682,8 +697,17 @@ impl<'a> Walker<'a> {
                 attributes: self.attributes_of(id, depth)?,
             },
             Obj::List(list) => Node::List(items(self, list)?),
-            Obj::Set(set) => Node::Set(items(self, set)?),
-            Obj::FrozenSet(set) => Node::FrozenSet(items(self, set)?),
+            Obj::Set(set) | Obj::FrozenSet(set) => {
+                for &item in set {
+                    self.check_hashable(item, depth + 1)?;
+                }
+                let nodes = items(self, set)?;
+                if matches!(arena.get(id), Obj::Set(_)) {
+                    Node::Set(nodes)
+                } else {
+                    Node::FrozenSet(nodes)
+                }
+            }
             Obj::ByteArray(b) => {
                 self.copy(&**b)?;
                 Node::ByteArray(b.to_vec())
@@ -734,12 +758,37 @@ impl<'a> Walker<'a> {
         }
         let arena = self.arena;
         match arena.get(key) {
+            Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_) => {
+                Err(unhashable(arena.get(key), "a dict key"))
+            }
             Obj::Tuple(span) => Ok(Node::Tuple(
                 self.key_nodes(arena.tuple_items(*span), depth)?,
             )),
             Obj::FrozenSet(items) => Ok(Node::FrozenSet(self.key_nodes(items, depth)?)),
             _ => Ok(Node::Value(self.value_uncounted(key, depth)?)),
         }
+    }
+
+    /// Fails unless Python can hash `id` (a set's item): no list, dict, set or
+    /// bytearray, at any depth of tuples and frozensets (the pickle machine refuses
+    /// those met directly, as Python's unpickler does).
+    fn check_hashable(&mut self, id: Id, depth: usize) -> Result<()> {
+        if depth > self.max_depth {
+            return Err(self.too_deep("set item"));
+        }
+        let arena = self.arena;
+        let items = match arena.get(id) {
+            Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_) => {
+                return Err(unhashable(arena.get(id), "a set item"))
+            }
+            Obj::Tuple(span) => arena.tuple_items(*span),
+            Obj::FrozenSet(items) => items,
+            _ => return Ok(()),
+        };
+        items.iter().try_for_each(|&item| {
+            self.count()?;
+            self.check_hashable(item, depth + 1)
+        })
     }
 
     /// The items of a tuple or frozenset key as nodes, each counted.
@@ -784,12 +833,19 @@ impl<'a> Walker<'a> {
                 self.copy(&**b)?;
                 Value::Bytes(b.to_vec())
             }
-            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => Value::List(
-                items
-                    .iter()
-                    .map(|&i| self.value(i, depth + 1))
-                    .collect::<Result<_>>()?,
-            ),
+            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => {
+                if !matches!(arena.get(id), Obj::List(_)) {
+                    for &item in items {
+                        self.check_hashable(item, depth + 1)?;
+                    }
+                }
+                Value::List(
+                    items
+                        .iter()
+                        .map(|&i| self.value(i, depth + 1))
+                        .collect::<Result<_>>()?,
+                )
+            }
             Obj::Tuple(span) => Value::List(
                 self.arena
                     .tuple_items(*span)

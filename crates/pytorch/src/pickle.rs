@@ -847,6 +847,7 @@ impl Machine<'_> {
                 b'd' => {
                     let flat = self.pop_mark(at)?;
                     let items = pairs(&flat, at)?;
+                    self.hashable(items.iter().map(|&(key, _)| key), "a dict key", at)?;
                     self.push_new(Obj::Dict {
                         items,
                         kind: DictKind::Dict,
@@ -854,6 +855,7 @@ impl Machine<'_> {
                 }
                 0x91 => {
                     let items = self.pop_mark(at)?;
+                    self.hashable(items.iter().copied(), "a frozenset item", at)?;
                     self.push_new(Obj::FrozenSet(items))?;
                 }
                 b'a' => {
@@ -879,6 +881,7 @@ impl Machine<'_> {
                 }
                 0x90 => {
                     let values = self.pop_mark(at)?;
+                    self.hashable(values.iter().copied(), "a set item", at)?;
                     let set = self.top(at)?;
                     match self.arena.get_mut(set) {
                         Obj::Set(items) => items.extend_from_slice(&values),
@@ -1064,6 +1067,7 @@ impl Machine<'_> {
 
     fn set_items(&mut self, dict: Id, flat: &[Id], at: u64) -> Result<()> {
         let new = pairs(flat, at)?;
+        self.hashable(new.iter().map(|&(key, _)| key), "a dict key", at)?;
         self.arena.charge(flat.len())?;
         match self.arena.get_mut(dict) {
             Obj::Dict { items, .. } => {
@@ -1072,6 +1076,28 @@ impl Machine<'_> {
             }
             other => Err(malformed(at, format!("SETITEM on a {}", other.kind()))),
         }
+    }
+}
+
+impl Machine<'_> {
+    /// Fails, as Python's unpickler does, when a dict key or set item is a mutable
+    /// container (list, dict, set, bytearray), which Python cannot hash. Tuples
+    /// holding one are caught where keys are read (`flatten`).
+    fn hashable(&self, ids: impl Iterator<Item = Id>, what: &str, at: u64) -> Result<()> {
+        for id in ids {
+            if let Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_) =
+                self.arena.get(id)
+            {
+                return Err(malformed(
+                    at,
+                    format!(
+                        "{what} is a {}, which Python cannot hash (torch.load fails on it too)",
+                        self.arena.get(id).kind()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1175,6 +1201,20 @@ mod tests {
     fn items_of(u: &Unpickled) -> Vec<Obj> {
         let items = u.arena.items(u.root).unwrap();
         items.iter().map(|&i| u.arena.get(i).clone()).collect()
+    }
+
+    #[test]
+    fn mutable_containers_are_refused_where_python_hashes() {
+        for (pickle, what) in [
+            (&b"\x80\x02}(]K\x01u."[..], "a dict key is a list"), // SETITEMS
+            (b"\x80\x02}}K\x01s.", "a dict key is a dict"),       // SETITEM
+            (b"\x80\x02(]K\x01d.", "a dict key is a list"),       // DICT
+            (b"\x80\x04\x8f(]\x90.", "a set item is a list"),     // ADDITEMS
+            (b"\x80\x04(\x8f\x91.", "a frozenset item is a set"), // FROZENSET
+        ] {
+            let err = run(pickle).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
     }
 
     #[test]
