@@ -921,7 +921,11 @@ def _compare_torch(ours, theirs, where, values=True):
         for i, (a, b) in enumerate(zip(ours, theirs)):
             _compare_torch(a, b, f"{where}[{i}]", values)
         return
-    same = ours == theirs or (isinstance(theirs, float) and theirs != theirs and ours != ours)
+    if isinstance(theirs, torch.serialization.StorageType):  # no __eq__: by dtype
+        same = type(ours) is type(theirs) and ours.dtype == theirs.dtype
+    else:
+        same = ours == theirs or (isinstance(theirs, float) and theirs != theirs
+                                  and ours != ours)
     if not isinstance(same, bool) or not same:
         raise Invariant(f"{where}: {ours!r:.80} vs torch.load's {theirs!r:.80}")
 

@@ -1159,3 +1159,27 @@ def test_keys_python_cannot_hash_are_malformed(tmp_path, pkl, what):
                  lambda: pytorch.load_numpy(path, flat=False)):
         with pytest.raises(tw.MalformedError, match=what):
             load()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_storage_classes_named_as_values_are_storage_types(tmp_path):
+    """torch.load(weights_only=True) puts a `StorageType` where a pickle names a
+    legacy storage class as a value; flat=False gives the same (other classes, a
+    tensor type or UntypedStorage, are themselves)."""
+    import zipfile
+
+    pkl = (b"\x80\x02}(X\x01\x00\x00\x00actorch\nFloatStorage\nX\x01\x00\x00\x00b"
+           b"ctorch.cuda\nHalfStorage\nX\x01\x00\x00\x00cctorch.storage\nUntypedStorage\n"
+           b"X\x01\x00\x00\x00dctorch\nFloatTensor\nu.")
+    path = tmp_path / "classes.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("ck/data.pkl", pkl)
+        z.writestr("ck/version", "3\n")
+    want = torch.load(path, weights_only=True)
+    got = pytorch.load(path, flat=False)
+    assert list(got) == list(want) == ["a", "b", "c", "d"]
+    for k in "ab":
+        assert type(got[k]) is type(want[k]) is torch.serialization.StorageType
+        assert got[k].dtype == want[k].dtype
+    assert got["c"] is want["c"] is torch.UntypedStorage
+    assert got["d"] is want["d"] is torch.FloatTensor

@@ -160,12 +160,17 @@ def _torch_object(name):
     """The torch object a checkpoint names (``"torch.float16"``,
     ``"torch.cuda.FloatTensor"``). The names come from the reader's allowlist (torch's
     ``weights_only`` one: dtypes, quantization schemes, classes, rebuild functions),
-    never from the file's text."""
+    never from the file's text. A legacy storage class (``torch.FloatStorage``) is the
+    ``torch.serialization.StorageType`` that ``torch.load(weights_only=True)`` gives
+    in its place."""
     import torch
 
     obj = torch
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)
+    if obj in torch._storage_classes and obj not in (torch.storage.TypedStorage,
+                                                     torch.storage.UntypedStorage):
+        return torch.serialization.StorageType(obj.__name__)
     return obj
 
 
