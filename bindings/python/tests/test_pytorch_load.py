@@ -1010,14 +1010,14 @@ def test_parameters_and_requires_grad_are_torch_loads(tmp_path, legacy):
         assert flat["nested.1.g"].requires_grad
 
 
-def _pickle_checkpoint(path, obj):
+def _pickle_checkpoint(path, obj, protocol=2):
     """A ZIP checkpoint holding `obj` (no tensors), pickled by Python's pickle, as
-    torch would pickle it: protocol 2, stored records."""
+    torch would pickle it: protocol 2 unless told, stored records."""
     import pickle
     import zipfile
 
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("ck/data.pkl", pickle.dumps(obj, protocol=2))
+        z.writestr("ck/data.pkl", pickle.dumps(obj, protocol=protocol))
         z.writestr("ck/version", "3\n")
 
 
@@ -1183,3 +1183,21 @@ def test_storage_classes_named_as_values_are_storage_types(tmp_path):
         assert got[k].dtype == want[k].dtype
     assert got["c"] is want["c"] is torch.UntypedStorage
     assert got["d"] is want["d"] is torch.FloatTensor
+
+
+def test_a_bytearray_pickled_once_is_one_object(tmp_path):
+    """A bytearray the pickle references twice is one (mutable) object in both
+    places, as pickle.loads and torch.load give it; equal bytearrays pickled apart
+    stay apart."""
+    import pickle
+
+    shared = bytearray(b"ab")
+    obj = {"a": shared, "b": [shared], "c": bytearray(b"ab")}
+    for protocol in (2, 5):
+        path = tmp_path / f"shared{protocol}.pt"
+        _pickle_checkpoint(path, obj, protocol)
+        want = pickle.loads(pickle.dumps(obj, protocol=protocol))
+        got = pytorch.load_numpy(path, flat=False)
+        assert got == want
+        assert got["a"] is got["b"][0] and want["a"] is want["b"][0]
+        assert got["c"] is not got["a"]

@@ -64,8 +64,9 @@ pub enum Node {
     /// A bytearray (a `bytes` is a [`Node::Value`]).
     ByteArray(Vec<u8>),
     /// A container the checkpoint holds in more than one place (one list, dict,
-    /// tuple or set, pickled once and referenced again). Every place has the whole
-    /// tree; `torch.load` gives one object for all places with the same `id`.
+    /// tuple, set or bytearray, pickled once and referenced again). Every place has
+    /// the whole tree; `torch.load` gives one object for all places with the same
+    /// `id`.
     Shared {
         /// Tells shared containers apart (the same within one tree).
         id: u64,
@@ -139,12 +140,18 @@ pub fn structure(arena: &Arena, root: Id, max_depth: usize) -> Result<Node> {
 }
 
 /// Which containers (by id) are reached from `root` more than once: an iterative walk
-/// that enters each container once, so its cost is linear in the objects.
+/// that enters each container once, so its cost is linear in the objects. A bytearray
+/// counts as one: it is mutable, so `torch.load` gives one object for every place.
 fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
     let is_container = |id: Id| {
         matches!(
             arena.get(id),
-            Obj::List(_) | Obj::Set(_) | Obj::FrozenSet(_) | Obj::Tuple(_) | Obj::Dict { .. }
+            Obj::List(_)
+                | Obj::Set(_)
+                | Obj::FrozenSet(_)
+                | Obj::Tuple(_)
+                | Obj::Dict { .. }
+                | Obj::ByteArray(_)
         )
     };
     let mut seen = vec![false; arena.len()];
