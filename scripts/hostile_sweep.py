@@ -790,12 +790,26 @@ def op_pytorch(path, data):
     try:
         _try(pytorch.load, path, map_location="meta")
     except NotImplementedError:
-        pass  # torch has no quantized or checked sparse tensors on "meta": as torch.load
+        _torch_fails_on_meta_too(path)
     for t in (_try(pytorch.load, data) or {}).values():
         _touch_torch(t)
     _try(pytorch.load, io.BytesIO(data), flat=False)
     pytorch.load(path)  # the op's outcome: typed or ok
     return None
+
+
+def _torch_fails_on_meta_too(path):
+    """``pytorch.load(map_location="meta")`` raised torch's NotImplementedError (torch
+    has no quantized or index-checked sparse tensors on "meta"): promised only where
+    ``torch.load`` does not build the same checkpoint on "meta"."""
+    import torch
+
+    try:
+        torch.load(path, weights_only=True, map_location="meta")
+    except Exception:  # noqa: BLE001 - NotImplementedError, or a file torch refuses
+        return
+    raise Invariant('pytorch.load(map_location="meta") raised NotImplementedError '
+                    "where torch.load builds the checkpoint")
 
 
 def op_formats(path, data):

@@ -1010,15 +1010,21 @@ def test_parameters_and_requires_grad_are_torch_loads(tmp_path, legacy):
         assert flat["nested.1.g"].requires_grad
 
 
-def _pickle_checkpoint(path, obj, protocol=2):
-    """A ZIP checkpoint holding `obj` (no tensors), pickled by Python's pickle, as
-    torch would pickle it: protocol 2 unless told, stored records."""
-    import pickle
+def _zip_checkpoint(path, pkl):
+    """A ZIP checkpoint whose data.pkl is the pickle `pkl` (bytes), stored."""
     import zipfile
 
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("ck/data.pkl", pickle.dumps(obj, protocol=protocol))
+        z.writestr("ck/data.pkl", pkl)
         z.writestr("ck/version", "3\n")
+
+
+def _pickle_checkpoint(path, obj, protocol=2):
+    """A ZIP checkpoint holding `obj` (no tensors), pickled by Python's pickle, as
+    torch would pickle it: protocol 2 unless told."""
+    import pickle
+
+    _zip_checkpoint(path, pickle.dumps(obj, protocol=protocol))
 
 
 # Dict keys of every kind a checkpoint's pickle can hold, as Python writes them with
@@ -1093,16 +1099,11 @@ def test_frozensets_and_bytearrays_keep_their_class(tmp_path):
     """A frozenset and a bytearray come back as themselves from flat=False, pickled
     by REDUCE (protocol 2, as torch.save) or by their own opcodes (FROZENSET,
     BYTEARRAY8: protocol 4 and 5); the flat view's metadata has lists and bytes."""
-    import pickle
-    import zipfile
-
     obj = {"tags": frozenset({"a", "b"}), "raw": bytearray(b"\x00\xffab"),
            "plain": {1, 2}, "b": b"xy", "empty": (frozenset(), bytearray())}
     for protocol in (2, 4, 5):
         path = tmp_path / f"p{protocol}.pt"
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-            z.writestr("ck/data.pkl", pickle.dumps(obj, protocol=protocol))
-            z.writestr("ck/version", "3\n")
+        _pickle_checkpoint(path, obj, protocol)
         nested = pytorch.load_numpy(path, flat=False)
         assert nested == obj, protocol
         assert {k: type(v) for k, v in nested.items()} == {k: type(v) for k, v in obj.items()}
@@ -1149,12 +1150,8 @@ def test_keys_python_cannot_hash_are_malformed(tmp_path, pkl, what):
     """A mutable container as a dict key or set item, directly or inside a tuple:
     Python's unpickler fails on it (TypeError: unhashable type), and so does
     torch.load; every entry point gives a MalformedError naming it."""
-    import zipfile
-
     path = tmp_path / "unhashable.pt"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("ck/data.pkl", pkl)
-        z.writestr("ck/version", "3\n")
+    _zip_checkpoint(path, pkl)
     for load in (lambda: tw.Reader(str(path)),
                  lambda: pytorch.load_numpy(path, flat=False)):
         with pytest.raises(tw.MalformedError, match=what):
@@ -1166,15 +1163,11 @@ def test_storage_classes_named_as_values_are_storage_types(tmp_path):
     """torch.load(weights_only=True) puts a `StorageType` where a pickle names a
     legacy storage class as a value; flat=False gives the same (other classes, a
     tensor type or UntypedStorage, are themselves)."""
-    import zipfile
-
     pkl = (b"\x80\x02}(X\x01\x00\x00\x00actorch\nFloatStorage\nX\x01\x00\x00\x00b"
            b"ctorch.cuda\nHalfStorage\nX\x01\x00\x00\x00cctorch.storage\nUntypedStorage\n"
            b"X\x01\x00\x00\x00dctorch\nFloatTensor\nu.")
     path = tmp_path / "classes.pt"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("ck/data.pkl", pkl)
-        z.writestr("ck/version", "3\n")
+    _zip_checkpoint(path, pkl)
     want = torch.load(path, weights_only=True)
     got = pytorch.load(path, flat=False)
     assert list(got) == list(want) == ["a", "b", "c", "d"]

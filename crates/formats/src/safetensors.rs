@@ -194,6 +194,12 @@ impl StDType {
         (bits % 8 == 0).then_some(bits / 8)
     }
 
+    /// [`StDType::byte_len`] of a tensor of shape `dims`.
+    fn shape_byte_len(self, dims: &[u64]) -> Option<u64> {
+        let numel = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
+        self.byte_len(numel)
+    }
+
     /// How a tensor of this type is listed when tensorwire does not compute with it
     /// (`dtype()` is `None`): `u8` bytes of its byte length `nbytes`, layout
     /// `safetensors:<TYPE>`, and the attributes `safetensors.dtype` and
@@ -804,15 +810,12 @@ impl SafetensorsWriter {
                 "`{METADATA_KEY}` is reserved for metadata"
             )));
         }
-        let expected = Shape::from_dims(shape)?
-            .numel()
-            .ok()
-            .and_then(|n| dtype.byte_len(n))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "tensor `{name}`: shape is not a whole number of bytes"
-                ))
-            })?;
+        Shape::from_dims(shape)?; // the rank limit
+        let expected = dtype.shape_byte_len(shape).ok_or_else(|| {
+            Error::invalid(format!(
+                "tensor `{name}`: shape is not a whole number of bytes"
+            ))
+        })?;
         if expected != bytes.len() as u64 {
             return Err(Error::SizeMismatch {
                 tensor: name.to_owned(),
@@ -949,10 +952,7 @@ pub fn write_source(
         // The shape comes from the source's attributes for a raw type (a `.zt` file's
         // own, so anything): it must describe the tensor's bytes, or the header would
         // promise what the data does not hold (a file no reader accepts).
-        let needed = shape
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .and_then(|numel| dtype.byte_len(numel));
+        let needed = dtype.shape_byte_len(&shape);
         if needed != Some(info.nbytes) {
             return Err(Error::invalid(format!(
                 "tensor `{}`: {} {shape:?} does not describe its {} bytes{}",

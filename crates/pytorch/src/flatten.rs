@@ -249,8 +249,7 @@ fn child_name(arena: &Arena, prefix: &str, key: Id) -> Result<Arc<str>> {
 /// A dict key as text: a str as it is; any other key as Python's `repr` writes it
 /// (`0`, `True`, `None`, `1e-07`, `(1, 'a')`), as `str(key)` gives it, so tuple keys
 /// (an optimizer state keyed by `(group, index)`) name their values too. Inside a
-/// tuple, strs are quoted and escaped as `repr` does for printable text; control
-/// characters come out as `\xNN`, other characters as they are.
+/// tuple, strs are quoted and escaped as `repr` does ([`push_str_repr`]).
 fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
     if let Obj::Str(s) = arena.get(key) {
         return Ok(Cow::Borrowed(&**s));
@@ -316,9 +315,7 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
             }
             out.push(')');
         }
-        other @ (Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_)) => {
-            return Err(unhashable(other, "a dict key"))
-        }
+        other if other.is_unhashable() => return Err(unhashable(other, "a dict key")),
         other => {
             return Err(Error::unsupported(format!(
                 "a dict key of type {}",
@@ -413,6 +410,7 @@ fn is_printable(c: char) -> bool {
 /// positional form from 1e-4 up to 1e16 and in exponent form with a signed exponent
 /// of at least two digits outside it (`1e+16`, `1e-07`); `inf`, `-inf`, `nan`.
 fn push_float_repr(out: &mut String, f: f64) {
+    use std::fmt::Write;
     if f.is_nan() {
         out.push_str("nan");
         return;
@@ -424,8 +422,7 @@ fn push_float_repr(out: &mut String, f: f64) {
     let magnitude = f.abs();
     if magnitude == 0.0 || (1e-4..1e16).contains(&magnitude) {
         // Rust's shortest round-trip form, positional here, as Python's (`1.0`, `0.1`).
-        let text = format!("{f:?}");
-        out.push_str(&text);
+        let _ = write!(out, "{f:?}");
         return;
     }
     // `{:e}` is the same shortest digits in exponent form (`1e16`, `1.5e-7`).
@@ -705,9 +702,7 @@ impl<'a> Walker<'a> {
             },
             Obj::List(list) => Node::List(items(self, list)?),
             Obj::Set(set) | Obj::FrozenSet(set) => {
-                for &item in set {
-                    self.check_hashable(item, depth + 1)?;
-                }
+                self.check_set_items(set, depth)?;
                 let nodes = items(self, set)?;
                 if matches!(arena.get(id), Obj::Set(_)) {
                     Node::Set(nodes)
@@ -765,9 +760,7 @@ impl<'a> Walker<'a> {
         }
         let arena = self.arena;
         match arena.get(key) {
-            Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_) => {
-                Err(unhashable(arena.get(key), "a dict key"))
-            }
+            obj if obj.is_unhashable() => Err(unhashable(obj, "a dict key")),
             Obj::Tuple(span) => Ok(Node::Tuple(
                 self.key_nodes(arena.tuple_items(*span), depth)?,
             )),
@@ -785,9 +778,7 @@ impl<'a> Walker<'a> {
         }
         let arena = self.arena;
         let items = match arena.get(id) {
-            Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_) => {
-                return Err(unhashable(arena.get(id), "a set item"))
-            }
+            obj if obj.is_unhashable() => return Err(unhashable(obj, "a set item")),
             Obj::Tuple(span) => arena.tuple_items(*span),
             Obj::FrozenSet(items) => items,
             _ => return Ok(()),
@@ -796,6 +787,13 @@ impl<'a> Walker<'a> {
             self.count()?;
             self.check_hashable(item, depth + 1)
         })
+    }
+
+    /// [`Walker::check_hashable`] for each item of the set or frozenset at `depth`.
+    fn check_set_items(&mut self, items: &[Id], depth: usize) -> Result<()> {
+        items
+            .iter()
+            .try_for_each(|&item| self.check_hashable(item, depth + 1))
     }
 
     /// The items of a tuple or frozenset key as nodes, each counted.
@@ -842,9 +840,7 @@ impl<'a> Walker<'a> {
             }
             Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => {
                 if !matches!(arena.get(id), Obj::List(_)) {
-                    for &item in items {
-                        self.check_hashable(item, depth + 1)?;
-                    }
+                    self.check_set_items(items, depth)?;
                 }
                 Value::List(
                     items

@@ -107,6 +107,15 @@ pub enum DictKind {
 }
 
 impl Obj {
+    /// Whether this is a mutable container (list, dict, set, bytearray): Python cannot
+    /// hash one, so it can be no dict key or set item.
+    pub fn is_unhashable(&self) -> bool {
+        matches!(
+            self,
+            Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_)
+        )
+    }
+
     /// A short type name for error messages.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -1065,6 +1074,25 @@ impl Machine<'_> {
         }
     }
 
+    /// Fails, as Python's unpickler does, when a dict key or set item is a mutable
+    /// container ([`Obj::is_unhashable`]). Tuples holding one are caught where keys
+    /// are read (`flatten`).
+    fn hashable(&self, ids: impl Iterator<Item = Id>, what: &str, at: u64) -> Result<()> {
+        match ids
+            .map(|id| self.arena.get(id))
+            .find(|obj| obj.is_unhashable())
+        {
+            Some(obj) => Err(malformed(
+                at,
+                format!(
+                    "{what} is a {}, which Python cannot hash (torch.load fails on it too)",
+                    obj.kind()
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn set_items(&mut self, dict: Id, flat: &[Id], at: u64) -> Result<()> {
         let new = pairs(flat, at)?;
         self.hashable(new.iter().map(|&(key, _)| key), "a dict key", at)?;
@@ -1076,28 +1104,6 @@ impl Machine<'_> {
             }
             other => Err(malformed(at, format!("SETITEM on a {}", other.kind()))),
         }
-    }
-}
-
-impl Machine<'_> {
-    /// Fails, as Python's unpickler does, when a dict key or set item is a mutable
-    /// container (list, dict, set, bytearray), which Python cannot hash. Tuples
-    /// holding one are caught where keys are read (`flatten`).
-    fn hashable(&self, ids: impl Iterator<Item = Id>, what: &str, at: u64) -> Result<()> {
-        for id in ids {
-            if let Obj::List(_) | Obj::Dict { .. } | Obj::Set(_) | Obj::ByteArray(_) =
-                self.arena.get(id)
-            {
-                return Err(malformed(
-                    at,
-                    format!(
-                        "{what} is a {}, which Python cannot hash (torch.load fails on it too)",
-                        self.arena.get(id).kind()
-                    ),
-                ));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -365,17 +365,18 @@ impl ZipDirectory {
             let head = central
                 .get(pos..pos + CENTRAL_LEN)
                 .ok_or_else(|| bad(at, "central directory ends inside a record"))?;
-            if u32_at(head, 0) != CENTRAL_SIG && pos == 0 {
+            if u32_at(head, 0) != CENTRAL_SIG {
                 // The end record's offsets are absolute: an archive with bytes before
                 // it (or a second archive after it, whose end record is the one found)
-                // points here at something else.
+                // points its first record at something else.
                 return Err(bad(
                     at,
-                    format!("the end record puts the central directory here, but none starts here{SHIFTED}"),
+                    if pos == 0 {
+                        format!("the end record puts the central directory here, but none starts here{SHIFTED}")
+                    } else {
+                        "bad central-directory record signature".to_owned()
+                    },
                 ));
-            }
-            if u32_at(head, 0) != CENTRAL_SIG {
-                return Err(bad(at, "bad central-directory record signature"));
             }
             let flags = u16_at(head, 8);
             let method = match u16_at(head, 10) {
