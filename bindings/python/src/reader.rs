@@ -12,6 +12,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use tensorwire::pytorch::TorchOnlyDType;
 use tensorwire::zt::{Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
 
@@ -137,13 +138,20 @@ fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
 /// The safetensors types tensorwire reads as raw bytes but torch has dtypes for.
 const TORCH_RAW_TYPES: [&str; 2] = ["safetensors:F8_E8M0", "safetensors:F4"];
 
-/// The type read_torch builds a tensor of: the tensor's dtype name and shape, or for
-/// a safetensors type of [`TORCH_RAW_TYPES`] its layout name and logical shape (the
-/// Python side picks the torch dtype, or keeps the raw bytes on an older torch).
+/// The type read_torch builds a tensor of when it is not the tensor's dtype and
+/// shape: for a safetensors type of [`TORCH_RAW_TYPES`] its layout name and logical
+/// shape (the Python side picks the torch dtype, or keeps the raw bytes on an older
+/// torch), and for a PyTorch checkpoint's [`TorchOnlyDType`] its layout name and
+/// torch's shape.
 fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
     let Layout::Other(name) = &info.layout else {
         return None;
     };
+    if let Some(torch_only) = TorchOnlyDType::from_layout(&info.layout) {
+        let dims = info.shape.dims();
+        let outer = dims.len() - usize::from(torch_only.lanes() > 1);
+        return Some((name.as_str(), dims[..outer].to_vec()));
+    }
     if !TORCH_RAW_TYPES.contains(&name.as_str()) {
         return None;
     }
@@ -161,9 +169,20 @@ fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
 }
 
 fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
+    lendable_at(bytes, torch_alignment(dtype), lend)
+}
+
+/// [`lendable`] for the elements of `info`'s tensor as torch has them (a
+/// complex32's `f16` pairs: 4 bytes).
+fn lendable_as(bytes: &tensorwire::Bytes, info: &TensorInfo, lend: Lend) -> bool {
+    let lanes = TorchOnlyDType::from_layout(&info.layout).map_or(1, TorchOnlyDType::lanes);
+    lendable_at(bytes, torch_alignment(info.dtype) * lanes as usize, lend)
+}
+
+fn lendable_at(bytes: &tensorwire::Bytes, alignment: usize, lend: Lend) -> bool {
     match lend {
         Lend::Any => true,
-        Lend::Torch => bytes.is_aligned(torch_alignment(dtype)) && bytes.writable_ptr().is_some(),
+        Lend::Torch => bytes.is_aligned(alignment) && bytes.writable_ptr().is_some(),
     }
 }
 
@@ -297,7 +316,7 @@ fn dense_array<'py>(
             // it.
             let strided = src.strided_at(at).or_raise()?;
             if let (true, Some(strides)) = (
-                strided.zero_copy && lendable(&strided.bytes, info.dtype, lend),
+                strided.zero_copy && lendable_as(&strided.bytes, info, lend),
                 &strided.strides,
             ) {
                 // Also a row-major tensor whose size-1 dimensions carry other
@@ -323,7 +342,7 @@ fn dense_array<'py>(
         };
         // Unaligned bytes (a legacy torch file's storages and NPZ members sit at
         // arbitrary offsets) are lent to numpy but copied for torch.
-        if zero_copy && lendable(&bytes, info.dtype, lend) {
+        if zero_copy && lendable_as(&bytes, info, lend) {
             return owner.zero_copy(py, &bytes, dtype, &dims);
         }
         // The bytes are already read (and gathered or swapped): copy them rather than
@@ -731,13 +750,15 @@ impl Reader {
                     Some(_) => Some(r.storage.window().or_raise()?),
                     None => None,
                 };
+                // In elements of the tensor's torch dtype (a complex32's, not f16).
+                let (offset, _, strides) = r.torch_view();
                 Ok((
                     r.storage.key.to_string(),
                     r.storage.nbytes().or_raise()?,
                     r.storage.location.to_string(),
                     view,
-                    r.storage_offset,
-                    r.strides.to_vec(),
+                    offset,
+                    strides.to_vec(),
                 ))
             })
             .collect()
@@ -957,13 +978,26 @@ impl Reader {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
         let dims = info.shape.dims().to_vec();
-        if raw_type.is_none() && !copy && info.encoding.is_none() {
+        let torch_only = TorchOnlyDType::from_layout(&info.layout);
+        if (raw_type.is_none() || torch_only.is_some()) && !copy && info.encoding.is_none() {
             // Zero-copy with the tensor's own strides, as for the types numpy has.
             let strided = src.strided_at(at).or_raise()?;
-            if strided.zero_copy && lendable(&strided.bytes, info.dtype, lend) {
+            if strided.zero_copy && lendable_as(&strided.bytes, info, lend) {
                 let len = [strided.bytes.len() as u64];
                 let array = self.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
-                let raw = (array, info.dtype.name(), dims, strided.strides);
+                let (name, dims, strides) = match (torch_only, raw_type) {
+                    (Some(torch_only), Some((name, dims))) => {
+                        // torch's strides count whole elements: without the lanes'.
+                        let lanes = torch_only.lanes();
+                        let strides = strided.strides.map(|s| {
+                            let outer = &s[..dims.len()];
+                            outer.iter().map(|&s| s / lanes).collect::<Vec<u64>>()
+                        });
+                        (name, dims, strides)
+                    }
+                    _ => (info.dtype.name(), dims, strided.strides.map(|s| s.to_vec())),
+                };
+                let raw = (array, name, dims, strides);
                 return Ok(raw.into_pyobject(py)?.into_any());
             }
         }

@@ -223,6 +223,70 @@ def test_convert_pt_to_zt(tmp_path):
         np.testing.assert_array_equal(dst[k], src[k])
 
 
+def test_torch_only_dtypes_read_as_their_holder_elements_zero_copy():
+    """float8_e8m0fnu and float4_e2m1fn_x2 come to numpy as uint8, complex32 as
+    float16 pairs (torch.view_as_real), each a view of the mapped file with its
+    strides, and named by their layout."""
+    r = tw.Reader(os.path.join(FIXTURES, "torch_only.pt"))
+    assert r.metadata("e8m0").format == "pytorch:float8_e8m0fnu"
+    assert r.metadata("f4").format == "pytorch:float4_e2m1fn_x2"
+    assert r.metadata("c32").format == "pytorch:complex32"
+    e8m0 = r.read_numpy("e8m0")
+    assert e8m0.dtype == np.uint8 and list(e8m0) == [127, 128, 126, 129, 0, 255]
+    c32 = r.read_numpy("c32")
+    assert c32.dtype == np.float16 and c32.shape == (2, 3, 2)
+    assert c32[0, 0].tolist() == [1.0, 2.0] and np.isinf(c32[0, 2, 0])
+    t = r.read_numpy("c32_transposed")
+    assert t.shape == (3, 2, 2) and t.strides == (4, 12, 2) and np.shares_memory(t, c32)
+    np.testing.assert_array_equal(t, c32.transpose(1, 0, 2))
+    row = r.read_numpy("c32_row")
+    np.testing.assert_array_equal(row, c32[1])
+    f4, f4t = r.read_numpy("f4"), r.read_numpy("f4_transposed")
+    assert f4t.strides == (1, 4) and np.shares_memory(f4, f4t)
+    np.testing.assert_array_equal(f4t, f4.T)
+    assert r.read_numpy("c32_scalar").shape == (2,)
+    assert r.read_numpy("c32_empty").shape == (0, 3, 2)
+
+
+def test_convert_keeps_torch_only_dtypes_where_the_format_has_them(tmp_path):
+    """To safetensors: e8m0 as F8_E8M0 and the float4 pairs as F4 (two values per
+    byte, so the last dimension doubles); complex32, which safetensors lacks, is
+    refused. To .zt: the holder elements with the source's layout."""
+    import shutil
+    src = tmp_path / "fp4.pt"
+    shutil.copy(os.path.join(FIXTURES, "torch_only.pt"), src)
+    with pytest.raises(tw.UnsupportedError, match="complex32"):
+        tw.convert(str(src), str(tmp_path / "all.safetensors"))
+    assert not (tmp_path / "all.safetensors").exists()
+    r = tw.Reader(str(src))
+    out = str(tmp_path / "all.zt")
+    tw.convert(str(src), out)
+    z = tw.Reader(out)
+    for k in r.keys():
+        np.testing.assert_array_equal(z[k], r[k])
+        assert z.metadata(k).attributes["tensorwire.layout"] == r.metadata(k).format
+    # Without the complex32 tensors (a .zt of the others, then safetensors).
+    kept = str(tmp_path / "kept.zt")
+    with tw.Writer(kept) as w:
+        for k in r.keys():
+            if not k.startswith("c32"):
+                w.write_numpy(k, r.read_numpy(k),
+                              attributes={"tensorwire.layout": r.metadata(k).format})
+    st = str(tmp_path / "kept.safetensors")
+    tw.convert(kept, st)
+    s = tw.Reader(st)
+    for k in ("e8m0", "e8m0_grid", "f4", "f4_transposed", "f4_row"):
+        meta = s.metadata(k).attributes
+        want_shape = list(r[k].shape)
+        if k.startswith("f4"):
+            assert meta["safetensors.dtype"] == "F4"
+            want_shape[-1] *= 2
+        else:
+            assert meta["safetensors.dtype"] == "F8_E8M0"
+        assert list(meta["safetensors.shape"]) == want_shape, k
+        assert s[k].tobytes() == np.ascontiguousarray(r[k]).tobytes(), k
+
+
 def V3_DTYPES(torch):
     return {torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
             torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
@@ -279,3 +343,45 @@ class TestTorchInterop:
             assert torch.equal(as_bytes(got), as_bytes(v)), k
             if not v.is_contiguous() and v.numel() > 1 and "legacy" not in path and "big_endian" not in path:
                 assert got.stride() == v.stride(), k
+
+    def test_torch_only_dtypes_come_back_as_torch_saved_them_sharing_the_map(self, tmp_path):
+        """read_torch and pytorch.load give float8_e8m0fnu, float4_e2m1fn_x2 and
+        complex32 tensors with torch's shapes and strides, views of the mapped file
+        (a storage the tensors share stays one), requires_grad kept."""
+        torch = self.torch
+        path = os.path.join(FIXTURES, "torch_only.pt")
+        want = torch.load(path, weights_only=True)
+        r = tw.Reader(path)
+        for k, v in want.items():
+            got = r.read_torch(k)
+            assert (got.dtype, got.shape, got.stride()) == (v.dtype, v.shape, v.stride()), k
+        c32 = r.read_torch("c32")
+        assert c32.data_ptr() == r.read_numpy("c32").ctypes.data
+        loaded = tw.pytorch.load(path)
+        assert loaded["c32_transposed"].untyped_storage().data_ptr() == \
+            loaded["c32"].untyped_storage().data_ptr()
+        assert loaded["c32_row"].storage_offset() == want["c32_row"].storage_offset() == 3
+        assert isinstance(loaded["c32_param"], torch.nn.Parameter)
+        assert loaded["c32_param"].requires_grad
+        # By bits: c32[1, 0] holds a NaN.
+        bits = lambda t: torch.view_as_real(t.contiguous()).view(torch.int16)  # noqa: E731
+        for k in ("c32", "c32_transposed", "c32_scalar"):
+            assert torch.equal(bits(loaded[k]), bits(want[k])), k
+
+    def test_safetensors_reads_torch_only_dtypes_tensorwire_converted(self, tmp_path):
+        """A .pt file's e8m0 and float4 tensors, converted to safetensors, load in
+        the safetensors package as torch saved them."""
+        torch = self.torch
+        st_torch = pytest.importorskip("safetensors.torch")
+        src = str(tmp_path / "mx.pt")
+        saved = torch.load(os.path.join(FIXTURES, "torch_only.pt"), weights_only=True)
+        kept = {k: v for k, v in saved.items() if not k.startswith("c32")}
+        torch.save(kept, src)
+        dst = str(tmp_path / "mx.safetensors")
+        tw.convert(src, dst)
+        got = st_torch.load_file(dst)
+        assert sorted(got) == sorted(kept)
+        for k, v in kept.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+            assert torch.equal(got[k].contiguous().view(torch.uint8),
+                               v.contiguous().view(torch.uint8)), k

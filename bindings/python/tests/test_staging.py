@@ -105,8 +105,8 @@ def test_copy_pairs_refuses_exactly_the_pairs_whose_destinations_overlap():
 
 
 @pytest.mark.parametrize("fixture", [
-    "pytorch/dtypes.legacy.pt", "pytorch/views.pt", "numpy/arrays.npz",
-    "safetensors/dtypes.safetensors",
+    "pytorch/dtypes.legacy.pt", "pytorch/views.pt", "pytorch/torch_only.legacy.pt",
+    "numpy/arrays.npz", "safetensors/dtypes.safetensors",
 ])
 def test_bytes_bound_for_a_device_are_views_at_any_alignment(fixture):
     """What read_torch copies to a GPU is read where it lies, also when torch could not
@@ -323,7 +323,7 @@ def _storage_groups(tensors):
 
 @pytest.mark.parametrize("fixture", [
     "pytorch/dtypes.pt", "pytorch/views.pt", "pytorch/dtypes.legacy.pt",
-    "pytorch/big_endian.pt", "safetensors/dtypes.safetensors",
+    "pytorch/big_endian.pt", "pytorch/torch_only.pt", "safetensors/dtypes.safetensors",
     "safetensors/raw_types.safetensors", "numpy/arrays.npz", "numpy/compressed.npz",
     "gguf/quantized.gguf", "gguf/plain.gguf", "zt/dtypes.zt", "zt/compressed.zt",
     "zt/v2/dtypes.zt", "packet/quant_qint8_per_tensor.tnso",

@@ -227,18 +227,31 @@ impl StDType {
     }
 
     /// The safetensors type of a tensor as tensorwire lists it: its dtype, or for the
-    /// raw-byte types the name in its layout.
+    /// raw-byte types the name in its layout. A PyTorch checkpoint's
+    /// `torch.float8_e8m0fnu` and `torch.float4_e2m1fn_x2` tensors, listed as `u8`
+    /// elements with the layouts `pytorch:<dtype>`, are `F8_E8M0` and `F4`.
     fn of_info(dtype: DType, layout: &Layout) -> Option<StDType> {
         match layout {
             Layout::Dense => StDType::from_dtype(dtype),
-            Layout::Other(name) => name
-                .strip_prefix("safetensors:")
-                .and_then(StDType::from_name)
-                .filter(|d| d.dtype().is_none()),
+            Layout::Other(name) if dtype == DType::U8 => match name.as_str() {
+                TORCH_E8M0_LAYOUT => Some(StDType::F8E8M0),
+                TORCH_F4_X2_LAYOUT => Some(StDType::F4),
+                _ => name
+                    .strip_prefix("safetensors:")
+                    .and_then(StDType::from_name)
+                    .filter(|d| d.dtype().is_none()),
+            },
             _ => None,
         }
     }
 }
+
+/// The layouts a PyTorch checkpoint lists its `torch.float8_e8m0fnu` and
+/// `torch.float4_e2m1fn_x2` tensors with (`tensorwire_pytorch::TorchOnlyDType`): one
+/// `u8` per element, so that their shape is the safetensors one, but for F4's two
+/// values per byte.
+const TORCH_E8M0_LAYOUT: &str = "pytorch:float8_e8m0fnu";
+const TORCH_F4_X2_LAYOUT: &str = "pytorch:float4_e2m1fn_x2";
 
 /// A safetensors file, validated on open; tensors are zero-copy views of its map.
 ///
@@ -948,6 +961,22 @@ pub fn write_source(
                     Error::invalid(format!("tensor `{}`: bad safetensors.shape", info.name))
                 })?,
             _ => info.shape.dims().to_vec(),
+        };
+        let shape = match (info.source_layout().name(), shape.split_last()) {
+            (TORCH_F4_X2_LAYOUT, Some((&last, outer))) => {
+                let pairs = last.checked_mul(2).ok_or(Error::Overflow {
+                    what: "F4 tensor shape",
+                })?;
+                outer.iter().copied().chain([pairs]).collect()
+            }
+            (TORCH_F4_X2_LAYOUT, None) => {
+                return Err(Error::unsupported(format!(
+                    "writing the 0-d torch.float4_e2m1fn_x2 tensor `{}` to safetensors, \
+                     whose F4 tensors count single values",
+                    info.name
+                )))
+            }
+            _ => shape,
         };
         // The shape comes from the source's attributes for a raw type (a `.zt` file's
         // own, so anything): it must describe the tensor's bytes, or the header would

@@ -11,7 +11,7 @@ use tensorwire_core::{DType, Error, Result};
 
 use crate::pickle::{Arena, DictKind, Id, Obj, Span};
 use crate::sparse::SparseTensor;
-use crate::tensor::{Quantization, StorageClass, TensorRecord};
+use crate::tensor::{Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType};
 
 /// An allowlisted global.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,9 +405,9 @@ fn differentiable(dtype: Option<DType>) -> bool {
 
 /// A tensor requiring grad must be [`differentiable`] (and not quantized).
 fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result<()> {
-    if record.requires_grad
-        && (!differentiable(Some(record.dtype)) || record.quantization.is_some())
-    {
+    // The torch-only dtypes are all floating point or complex.
+    let differentiable = differentiable(Some(record.dtype)) || record.torch_only.is_some();
+    if record.requires_grad && (!differentiable || record.quantization.is_some()) {
         return Err(bad_args(
             what,
             offset,
@@ -500,11 +500,16 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
             let dtype = match arena.get(argv[6]) {
-                Obj::Global(Global::Dtype(dtype)) => dtype,
+                Obj::Global(Global::Dtype(dtype)) => TensorDType::Tensorwire(*dtype),
                 Obj::Global(Global::TorchConstant(name)) => {
-                    return Err(Error::unsupported(format!(
-                        "tensors of {name}, which tensorwire has no dtype for"
-                    )))
+                    match TorchOnlyDType::from_torch_name(name) {
+                        Some(torch_only) => TensorDType::TorchOnly(torch_only),
+                        None => {
+                            return Err(Error::unsupported(format!(
+                                "tensors of {name}, which tensorwire has no dtype for"
+                            )))
+                        }
+                    }
                 }
                 _ => return Err(bad_args(what, offset, "the dtype argument is not a dtype")),
             };
@@ -514,7 +519,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 argv[1],
                 argv[2],
                 argv[3],
-                Some(*dtype),
+                Some(dtype),
                 offset,
             )?;
             record.requires_grad = requires_grad_arg(arena, argv[4], what, offset)?;
@@ -1553,6 +1558,72 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// A `_rebuild_tensor_v3` of the torch dtype `dtype` on an untyped storage of
+    /// `nbytes`, with `rest` (pickle text: offset, sizes, strides, requires_grad).
+    fn tensor_v3(dtype: &str, nbytes: u8, rest: &[u8]) -> Result<TensorRecord> {
+        let mut p = b"\x80\x02ctorch._utils\n_rebuild_tensor_v3\n(".to_vec();
+        p.extend(persistent_id("UntypedStorage", "0", nbytes));
+        p.extend(rest);
+        p.extend(b"}ctorch\n");
+        p.extend(dtype.as_bytes());
+        p.extend(b"\ntR.");
+        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
+        match u.arena.get(u.root) {
+            Obj::Tensor(t) => Ok((**t).clone()),
+            other => panic!("not a tensor: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn torch_only_dtypes_are_read_as_their_holder_elements() {
+        use crate::tensor::TorchOnlyDType;
+        // A transposed (3, 2) complex32 tensor at offset 1: 7 elements of 4 bytes.
+        let transposed = b"K\x01K\x03K\x02\x86K\x01K\x03\x86\x89";
+        for name in ["complex32", "chalf"] {
+            let t = tensor_v3(name, 28, transposed).unwrap();
+            assert_eq!(t.torch_only, Some(TorchOnlyDType::Complex32));
+            assert_eq!(t.dtype, DType::F16);
+            assert_eq!(
+                (t.shape.dims(), &t.strides[..]),
+                (&[3, 2, 2][..], &[2, 6, 1][..])
+            );
+            assert_eq!(t.storage_offset, 2);
+            assert_eq!(t.byte_extent().unwrap(), (4, 28));
+            let (offset, sizes, strides) = t.torch_view();
+            assert_eq!(
+                (offset, &sizes[..], &strides[..]),
+                (1, &[3, 2][..], &[1, 3][..])
+            );
+        }
+        // One byte short of the last element's imaginary part.
+        let short = tensor_v3("complex32", 27, transposed).unwrap_err();
+        assert!(matches!(short, Error::OutOfBounds { .. }), "{short}");
+        // The largest stride, counted in f16, on a dimension it moves along.
+        let huge = b"K\x00K\x02\x85\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f\x85\x89";
+        let err = tensor_v3("complex32", 4, huge).unwrap_err();
+        assert!(matches!(err, Error::Overflow { .. }), "{err}");
+        // One byte per element, requiring grad as the floating-point types may.
+        for (name, dtype) in [
+            ("float8_e8m0fnu", TorchOnlyDType::Float8E8M0Fnu),
+            ("float4_e2m1fn_x2", TorchOnlyDType::Float4E2M1FnX2),
+        ] {
+            let t = tensor_v3(name, 6, b"K\x00K\x02K\x03\x86K\x03K\x01\x86\x88").unwrap();
+            assert_eq!(
+                (t.torch_only, t.dtype, t.requires_grad),
+                (Some(dtype), DType::U8, true)
+            );
+            assert_eq!((t.shape.dims(), &t.strides[..]), (&[2, 3][..], &[3, 1][..]));
+            assert_eq!(t.torch_view().1.as_slice(), &[2, 3]);
+            assert_eq!(TorchOnlyDType::from_layout(&dtype.layout()), Some(dtype));
+        }
+        // The dtypes still without one.
+        let err = tensor_v3("bits8", 4, b"K\x00K\x04\x85K\x01\x85\x89").unwrap_err();
+        assert!(
+            matches!(err, Error::Unsupported { .. }) && err.to_string().contains("torch.bits8"),
+            "{err}"
+        );
     }
 
     #[test]

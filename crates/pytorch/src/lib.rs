@@ -24,7 +24,9 @@
 //! Quantized tensors (`torch.qint8`, `quint8`, `qint32`) read as their integers with
 //! their scheme and parameters as per-tensor attributes ([`Quantization`]). Sparse
 //! tensors (COO, CSR, CSC, BSR, BSC) read as their parts, the dense tensors of their
-//! indices and values ([`SparseTensor`]).
+//! indices and values ([`SparseTensor`]). The dtypes only torch has
+//! (`float8_e8m0fnu`, `float4_e2m1fn_x2`, `complex32`) read as the elements that hold
+//! them ([`TorchOnlyDType`]).
 //!
 //! Not in scope: writing checkpoints; meta and subclassed tensors
 //! (`Unsupported`, naming them) and nested ones (refused, as torch refuses them); the
@@ -47,7 +49,7 @@ pub use crate::input::Input;
 pub use crate::pickle::DictKind;
 pub use crate::reader::{PtFormat, PtReader};
 pub use crate::sparse::{SparseLayout, SparseTensor};
-pub use crate::tensor::{Quantization, StorageRef, TensorRecord};
+pub use crate::tensor::{Quantization, StorageRef, TensorDType, TensorRecord, TorchOnlyDType};
 
 /// True when `head` (a file's first bytes, 32 are enough) looks like a torch
 /// checkpoint: a ZIP archive or the legacy format's magic-number pickle.

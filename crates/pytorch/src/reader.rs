@@ -18,7 +18,7 @@ use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, PersistentLoad, PickleLimits};
 use crate::sparse::SparseTensor;
-use crate::tensor::{Quantization, StorageRef, TensorRecord};
+use crate::tensor::{Quantization, StorageRef, TensorRecord, TorchOnlyDType};
 use crate::zip::{self, Method, ZipArchive, ZipDirectory, ZipEntry};
 
 /// Which container a checkpoint uses.
@@ -417,7 +417,9 @@ impl PtReader {
                 name,
                 dtype: record.dtype,
                 shape: record.shape.clone(),
-                layout: Layout::Dense,
+                layout: record
+                    .torch_only
+                    .map_or(Layout::Dense, TorchOnlyDType::layout),
                 nbytes: record.shape.byte_len(record.dtype)?,
                 stored_bytes: end - start,
                 offset: base + start,

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use tensorwire_core::{DType, Dims, Result, Value};
+use tensorwire_core::{DType, Dims, Error, Result, Value};
 
 use crate::flatten::flat_name;
 use crate::globals::{bad_args, Global};
@@ -118,8 +118,14 @@ impl SparseTensor {
             .iter()
             .zip(layout.parts())
             .map(|(&id, role)| match arena.get(id) {
-                Obj::Tensor(t) if t.quantization.is_none() => Ok((**t).clone()),
-                Obj::Tensor(_) => Err(bad(format!("{role}: a quantized tensor"))),
+                Obj::Tensor(t) => match (t.torch_only, &t.quantization) {
+                    (Some(dtype), _) => Err(Error::unsupported(format!(
+                        "sparse tensors of torch.{}",
+                        dtype.name()
+                    ))),
+                    (None, None) => Ok((**t).clone()),
+                    (None, Some(_)) => Err(bad(format!("{role}: a quantized tensor"))),
+                },
                 other => Err(bad(format!("{role}: a {}, not a tensor", other.kind()))),
             })
             .collect::<Result<Vec<_>>>()?;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tensorwire_core::{AlignedBuf, DType, Dims, Error, Result, Shape, MAX_NDIM};
+use tensorwire_core::{AlignedBuf, DType, Dims, Error, Layout, Result, Shape, MAX_NDIM};
 
 use crate::pickle::{Arena, Id, Obj};
 
@@ -141,6 +141,95 @@ pub struct TensorRecord {
     /// Pickled as an `nn.Parameter` (`_rebuild_parameter`), which `torch.load`
     /// returns as one.
     pub parameter: bool,
+    /// For a torch dtype tensorwire has no [`DType`] for, that dtype: `dtype`,
+    /// `shape`, `strides` and `storage_offset` then describe the elements holding it
+    /// ([`TorchOnlyDType::holder`]); [`TensorRecord::torch_view`] gives torch's.
+    pub torch_only: Option<TorchOnlyDType>,
+}
+
+/// The dtype a `_rebuild_tensor_v3` call names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorDType {
+    /// One tensorwire has.
+    Tensorwire(DType),
+    /// One only torch has.
+    TorchOnly(TorchOnlyDType),
+}
+
+/// torch dtypes that tensorwire has no [`DType`] for but reads, as the elements that
+/// hold them: `torch.float8_e8m0fnu` (MX block scales) and `torch.float4_e2m1fn_x2`
+/// (two packed float4 values, NVFP4 and MXFP4 weights) as `u8`, one per element,
+/// and `torch.complex32` as `f16` pairs (real, imaginary), the tensor gaining a last
+/// dimension of 2 as `torch.view_as_real` gives it. Such a tensor is listed with the
+/// layout `pytorch:<name>` ([`TorchOnlyDType::layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TorchOnlyDType {
+    /// `torch.float8_e8m0fnu`: an 8-bit exponent (a power of two), 0xFF is NaN.
+    Float8E8M0Fnu,
+    /// `torch.float4_e2m1fn_x2`: two float4 e2m1 values per byte.
+    Float4E2M1FnX2,
+    /// `torch.complex32` (`torch.chalf`): two `f16`.
+    Complex32,
+}
+
+impl TorchOnlyDType {
+    /// Every one.
+    pub const ALL: [TorchOnlyDType; 3] = [
+        TorchOnlyDType::Float8E8M0Fnu,
+        TorchOnlyDType::Float4E2M1FnX2,
+        TorchOnlyDType::Complex32,
+    ];
+    /// The prefix of the layout names ([`TorchOnlyDType::layout`]).
+    pub const LAYOUT_PREFIX: &'static str = "pytorch:";
+
+    /// torch's name, without `torch.` (`complex32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TorchOnlyDType::Float8E8M0Fnu => "float8_e8m0fnu",
+            TorchOnlyDType::Float4E2M1FnX2 => "float4_e2m1fn_x2",
+            TorchOnlyDType::Complex32 => "complex32",
+        }
+    }
+
+    /// The dtype `torch.<name>` names (`torch.chalf` is `torch.complex32`).
+    pub fn from_torch_name(full: &str) -> Option<TorchOnlyDType> {
+        let name = full.strip_prefix("torch.")?;
+        if name == "chalf" {
+            return Some(TorchOnlyDType::Complex32);
+        }
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The element type that holds it.
+    pub fn holder(self) -> DType {
+        match self {
+            TorchOnlyDType::Float8E8M0Fnu | TorchOnlyDType::Float4E2M1FnX2 => DType::U8,
+            TorchOnlyDType::Complex32 => DType::F16,
+        }
+    }
+
+    /// Holder elements per element: the size of the last dimension a tensor gains
+    /// when it has more than one (2 for complex32).
+    pub fn lanes(self) -> u64 {
+        match self {
+            TorchOnlyDType::Complex32 => 2,
+            _ => 1,
+        }
+    }
+
+    /// The layout a tensor of this dtype is listed with: `pytorch:<name>`.
+    pub fn layout(self) -> Layout {
+        Layout::Other(format!("{}{}", Self::LAYOUT_PREFIX, self.name()))
+    }
+
+    /// The dtype whose [`TorchOnlyDType::layout`] is `layout`.
+    pub fn from_layout(layout: &Layout) -> Option<TorchOnlyDType> {
+        let Layout::Other(name) = layout else {
+            return None;
+        };
+        let name = name.strip_prefix(Self::LAYOUT_PREFIX)?;
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
 }
 
 /// How a quantized tensor's integers map to real values: torch's `qscheme()` and
@@ -272,14 +361,15 @@ pub(crate) fn dims_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<
 impl TensorRecord {
     /// Builds the tensor of a `_rebuild_tensor*` call, checking that its extent lies
     /// inside its storage. `dtype` is given for `_rebuild_tensor_v3` (untyped
-    /// storages); otherwise the storage's type is the tensor's.
+    /// storages); otherwise the storage's type is the tensor's. A torch-only dtype's
+    /// tensor is described by its holder elements ([`TorchOnlyDType`]).
     pub fn from_rebuild(
         arena: &Arena,
         storage: Id,
         storage_offset: Id,
         size: Id,
         stride: Id,
-        dtype: Option<DType>,
+        dtype: Option<TensorDType>,
         offset: u64,
     ) -> Result<TensorRecord> {
         let &Obj::Storage(index) = arena.get(storage) else {
@@ -294,15 +384,21 @@ impl TensorRecord {
         let storage = arena.storage(index).ok_or_else(|| {
             Error::malformed(offset, "tensor storage: not a storage of this pickle")
         })?;
-        let record = TensorRecord {
+        let (dtype, torch_only) = match dtype {
+            None => (storage.dtype, None),
+            Some(TensorDType::Tensorwire(dtype)) => (dtype, None),
+            Some(TensorDType::TorchOnly(torch_only)) => (torch_only.holder(), Some(torch_only)),
+        };
+        let mut record = TensorRecord {
             storage: storage.clone(),
-            dtype: dtype.unwrap_or(storage.dtype),
+            dtype,
             storage_offset: int_of(arena, storage_offset, "storage offset", offset)?,
             shape: Shape::try_from_dims(dims_of(arena, size, "size", offset)?)?,
             strides: dims_of(arena, stride, "stride", offset)?,
             quantization: None,
             requires_grad: false,
             parameter: false,
+            torch_only,
         };
         if record.strides.len() != record.shape.ndim() {
             return Err(Error::malformed(
@@ -313,6 +409,9 @@ impl TensorRecord {
                     record.strides.len()
                 ),
             ));
+        }
+        if let Some(torch_only) = torch_only {
+            record.split_lanes(torch_only.lanes())?;
         }
         let extent = record.byte_extent()?;
         let (window_start, window_end) = record.storage.window()?;
@@ -326,6 +425,52 @@ impl TensorRecord {
             });
         }
         Ok(record)
+    }
+
+    /// Describes the tensor by `lanes` holder elements per element: a last
+    /// dimension of `lanes` (stride 1), the other strides and the offset scaled.
+    fn split_lanes(&mut self, lanes: u64) -> Result<()> {
+        if lanes == 1 {
+            return Ok(());
+        }
+        let overflow = || Error::Overflow {
+            what: "tensor strides",
+        };
+        let mut strides = Dims::default();
+        for &stride in &self.strides {
+            strides.push(stride.checked_mul(lanes).ok_or_else(overflow)?);
+        }
+        strides.push(1);
+        let mut dims: Dims = self.shape.dims().iter().copied().collect();
+        dims.push(lanes);
+        self.shape = Shape::try_from_dims(dims)?;
+        self.strides = strides;
+        self.storage_offset = self
+            .storage_offset
+            .checked_mul(lanes)
+            .ok_or_else(overflow)?;
+        Ok(())
+    }
+
+    /// `(storage offset, sizes, strides)` as torch has them, in elements of the
+    /// tensor's torch dtype: the record's own, but for a [`TorchOnlyDType`] of
+    /// several lanes without the last dimension the lanes added.
+    pub fn torch_view(&self) -> (u64, Dims, Dims) {
+        let lanes = self.torch_only.map_or(1, TorchOnlyDType::lanes);
+        let dims = self.shape.dims();
+        if lanes == 1 || dims.is_empty() {
+            return (
+                self.storage_offset,
+                dims.iter().copied().collect(),
+                self.strides.clone(),
+            );
+        }
+        let outer = dims.len() - 1;
+        (
+            self.storage_offset / lanes,
+            dims[..outer].iter().copied().collect(),
+            self.strides[..outer].iter().map(|&s| s / lanes).collect(),
+        )
     }
 
     /// Size of one element in bytes.
@@ -499,6 +644,7 @@ mod tests {
             quantization: None,
             requires_grad: false,
             parameter: false,
+            torch_only: None,
         }
     }
 

@@ -109,6 +109,9 @@ fn check_source(path: &Path, reader: &PtReader, want: &Json) {
         let dtype: DType = t["dtype"].as_str().unwrap().parse().unwrap();
         assert_eq!(info.dtype, dtype, "{label} {name}");
         assert_eq!(info.shape.dims(), dims(&t["shape"]), "{label} {name}");
+        // A dtype only torch has is listed as its holder elements, named by the layout.
+        let layout = t.get("layout").and_then(Json::as_str).unwrap_or("dense");
+        assert_eq!(info.layout.name(), layout, "{label} {name}");
         let record = reader.record(name).unwrap();
         assert_eq!(
             record.strides.to_vec(),

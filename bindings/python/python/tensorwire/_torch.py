@@ -29,6 +29,9 @@ _SAFETENSORS_RAW = {"safetensors:F8_E8M0": "float8_e8m0fnu", "safetensors:F4": "
 RAW_TO_TORCH = {k: getattr(torch, v) for k, v in _SAFETENSORS_RAW.items() if hasattr(torch, v)}
 RAW_FROM_TORCH = {v: k for k, v in RAW_TO_TORCH.items()}
 _F4 = "safetensors:F4"
+# A PyTorch checkpoint's dtypes tensorwire has none for, read as the elements holding
+# them (uint8, or complex32's float16 pairs), by their layout names: torch's shape.
+_TORCH_ONLY = {f"pytorch:{n}": n for n in ("float8_e8m0fnu", "float4_e2m1fn_x2", "complex32")}
 
 
 # Quantized types tensorwire reads as their integers (tenso packets' qint8 and quint8):
@@ -69,6 +72,11 @@ def torch_type(name, shape):
     dt = TO_TORCH.get(name) or _INTEGERS_OF.get(name)
     if dt is not None:
         return dt, tuple(shape)
+    torch_only = _TORCH_ONLY.get(name)
+    if torch_only is not None:
+        if not hasattr(torch, torch_only):
+            raise UnsupportedError(f"this torch build has no dtype torch.{torch_only}")
+        return getattr(torch, torch_only), tuple(shape)
     if name not in _SAFETENSORS_RAW:
         raise UnsupportedError(f"this torch build has no dtype for {name} tensors")
     dt = RAW_TO_TORCH.get(name)
