@@ -52,6 +52,7 @@ cases take about 2.5 minutes on 2 cores::
 
     python scripts/hostile_sweep.py --cases 20000 --seed 1 --out /tmp/sweep
     python scripts/hostile_sweep.py --cases 2000 --ops reader,packet   # some ops only
+    python scripts/hostile_sweep.py --cases 5000 --only pytorch/torch_only   # some fixtures
     python scripts/hostile_sweep.py --replay 1234 --seed 1   # one case, in process
     python scripts/hostile_sweep.py --write 1234 --seed 1 --out /tmp/c   # its files
 
@@ -168,7 +169,17 @@ def seeds(fixtures=FIXTURES):
     for f in sorted(os.listdir(generated)):
         out.append((f"generated/{f}", os.path.join(generated, f), None, f))
     out.sort()
+    # `--only`, passed on to the workers in the environment.
+    only = os.environ.get(ONLY_ENV)
+    if only:
+        out = [s for s in out if only in s[0]]
+        if not out:
+            raise SystemExit(f"--only {only!r}: no fixture's id contains it")
     return out
+
+
+# The environment variable that carries `--only` to the worker processes.
+ONLY_ENV = "TW_SWEEP_ONLY"
 
 
 # ---------------------------------------------------------------------------
@@ -1341,7 +1352,11 @@ def main(argv=None):
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--replay", type=int, default=None, help="run one case in this process")
     ap.add_argument("--write", type=int, default=None, help="write one case's files to --out")
+    ap.add_argument("--only", default=None,
+                    help="mutate only the fixtures whose id (path under fixtures/) contains this")
     args = ap.parse_args(argv)
+    if args.only:
+        os.environ[ONLY_ENV] = args.only
     ops = [o for o in args.ops.split(",") if o]
     if args.worker:
         worker_main(args.seed, ops)

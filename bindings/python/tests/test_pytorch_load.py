@@ -883,6 +883,12 @@ def test_torch_dtypes_tensorwire_does_not_read_are_unsupported(tmp_path):
     torch.save({"flags": torch.zeros(4, dtype=torch.bits8)}, path)
     with pytest.raises(tw.UnsupportedError, match="torch.bits8"):
         pytorch.load(path)
+    # A sparse tensor of a dtype tensorwire reads only as its holder elements.
+    values = torch.tensor([1 + 1j, 2], dtype=torch.complex64).to(torch.complex32)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), values, (2, 2))
+    torch.save({"s": sparse}, path)
+    with pytest.raises(tw.UnsupportedError, match="sparse tensors of torch.complex32"):
+        pytorch.load(path)
 
 
 SPARSE = ["sparse.pt", "sparse.legacy.pt"]
