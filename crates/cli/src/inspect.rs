@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde_json::{json, Map, Value as J};
-use tensorwire::pytorch::Quantization;
+use tensorwire::pytorch::{Quantization, TorchOnlyDType};
 use tensorwire::zt::ZtReader;
 use tensorwire::{ShardedSource, TensorInfo, TensorSource};
 
@@ -104,8 +104,8 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
             Some(enc) => format!("{} {enc}", human_bytes(t.stored_bytes)),
             None => "-".to_owned(),
         };
-        // A `.zt` type tensorwire has no dtype for, or a torch quantized dtype, is
-        // shown over the dtype it is stored as.
+        // A `.zt` type tensorwire has no dtype for, a torch quantized dtype or a dtype
+        // only torch has is shown over the dtype it is stored as.
         let logical = zt
             .and_then(|zt| zt.opaque_type(&t.name).ok().flatten())
             .or_else(|| {
@@ -113,7 +113,8 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
                     .contains_key(Quantization::SCHEME_ATTRIBUTE)
                     .then(|| Quantization::torch_dtype(t.dtype))
                     .flatten()
-            });
+            })
+            .or_else(|| TorchOnlyDType::from_layout(&t.layout).map(TorchOnlyDType::name));
         let dtype = match logical {
             Some(logical) => format!("{logical} ({})", t.dtype),
             None => t.dtype.to_string(),

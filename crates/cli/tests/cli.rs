@@ -786,6 +786,53 @@ fn converts_every_readable_format_to_zt_and_safetensors() {
     assert!(!dst.exists());
 }
 
+/// The DTYPE cell of tensor `name` in `inspect`'s table.
+fn dtype_of(table: &str, name: &str) -> String {
+    let line = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("{name}: {table}"));
+    line.split("  ")
+        .filter(|c| !c.is_empty())
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// The dtypes only torch has: `inspect` names them over their holder elements;
+/// `convert` to `.zt` keeps them, to safetensors refuses complex32 (which it lacks)
+/// and writes nothing.
+#[test]
+fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch/torch_only.pt");
+    let o = tw([OsStr::new("inspect"), src.as_os_str()]);
+    assert_exit(&o, 0);
+    let table = stdout(&o);
+    assert_eq!(dtype_of(&table, "e8m0"), "float8_e8m0fnu (u8)");
+    assert_eq!(dtype_of(&table, "f4"), "float4_e2m1fn_x2 (u8)");
+    assert_eq!(dtype_of(&table, "c32"), "complex32 (f16)");
+
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("out.safetensors");
+    let o = tw([OsStr::new("convert"), src.as_os_str(), st.as_os_str()]);
+    assert_exit(&o, 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("complex32"));
+    assert!(!st.exists());
+    let zt = dir.path().join("out.zt");
+    assert_exit(
+        &tw([OsStr::new("convert"), src.as_os_str(), zt.as_os_str()]),
+        0,
+    );
+    let from_zt = tensorwire::open(&zt).unwrap();
+    let c32 = from_zt.info("c32").unwrap();
+    assert_eq!((c32.dtype, c32.shape.dims()), (DType::F16, &[2, 3, 2][..]));
+    assert_eq!(
+        c32.attributes.get("tensorwire.layout"),
+        Some(&Value::Str("pytorch:complex32".into()))
+    );
+}
+
 /// A quantized torch checkpoint: `inspect` names torch's quantized dtypes over the
 /// integers they hold; `.zt` output keeps each tensor's scheme and parameters, and
 /// safetensors output (which has no per-tensor metadata) keeps them in
@@ -804,19 +851,6 @@ fn quantized_checkpoints_keep_their_quantization_through_convert() {
     ] {
         assert!(table.lines().any(|l| l.starts_with(row)), "{row}: {table}");
     }
-    let dtype_of = |table: &str, name: &str| {
-        let line = table
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .unwrap_or_else(|| panic!("{name}: {table}"))
-            .to_owned();
-        line.split("  ")
-            .filter(|c| !c.is_empty())
-            .nth(1)
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
     assert_eq!(dtype_of(&table, "fc.weight"), "qint8 (i8)");
     assert_eq!(dtype_of(&table, "act"), "quint8 (u8)");
     assert_eq!(dtype_of(&table, "acc"), "qint32 (i32)");
