@@ -168,6 +168,22 @@ fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
     Some((name.as_str(), dims))
 }
 
+/// The numpy dtype built in that holds `dtype`'s elements bit for bit: `dtype`
+/// itself where numpy has it, else an unsigned one of its size (bfloat16 as `u16`,
+/// float8 as `u8`); `None` for a type of no whole bytes.
+fn same_size_numpy_dtype(dtype: DType) -> Option<DType> {
+    if dtypes::numpy_builtin(dtype) {
+        return Some(dtype);
+    }
+    match dtype.bits() {
+        8 => Some(DType::U8),
+        16 => Some(DType::U16),
+        32 => Some(DType::U32),
+        64 => Some(DType::U64),
+        _ => None,
+    }
+}
+
 fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
     lendable_at(bytes, torch_alignment(dtype), lend)
 }
@@ -954,13 +970,18 @@ impl Reader {
     }
 
     /// What read_torch needs, in one call: the typed array when numpy has the dtype
-    /// built in (for `torch.from_numpy`), otherwise `(uint8 array, dtype name, shape,
-    /// strides)` (the name of a safetensors raw type torch has, such as
-    /// `safetensors:F4`, with its logical shape). `strides` is `None` for row-major
-    /// bytes, or the element strides of a strided view (a transposed bfloat16 or
-    /// float8 torch tensor), whose array holds the bytes from its first element to
-    /// its last. With `to_copy`, the bytes are only to be copied elsewhere (to a GPU):
-    /// views at any alignment, read-only where the reader's memory is.
+    /// built in (for `torch.from_numpy`). For a dtype numpy lacks, a zero-copy view
+    /// the CPU tensor may share is `(holder array, dtype name)`: the tensor's shape
+    /// and strides over a numpy dtype of the same size (`uint16` for bfloat16,
+    /// `uint8` for float8; a PyTorch checkpoint's torch-only dtype as listed, named
+    /// by its layout), for `torch.from_numpy(...).view(dtype)`. Otherwise
+    /// `(uint8 array, dtype name, shape, strides)` (the name of a safetensors raw
+    /// type torch has, such as `safetensors:F4`, with its logical shape). `strides`
+    /// is `None` for row-major bytes, or the element strides of a strided view (a
+    /// transposed bfloat16 or float8 torch tensor), whose array holds the bytes from
+    /// its first element to its last. With `to_copy`, the bytes are only to be copied
+    /// elsewhere (to a GPU), always in that last form: views at any alignment,
+    /// read-only where the reader's memory is.
     #[pyo3(signature = (name, *, copy = false, to_copy = false))]
     fn _read_for_torch<'py>(
         &self,
@@ -983,6 +1004,16 @@ impl Reader {
             // Zero-copy with the tensor's own strides, as for the types numpy has.
             let strided = src.strided_at(at).or_raise()?;
             if strided.zero_copy && lendable_as(&strided.bytes, info, lend) {
+                if let (false, Some(holder)) = (to_copy, same_size_numpy_dtype(info.dtype)) {
+                    let array = match &strided.strides {
+                        Some(strides) => {
+                            arrays::strided_zero_copy(py, &strided.bytes, holder, &dims, strides)?
+                        }
+                        None => self.owner.zero_copy(py, &strided.bytes, holder, &dims)?,
+                    };
+                    let name = raw_type.map_or(info.dtype.name(), |(name, _)| name);
+                    return Ok((array, name).into_pyobject(py)?.into_any());
+                }
                 let len = [strided.bytes.len() as u64];
                 let array = self.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
                 let (name, dims, strides) = match (torch_only, raw_type) {

@@ -385,3 +385,25 @@ class TestTorchInterop:
             assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
             assert torch.equal(got[k].contiguous().view(torch.uint8),
                                v.contiguous().view(torch.uint8)), k
+
+    def test_bfloat16_and_float8_tensors_are_views_of_the_map_with_torch_strides(self, tmp_path):
+        """Tensors of dtypes numpy lacks come to torch as views of the mapped file
+        (viewed through a numpy array of their size), transposed ones keeping torch's
+        strides, one storage staying one."""
+        torch = self.torch
+        base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        bf16 = base.to(torch.bfloat16)
+        f8 = base.to(torch.float8_e4m3fn)
+        saved = {"bf16": bf16, "bf16_t": bf16.t(), "f8": f8, "f8_t": f8.t(),
+                 "bf16_scalar": torch.tensor(2.5, dtype=torch.bfloat16)}
+        path = str(tmp_path / "half.pt")
+        torch.save(saved, path)
+        r = tw.Reader(path)
+        for got in ({k: r.read_torch(k) for k in saved}, tw.pytorch.load(path)):
+            for k, v in saved.items():
+                assert (got[k].dtype, got[k].shape, got[k].stride()) == \
+                    (v.dtype, v.shape, v.stride()), k
+                assert torch.equal(got[k].float(), v.float()), k
+            assert got["bf16_t"].data_ptr() == got["bf16"].data_ptr()
+            assert got["f8_t"].data_ptr() == got["f8"].data_ptr()
+        assert r.read_torch("bf16").data_ptr() == r.read_numpy("bf16").ctypes.data

@@ -161,7 +161,9 @@ def _on_cpu(device):
 def _shared_torch(reader, tt, name):
     """A torch tensor sharing the reader's bytes (bf16 and float8 come as raw bytes)."""
     x = reader._read_for_torch(name)
-    return tt.bytes_to_torch(*x) if isinstance(x, tuple) else tt.from_numpy(x)
+    if type(x) is not tuple:
+        return tt.from_numpy(x)
+    return tt.holder_to_torch(*x) if len(x) == 2 else tt.bytes_to_torch(*x)
 
 
 def _to_cuda(reader, tt, names, device):

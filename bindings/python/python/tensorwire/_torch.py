@@ -32,6 +32,7 @@ _F4 = "safetensors:F4"
 # A PyTorch checkpoint's dtypes tensorwire has none for, read as the elements holding
 # them (uint8, or complex32's float16 pairs), by their layout names: torch's shape.
 _TORCH_ONLY = {f"pytorch:{n}": n for n in ("float8_e8m0fnu", "float4_e2m1fn_x2", "complex32")}
+_COMPLEX32 = "pytorch:complex32"
 
 
 # Quantized types tensorwire reads as their integers (tenso packets' qint8 and quint8):
@@ -104,6 +105,17 @@ class StorageViews:
         if empty is None:
             empty = self._empties[key] = torch.empty((0,), dtype=dtype, device=storage.device)
         return empty.new_empty(0).set_(storage, offset, tuple(shape), tuple(strides))
+
+
+def holder_to_torch(holder, dtype_name):
+    """A torch tensor of ``dtype_name`` sharing ``holder``, a numpy array of the
+    elements holding it with its shape and strides: ``uint16`` for bfloat16, ``uint8``
+    for the float8 types, and for a PyTorch checkpoint's complex32 float16 pairs in a
+    last dimension of 2."""
+    t = from_numpy(holder)
+    if dtype_name == _COMPLEX32:
+        return torch.view_as_complex(t)
+    return t.view(torch_type(dtype_name, ())[0])
 
 
 def bytes_to_torch(raw, dtype_name, shape, strides=None):
