@@ -23,7 +23,6 @@ reference row adds the read of each record's local header.
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import struct
 import sys
@@ -33,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_packet import fmt  # noqa: E402
-from bench_pytorch import zip_header_floor  # noqa: E402
+from bench_pytorch import floor_methods, zip_header_floor  # noqa: E402
 from make_checkpoint import make_tensors  # noqa: E402
 from timing import medians_ms  # noqa: E402
 
@@ -119,12 +118,7 @@ def bench_file(torch, file, path, state, reps, rounds):
         while f.read(1 << 24):
             pass
     entries = floor_entries(path, state)
-    plan = [(n, off, dt, int(np.prod(s)), s) for n, off, dt, s in entries]
-
-    def floor():
-        with open(path, "rb") as f:
-            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        return {n: np.frombuffer(m, dt, count, off).reshape(s) for n, off, dt, count, s in plan}
+    floor, floor_copy = floor_methods(path, entries)
 
     def tw_numpy():
         r = tw.Reader(path)
@@ -143,7 +137,7 @@ def bench_file(torch, file, path, state, reps, rounds):
         ("tensorwire.pytorch.load", lambda: tw.pytorch.load(path), "zc"),
         ("torch.load(weights_only=True, mmap=True)",
          lambda: torch.load(path, weights_only=True, mmap=True), "zc"),
-        ("numpy floor: + .copy()", lambda: {k: v.copy() for k, v in floor().items()}, "cp"),
+        ("numpy floor: + .copy()", floor_copy, "cp"),
         ("tensorwire.pytorch.load(mmap=False)", lambda: tw.pytorch.load(path, mmap=False), "cp"),
         ("torch.load(weights_only=True)", lambda: torch.load(path, weights_only=True), "cp"),
     ]

@@ -786,6 +786,16 @@ fn converts_every_readable_format_to_zt_and_safetensors() {
     assert!(!dst.exists());
 }
 
+/// The path of `fixtures/<rel>` and the table `inspect` prints for it.
+fn inspect_fixture(rel: &str) -> (PathBuf, String) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(rel);
+    let o = tw([OsStr::new("inspect"), src.as_os_str()]);
+    assert_exit(&o, 0);
+    (src, stdout(&o))
+}
+
 /// The DTYPE cell of tensor `name` in `inspect`'s table.
 fn dtype_of(table: &str, name: &str) -> String {
     let line = table
@@ -805,10 +815,7 @@ fn dtype_of(table: &str, name: &str) -> String {
 /// and writes nothing.
 #[test]
 fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch/torch_only.pt");
-    let o = tw([OsStr::new("inspect"), src.as_os_str()]);
-    assert_exit(&o, 0);
-    let table = stdout(&o);
+    let (src, table) = inspect_fixture("pytorch/torch_only.pt");
     assert_eq!(dtype_of(&table, "e8m0"), "float8_e8m0fnu (u8)");
     assert_eq!(dtype_of(&table, "f4"), "float4_e2m1fn_x2 (u8)");
     assert_eq!(dtype_of(&table, "c32"), "complex32 (f16)");
@@ -839,10 +846,7 @@ fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
 /// `__metadata__` as `<tensor>.torch.q_scale` and so on.
 #[test]
 fn quantized_checkpoints_keep_their_quantization_through_convert() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch/quantized.pt");
-    let o = tw([OsStr::new("inspect"), src.as_os_str()]);
-    assert_exit(&o, 0);
-    let table = stdout(&o);
+    let (src, table) = inspect_fixture("pytorch/quantized.pt");
     for row in [
         "fc.weight  ",
         "act  ",
