@@ -147,7 +147,8 @@ fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
     let Layout::Other(name) = &info.layout else {
         return None;
     };
-    if let Some(torch_only) = TorchOnlyDType::from_layout(&info.layout) {
+    if let Some(torch_only) = TorchOnlyDType::of(info) {
+        // Without the lanes' dimension, which `of` checked is there.
         let dims = info.shape.dims();
         let outer = dims.len() - usize::from(torch_only.lanes() > 1);
         return Some((name.as_str(), dims[..outer].to_vec()));
@@ -191,7 +192,7 @@ fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
 /// [`lendable`] for the elements of `info`'s tensor as torch has them (a
 /// complex32's `f16` pairs: 4 bytes).
 fn lendable_as(bytes: &tensorwire::Bytes, info: &TensorInfo, lend: Lend) -> bool {
-    let lanes = TorchOnlyDType::from_layout(&info.layout).map_or(1, TorchOnlyDType::lanes);
+    let lanes = TorchOnlyDType::of(info).map_or(1, TorchOnlyDType::lanes);
     lendable_at(bytes, torch_alignment(info.dtype) * lanes as usize, lend)
 }
 
@@ -999,7 +1000,7 @@ impl Reader {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
         let dims = info.shape.dims().to_vec();
-        let torch_only = TorchOnlyDType::from_layout(&info.layout);
+        let torch_only = TorchOnlyDType::of(info);
         if (raw_type.is_none() || torch_only.is_some()) && !copy && info.encoding.is_none() {
             // Zero-copy with the tensor's own strides, as for the types numpy has.
             let strided = src.strided_at(at).or_raise()?;

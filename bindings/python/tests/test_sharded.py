@@ -136,3 +136,24 @@ def test_read_into_an_array_that_views_the_same_bytes():
         want = view.copy()
         r.read_into("embed.weight", view)
         np.testing.assert_array_equal(view, want)
+
+
+@pytest.mark.parametrize("shape", [(), (2,), (2, 3)])
+def test_a_layout_named_like_a_torch_only_dtype_over_other_elements_is_unsupported(
+        tmp_path, shape):
+    """A .zt object a user labelled `pytorch:complex32` is no checkpoint's complex32
+    (its elements are not float16 pairs): reading it through an index is a typed
+    error, as for any layout tensorwire does not read (it once panicked)."""
+    w = tensorwire.Writer(str(tmp_path / "a.zt"))
+    w._write_components("x", {"data": np.zeros(shape, np.float16)}, [],
+                        format="pytorch:complex32")
+    w.finish()
+    with open(tmp_path / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": {"x": "a.zt"}}, f)
+    r = tensorwire.Reader(str(tmp_path / "model.safetensors.index.json"))
+    assert r._dtype_and_shape("x")[0] == "f16"  # not taken for a complex32
+    with pytest.raises(tensorwire.UnsupportedError, match="pytorch:complex32"):
+        r.read_numpy("x")
+    pytest.importorskip("torch")
+    with pytest.raises(tensorwire.UnsupportedError, match="pytorch:complex32"):
+        r.read_torch("x")

@@ -114,7 +114,7 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
                     .then(|| Quantization::torch_dtype(t.dtype))
                     .flatten()
             })
-            .or_else(|| TorchOnlyDType::from_layout(&t.layout).map(TorchOnlyDType::name));
+            .or_else(|| TorchOnlyDType::of(t).map(TorchOnlyDType::name));
         let dtype = match logical {
             Some(logical) => format!("{logical} ({})", t.dtype),
             None => t.dtype.to_string(),

@@ -1618,6 +1618,33 @@ mod tests {
             assert_eq!(t.torch_view().1.as_slice(), &[2, 3]);
             assert_eq!(TorchOnlyDType::from_layout(&dtype.layout()), Some(dtype));
         }
+        // Listed as one only over its holder elements, with the lanes' dimension.
+        let info = |dtype: DType, dims: &[u64]| tensorwire_core::TensorInfo {
+            name: "x".into(),
+            dtype,
+            shape: tensorwire_core::Shape::new(dims.to_vec()).unwrap(),
+            layout: TorchOnlyDType::Complex32.layout(),
+            nbytes: 0,
+            stored_bytes: 0,
+            offset: 0,
+            encoding: None,
+            attributes: Default::default(),
+        };
+        assert_eq!(
+            TorchOnlyDType::of(&info(DType::F16, &[3, 2])),
+            Some(TorchOnlyDType::Complex32)
+        );
+        for (dtype, dims) in [
+            (DType::F16, &[][..]),
+            (DType::F16, &[2, 3]),
+            (DType::U8, &[2]),
+        ] {
+            assert_eq!(
+                TorchOnlyDType::of(&info(dtype, dims)),
+                None,
+                "{dtype} {dims:?}"
+            );
+        }
         // The dtypes still without one.
         let err = tensor_v3("bits8", 4, b"K\x00K\x04\x85K\x01\x85\x89").unwrap_err();
         assert!(

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tensorwire_core::{AlignedBuf, DType, Dims, Error, Layout, Result, Shape, MAX_NDIM};
+use tensorwire_core::{
+    AlignedBuf, DType, Dims, Error, Layout, Result, Shape, TensorInfo, MAX_NDIM,
+};
 
 use crate::pickle::{Arena, Id, Obj};
 
@@ -229,6 +231,16 @@ impl TorchOnlyDType {
         };
         let name = name.strip_prefix(Self::LAYOUT_PREFIX)?;
         Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The dtype of a tensor listed as one: its layout names it, and its dtype and
+    /// last dimension are the holder's ([`TorchOnlyDType::holder`],
+    /// [`TorchOnlyDType::lanes`]). `None` for anything else, such as a `.zt` tensor a
+    /// user labelled `pytorch:complex32` over other elements.
+    pub fn of(info: &TensorInfo) -> Option<TorchOnlyDType> {
+        let dtype = Self::from_layout(&info.layout)?;
+        let lanes_fit = dtype.lanes() == 1 || info.shape.dims().last() == Some(&dtype.lanes());
+        (info.dtype == dtype.holder() && lanes_fit).then_some(dtype)
     }
 }
 

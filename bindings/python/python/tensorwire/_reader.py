@@ -159,7 +159,9 @@ def _on_cpu(device):
 
 
 def _shared_torch(reader, tt, name):
-    """A torch tensor sharing the reader's bytes (bf16 and float8 come as raw bytes)."""
+    """A torch tensor sharing the reader's bytes: a typed numpy array for torch's
+    ``from_numpy``, or for a dtype numpy lacks (bfloat16, float8, a checkpoint's
+    complex32 …) the array of the elements holding it, then viewed as that dtype."""
     x = reader._read_for_torch(name)
     if type(x) is not tuple:
         return tt.from_numpy(x)
