@@ -239,3 +239,18 @@ def test_per_channel_quantized_packet_with_an_empty_dimension_dequantizes(shape,
                                   quant_scheme=1, axis=1)  # per channel
     again = packet.loads(packet.dumps(wide))
     assert again.shape == (1 << 31, 0) and again.dequantize().shape == (1 << 31, 0)
+
+
+def test_a_slice_torch_cannot_view_is_an_invalid_argument(tmp_path):
+    """An empty tensor with a dimension near 2**62 (a valid file of no bytes): a step
+    over it overflows torch's strides, a RuntimeError of torch's, which comes out as
+    the typed error (found by the sweep on a GGUF file, seed 20261213)."""
+    torch = pytest.importorskip("torch")
+    path = str(tmp_path / "huge.safetensors")
+    formats.torch.save_file({"x": torch.empty_strided((0, 1 << 62), (1 << 62, 1),
+                                                      dtype=torch.uint8)}, path)
+    with formats.safe_open(path, "pt") as f:
+        part = f.get_slice("x")
+        assert part.get_shape() == [0, 1 << 62]
+        with pytest.raises(tw.InvalidArgumentError, match="x"):
+            part[::2]

@@ -250,6 +250,9 @@ class TensorSlice:
             raise SliceIndexError(f"{self._name}: {e}") from None
         except ValueError as e:  # a step of 0, an index value numpy or torch refuses
             raise _native.InvalidArgumentError(f"{self._name}: {e}") from None
+        except RuntimeError as e:  # torch: a view its sizes cannot hold (a step over a
+            # dimension of ~2**62 overflows its strides)
+            raise _native.InvalidArgumentError(f"{self._name}: {e}") from None
         if isinstance(part, np.generic):
             # Every dimension taken by an int: numpy gives a scalar, the package (and
             # a trailing `...`) a 0-d array, a view like every other part.
