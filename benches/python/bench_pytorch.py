@@ -49,26 +49,26 @@ def write_checkpoints(data: str, layers: int, vocab: int) -> tuple[str, str]:
     return zip_path, legacy_path
 
 
-def zip_floor_offsets(path: str):
-    """(name, offset, dtype, shape) per tensor of a torch ZIP written from contiguous
-    float32 tensors: each tensor is its own storage record `data/<i>` in order."""
+def zip_floor_offsets(path: str, state=None):
+    """(name, data offset, numpy dtype, shape) per tensor of a torch ZIP written from
+    contiguous tensors (`state`, loaded from `path` when not given), each its own
+    storage record `data/<i>` in order, with the offsets read from the local headers
+    here. The numpy dtype holds the tensor's bytes: float32 as it is, bfloat16 as
+    uint16, the one-byte types as uint8."""
     import torch
 
-    sd = torch.load(path, mmap=True, weights_only=True)
+    if state is None:
+        state = torch.load(path, mmap=True, weights_only=True)
     z = zipfile.ZipFile(path)
+    by_key = {i.filename.rsplit("/", 1)[1]: i for i in z.infolist() if "/data/" in i.filename}
     out = []
     with open(path, "rb") as f:
-        for name, t in sd.items():
-            key = t.untyped_storage()._cdata  # not the record key; find by size below
-            del key
-        infos = [i for i in z.infolist() if "/data/" in i.filename]
-        by_key = {i.filename.rsplit("/", 1)[1]: i for i in infos}
-        for i, (name, t) in enumerate(sd.items()):
+        for i, (name, t) in enumerate(state.items()):
             info = by_key[str(i)]
             f.seek(info.header_offset + 26)
             n, e = struct.unpack("<HH", f.read(4))
-            off = info.header_offset + 30 + n + e
-            out.append((name, off, np.float32, tuple(t.shape)))
+            dt = {4: np.float32, 2: np.uint16, 1: np.uint8}[t.element_size()]
+            out.append((name, info.header_offset + 30 + n + e, dt, tuple(t.shape)))
     return out
 
 

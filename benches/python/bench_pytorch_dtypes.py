@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
 import sys
-import zipfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_packet import fmt  # noqa: E402
-from bench_pytorch import floor_methods, zip_header_floor  # noqa: E402
+from bench_pytorch import floor_methods, zip_floor_offsets, zip_header_floor  # noqa: E402
 from make_checkpoint import make_tensors  # noqa: E402
 from timing import medians_ms  # noqa: E402
 
@@ -72,22 +70,6 @@ def holder(torch, t):
     return t.numpy()
 
 
-def floor_entries(path: str, state):
-    """(name, data offset, numpy dtype, shape) per tensor, each its own record
-    `data/<i>` in order, with the offsets read from the local headers here."""
-    z = zipfile.ZipFile(path)
-    by_key = {i.filename.rsplit("/", 1)[1]: i for i in z.infolist() if "/data/" in i.filename}
-    out = []
-    with open(path, "rb") as f:
-        for i, (name, t) in enumerate(state.items()):
-            info = by_key[str(i)]
-            f.seek(info.header_offset + 26)
-            n, e = struct.unpack("<HH", f.read(4))
-            dt = {4: np.float32, 2: np.uint16, 1: np.uint8}[t.element_size()]
-            out.append((name, info.header_offset + 30 + n + e, dt, tuple(t.shape)))
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="bench-data")
@@ -117,7 +99,7 @@ def bench_file(torch, file, path, state, reps, rounds):
     with open(path, "rb") as f:  # warm the page cache
         while f.read(1 << 24):
             pass
-    entries = floor_entries(path, state)
+    entries = zip_floor_offsets(path, state)
     floor, floor_copy = floor_methods(path, entries)
 
     def tw_numpy():

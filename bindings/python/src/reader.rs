@@ -3,6 +3,7 @@
 //! Every per-tensor operation is one native call: lookup, zero-copy view or native
 //! copy/decode into a fresh numpy array, with the GIL released for large copies.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -143,15 +144,12 @@ const TORCH_RAW_TYPES: [&str; 2] = ["safetensors:F8_E8M0", "safetensors:F4"];
 /// shape (the Python side picks the torch dtype, or keeps the raw bytes on an older
 /// torch), and for a PyTorch checkpoint's [`TorchOnlyDType`] its layout name and
 /// torch's shape.
-fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
+fn torch_type(info: &TensorInfo) -> Option<(&str, Cow<'_, [u64]>)> {
     let Layout::Other(name) = &info.layout else {
         return None;
     };
     if let Some(torch_only) = TorchOnlyDType::of(info) {
-        // Without the lanes' dimension, which `of` checked is there.
-        let dims = info.shape.dims();
-        let outer = dims.len() - usize::from(torch_only.lanes() > 1);
-        return Some((name.as_str(), dims[..outer].to_vec()));
+        return Some((name.as_str(), torch_only.outer(info.shape.dims()).into()));
     }
     if !TORCH_RAW_TYPES.contains(&name.as_str()) {
         return None;
@@ -166,7 +164,7 @@ fn torch_type(info: &TensorInfo) -> Option<(&str, Vec<u64>)> {
             _ => None,
         })
         .collect::<Option<Vec<u64>>>()?;
-    Some((name.as_str(), dims))
+    Some((name.as_str(), dims.into()))
 }
 
 /// The numpy dtype built in that holds `dtype`'s elements bit for bit: `dtype`
@@ -185,12 +183,8 @@ fn same_size_numpy_dtype(dtype: DType) -> Option<DType> {
     }
 }
 
-fn lendable(bytes: &tensorwire::Bytes, dtype: DType, lend: Lend) -> bool {
-    lendable_at(bytes, torch_alignment(dtype), lend)
-}
-
-/// [`lendable`] for the elements of `info`'s tensor as torch has them (a
-/// complex32's `f16` pairs: 4 bytes).
+/// Whether `bytes` may back a view of `info`'s tensor under `lend`, whose elements
+/// torch has as they are listed (a complex32's `f16` pairs: 4 bytes).
 fn lendable_as(bytes: &tensorwire::Bytes, info: &TensorInfo, lend: Lend) -> bool {
     let lanes = TorchOnlyDType::of(info).map_or(1, TorchOnlyDType::lanes);
     lendable_at(bytes, torch_alignment(info.dtype) * lanes as usize, lend)
@@ -878,7 +872,7 @@ impl Reader {
         let dims = [bytes.len() as u64];
         let lend = Lend::for_torch(to_copy);
         // Tensors of other types may share the storage: aligned for the strictest.
-        if borrowed && !copy && lendable(&bytes, DType::Complex128, lend) {
+        if borrowed && !copy && lendable_at(&bytes, torch_alignment(DType::Complex128), lend) {
             return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
         }
         copied_array(py, &record.storage.key, &bytes, DType::U8, &dims)
@@ -965,7 +959,7 @@ impl Reader {
         let src = self.src()?;
         let info = dense_info(src, self.position_of_any(src, name)?)?;
         Ok(match torch_type(info) {
-            Some((name, dims)) => (name.to_owned(), dims),
+            Some((name, dims)) => (name.to_owned(), dims.into_owned()),
             None => (info.dtype.name().to_owned(), info.shape.dims().to_vec()),
         })
     }
@@ -999,42 +993,47 @@ impl Reader {
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
-        let dims = info.shape.dims().to_vec();
         let torch_only = TorchOnlyDType::of(info);
         if (raw_type.is_none() || torch_only.is_some()) && !copy && info.encoding.is_none() {
             // Zero-copy with the tensor's own strides, as for the types numpy has.
             let strided = src.strided_at(at).or_raise()?;
             if strided.zero_copy && lendable_as(&strided.bytes, info, lend) {
+                let dims = info.shape.dims();
                 if let (false, Some(holder)) = (to_copy, same_size_numpy_dtype(info.dtype)) {
                     let array = match &strided.strides {
                         Some(strides) => {
-                            arrays::strided_zero_copy(py, &strided.bytes, holder, &dims, strides)?
+                            arrays::strided_zero_copy(py, &strided.bytes, holder, dims, strides)?
                         }
-                        None => self.owner.zero_copy(py, &strided.bytes, holder, &dims)?,
+                        None => self.owner.zero_copy(py, &strided.bytes, holder, dims)?,
                     };
                     let name = raw_type.map_or(info.dtype.name(), |(name, _)| name);
                     return Ok((array, name).into_pyobject(py)?.into_any());
                 }
                 let len = [strided.bytes.len() as u64];
                 let array = self.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
+                // torch's sizes and strides: for a torch-only dtype, whole elements
+                // (without the lanes' dimension).
                 let (name, dims, strides) = match (torch_only, raw_type) {
                     (Some(torch_only), Some((name, dims))) => {
-                        // torch's strides count whole elements: without the lanes'.
                         let lanes = torch_only.lanes();
                         let strides = strided.strides.map(|s| {
-                            let outer = &s[..dims.len()];
+                            let outer = torch_only.outer(&s);
                             outer.iter().map(|&s| s / lanes).collect::<Vec<u64>>()
                         });
-                        (name, dims, strides)
+                        (name, dims.into_owned(), strides)
                     }
-                    _ => (info.dtype.name(), dims, strided.strides.map(|s| s.to_vec())),
+                    _ => (
+                        info.dtype.name(),
+                        dims.to_vec(),
+                        strided.strides.map(|s| s.to_vec()),
+                    ),
                 };
                 let raw = (array, name, dims, strides);
                 return Ok(raw.into_pyobject(py)?.into_any());
             }
         }
         let array = dense_array(py, src, at, copy, true, lend, &self.owner)?;
-        let (name, dims) = raw_type.unwrap_or((info.dtype.name(), dims));
+        let (name, dims) = raw_type.unwrap_or((info.dtype.name(), info.shape.dims().into()));
         Ok((array, name, dims, None::<Vec<u64>>)
             .into_pyobject(py)?
             .into_any())

@@ -246,6 +246,36 @@ impl StDType {
     }
 }
 
+/// The shape the header records for `info`'s tensor of `dtype` (its layout
+/// `layout`): a raw type's logical shape from its `safetensors.shape` attribute; a
+/// torch float4 pair tensor's with its last dimension doubled, as F4 counts single
+/// values; else the listed shape.
+fn header_shape(info: &TensorInfo, layout: &Layout, dtype: StDType) -> Result<Vec<u64>> {
+    if layout.name() == TORCH_F4_X2_LAYOUT {
+        let Some((&last, outer)) = info.shape.dims().split_last() else {
+            return Err(Error::unsupported(format!(
+                "writing the 0-d torch.float4_e2m1fn_x2 tensor `{}` to safetensors, \
+                 whose F4 tensors count single values",
+                info.name
+            )));
+        };
+        let pairs = last.checked_mul(2).ok_or(Error::Overflow {
+            what: "F4 tensor shape",
+        })?;
+        return Ok(outer.iter().copied().chain([pairs]).collect());
+    }
+    match info.attributes.get("safetensors.shape") {
+        Some(Value::List(dims)) if dtype.dtype().is_none() => dims
+            .iter()
+            .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| {
+                Error::invalid(format!("tensor `{}`: bad safetensors.shape", info.name))
+            }),
+        _ => Ok(info.shape.dims().to_vec()),
+    }
+}
+
 /// The layouts a PyTorch checkpoint lists its `torch.float8_e8m0fnu` and
 /// `torch.float4_e2m1fn_x2` tensors with (`tensorwire_pytorch::TorchOnlyDType`): one
 /// `u8` per element, so that their shape is the safetensors one, but for F4's two
@@ -944,40 +974,14 @@ pub fn write_source(
     for info in source.tensors() {
         // A `.zt` tensor converted from safetensors' raw types keeps its layout in an
         // attribute: it goes back under its own type (one from GGUF is refused).
-        let dtype = StDType::of_info(info.dtype, &info.source_layout()).ok_or_else(|| {
+        let layout = info.source_layout();
+        let dtype = StDType::of_info(info.dtype, &layout).ok_or_else(|| {
             Error::unsupported(format!(
-                "writing {} {} tensor `{}` to safetensors",
-                info.source_layout(),
-                info.dtype,
-                info.name
+                "writing {layout} {} tensor `{}` to safetensors",
+                info.dtype, info.name
             ))
         })?;
-        let shape = match info.attributes.get("safetensors.shape") {
-            Some(Value::List(dims)) if dtype.dtype().is_none() => dims
-                .iter()
-                .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
-                .collect::<Option<Vec<u64>>>()
-                .ok_or_else(|| {
-                    Error::invalid(format!("tensor `{}`: bad safetensors.shape", info.name))
-                })?,
-            _ => info.shape.dims().to_vec(),
-        };
-        let shape = match (info.source_layout().name(), shape.split_last()) {
-            (TORCH_F4_X2_LAYOUT, Some((&last, outer))) => {
-                let pairs = last.checked_mul(2).ok_or(Error::Overflow {
-                    what: "F4 tensor shape",
-                })?;
-                outer.iter().copied().chain([pairs]).collect()
-            }
-            (TORCH_F4_X2_LAYOUT, None) => {
-                return Err(Error::unsupported(format!(
-                    "writing the 0-d torch.float4_e2m1fn_x2 tensor `{}` to safetensors, \
-                     whose F4 tensors count single values",
-                    info.name
-                )))
-            }
-            _ => shape,
-        };
+        let shape = header_shape(info, &layout, dtype)?;
         // The shape comes from the source's attributes for a raw type (a `.zt` file's
         // own, so anything): it must describe the tensor's bytes, or the header would
         // promise what the data does not hold (a file no reader accepts).

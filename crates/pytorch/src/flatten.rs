@@ -259,16 +259,10 @@ fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
     Ok(Cow::Owned(text))
 }
 
-/// The error for a mutable container where Python needs a hashable object (`what`:
-/// a dict key, a set item), nested in a tuple or frozenset: torch.load fails on it.
+/// The error for a mutable container nested in a tuple or frozenset where Python
+/// hashes (`what`: a dict key, a set item). The walk keeps no offsets: 0.
 fn unhashable(obj: &Obj, what: &str) -> Error {
-    Error::malformed(
-        0,
-        format!(
-            "pickle: {what} holds a {}, which Python cannot hash (torch.load fails on it too)",
-            obj.kind()
-        ),
-    )
+    obj.unhashable_error(&format!("{what} holds"), 0)
 }
 
 /// Deepest tuple nesting in a dict key.
@@ -701,14 +695,13 @@ impl<'a> Walker<'a> {
                 attributes: self.attributes_of(id, depth)?,
             },
             Obj::List(list) => Node::List(items(self, list)?),
-            Obj::Set(set) | Obj::FrozenSet(set) => {
+            Obj::Set(set) => {
                 self.check_set_items(set, depth)?;
-                let nodes = items(self, set)?;
-                if matches!(arena.get(id), Obj::Set(_)) {
-                    Node::Set(nodes)
-                } else {
-                    Node::FrozenSet(nodes)
-                }
+                Node::Set(items(self, set)?)
+            }
+            Obj::FrozenSet(set) => {
+                self.check_set_items(set, depth)?;
+                Node::FrozenSet(items(self, set)?)
             }
             Obj::ByteArray(b) => {
                 self.copy(&**b)?;
@@ -807,6 +800,11 @@ impl<'a> Walker<'a> {
             .collect()
     }
 
+    /// The items of a list, tuple or set at `depth` as metadata values.
+    fn values(&mut self, items: &[Id], depth: usize) -> Result<Vec<Value>> {
+        items.iter().map(|&i| self.value(i, depth + 1)).collect()
+    }
+
     /// A tensor-free object as a metadata value.
     fn value(&mut self, id: Id, depth: usize) -> Result<Value> {
         if depth > self.max_depth {
@@ -838,24 +836,12 @@ impl<'a> Walker<'a> {
                 self.copy(&**b)?;
                 Value::Bytes(b.to_vec())
             }
-            Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => {
-                if !matches!(arena.get(id), Obj::List(_)) {
-                    self.check_set_items(items, depth)?;
-                }
-                Value::List(
-                    items
-                        .iter()
-                        .map(|&i| self.value(i, depth + 1))
-                        .collect::<Result<_>>()?,
-                )
+            Obj::List(items) => Value::List(self.values(items, depth)?),
+            Obj::Set(items) | Obj::FrozenSet(items) => {
+                self.check_set_items(items, depth)?;
+                Value::List(self.values(items, depth)?)
             }
-            Obj::Tuple(span) => Value::List(
-                self.arena
-                    .tuple_items(*span)
-                    .iter()
-                    .map(|&i| self.value(i, depth + 1))
-                    .collect::<Result<_>>()?,
-            ),
+            Obj::Tuple(span) => Value::List(self.values(arena.tuple_items(*span), depth)?),
             Obj::Dict { items, .. } => Value::Map(
                 items
                     .iter()

@@ -116,6 +116,18 @@ impl Obj {
         )
     }
 
+    /// The error for this [`Obj::is_unhashable`] object where Python hashes (`place`:
+    /// "a dict key is", "a set item holds"), at `offset`: torch.load fails on it too.
+    pub(crate) fn unhashable_error(&self, place: &str, offset: u64) -> Error {
+        malformed(
+            offset,
+            format!(
+                "{place} a {}, which Python cannot hash (torch.load fails on it too)",
+                self.kind()
+            ),
+        )
+    }
+
     /// A short type name for error messages.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -1082,13 +1094,7 @@ impl Machine<'_> {
             .map(|id| self.arena.get(id))
             .find(|obj| obj.is_unhashable())
         {
-            Some(obj) => Err(malformed(
-                at,
-                format!(
-                    "{what} is a {}, which Python cannot hash (torch.load fails on it too)",
-                    obj.kind()
-                ),
-            )),
+            Some(obj) => Err(obj.unhashable_error(&format!("{what} is"), at)),
             None => Ok(()),
         }
     }

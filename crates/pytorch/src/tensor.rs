@@ -193,13 +193,17 @@ impl TorchOnlyDType {
         }
     }
 
+    /// The dtype named `name` (without `torch.`).
+    fn from_name(name: &str) -> Option<TorchOnlyDType> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
     /// The dtype `torch.<name>` names (`torch.chalf` is `torch.complex32`).
     pub fn from_torch_name(full: &str) -> Option<TorchOnlyDType> {
-        let name = full.strip_prefix("torch.")?;
-        if name == "chalf" {
-            return Some(TorchOnlyDType::Complex32);
+        match full.strip_prefix("torch.")? {
+            "chalf" => Some(TorchOnlyDType::Complex32),
+            name => Self::from_name(name),
         }
-        Self::ALL.into_iter().find(|t| t.name() == name)
     }
 
     /// The element type that holds it.
@@ -229,8 +233,17 @@ impl TorchOnlyDType {
         let Layout::Other(name) = layout else {
             return None;
         };
-        let name = name.strip_prefix(Self::LAYOUT_PREFIX)?;
-        Self::ALL.into_iter().find(|t| t.name() == name)
+        Self::from_name(name.strip_prefix(Self::LAYOUT_PREFIX)?)
+    }
+
+    /// The sizes or strides of a tensor as listed without the lanes' last dimension
+    /// (all of them for a dtype of one lane): torch's, but for strides counted in
+    /// holder elements.
+    pub fn outer(self, dims: &[u64]) -> &[u64] {
+        match self.lanes() {
+            1 => dims,
+            _ => &dims[..dims.len().saturating_sub(1)],
+        }
     }
 
     /// The dtype of a tensor listed as one: its layout names it, and its dtype and
@@ -468,20 +481,26 @@ impl TensorRecord {
     /// tensor's torch dtype: the record's own, but for a [`TorchOnlyDType`] of
     /// several lanes without the last dimension the lanes added.
     pub fn torch_view(&self) -> (u64, Dims, Dims) {
-        let lanes = self.torch_only.map_or(1, TorchOnlyDType::lanes);
-        let dims = self.shape.dims();
-        if lanes == 1 || dims.is_empty() {
+        let Some(torch_only) = self.torch_only else {
             return (
                 self.storage_offset,
-                dims.iter().copied().collect(),
+                self.shape.dims().iter().copied().collect(),
                 self.strides.clone(),
             );
-        }
-        let outer = dims.len() - 1;
+        };
+        let lanes = torch_only.lanes();
         (
             self.storage_offset / lanes,
-            dims[..outer].iter().copied().collect(),
-            self.strides[..outer].iter().map(|&s| s / lanes).collect(),
+            torch_only
+                .outer(self.shape.dims())
+                .iter()
+                .copied()
+                .collect(),
+            torch_only
+                .outer(&self.strides)
+                .iter()
+                .map(|&s| s / lanes)
+                .collect(),
         )
     }
 
