@@ -248,6 +248,26 @@ def test_torch_only_dtypes_read_as_their_holder_elements_zero_copy():
     assert r.read_numpy("c32_empty").shape == (0, 3, 2)
 
 
+def test_get_slice_names_torch_only_dtypes_by_their_logical_type():
+    """safe_open's get_slice describes the tensor torch saved, not its holder
+    elements: e8m0 is F8_E8M0, float4 pairs are F4 counting single values (the shape
+    they have once converted to safetensors), complex32 keeps torch's shape."""
+    from tensorwire.formats import safe_open
+    with safe_open(os.path.join(FIXTURES, "torch_only.pt"), "np") as f:
+        want = {"e8m0": ("F8_E8M0", [6]), "e8m0_grid": ("F8_E8M0", [3, 2]),
+                "f4": ("F4", [3, 8]), "f4_transposed": ("F4", [4, 6]), "f4_row": ("F4", [8]),
+                "c32": ("complex32", [2, 3]), "c32_scalar": ("complex32", []),
+                "c32_empty": ("complex32", [0, 3]), "c32_transposed": ("complex32", [3, 2])}
+        for k, (dtype, shape) in want.items():
+            s = f.get_slice(k)
+            assert (s.get_dtype(), s.get_shape()) == (dtype, shape), k
+        assert len(f.get_slice("c32")) == 2
+        with pytest.raises(TypeError):
+            len(f.get_slice("c32_scalar"))
+        # numpy indexing still gives the holder elements.
+        np.testing.assert_array_equal(f.get_slice("c32")[1], f.get_tensor("c32")[1])
+
+
 def test_convert_keeps_torch_only_dtypes_where_the_format_has_them(tmp_path):
     """To safetensors: e8m0 as F8_E8M0 and the float4 pairs as F4 (two values per
     byte, so the last dimension doubles); complex32, which safetensors lacks, is
@@ -381,6 +401,16 @@ class TestTorchInterop:
         tw.convert(src, dst)
         got = st_torch.load_file(dst)
         assert sorted(got) == sorted(kept)
+        # safe_open over the .pt names and shapes them as the package does the
+        # converted file, and its torch slices are torch's.
+        from safetensors import safe_open as package_open
+        from tensorwire.formats import safe_open
+        with package_open(dst, "pt") as theirs, safe_open(src, "pt") as ours:
+            for k in kept:
+                a, b = theirs.get_slice(k), ours.get_slice(k)
+                assert (b.get_dtype(), b.get_shape()) == (a.get_dtype(), a.get_shape()), k
+                if kept[k].dim():
+                    assert torch.equal(b[:1].view(torch.uint8), kept[k][:1].view(torch.uint8)), k
         for k, v in kept.items():
             assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
             assert torch.equal(got[k].contiguous().view(torch.uint8),

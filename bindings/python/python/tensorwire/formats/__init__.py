@@ -37,7 +37,9 @@ Differences from the ``safetensors`` package:
 - With torch, ``F8_E8M0`` and ``F4`` are ``float8_e8m0fnu`` and ``float4_e2m1fn_x2``
   (as the package gives them). numpy has no such dtypes: there they, and ``F6_*``
   everywhere, come back as their raw bytes (``uint8``); ``get_slice(name).get_dtype()``
-  names them, and saving those bytes again writes ``U8``.
+  names them, and saving those bytes again writes ``U8``. Over a PyTorch checkpoint,
+  ``get_slice`` names float8_e8m0fnu ``F8_E8M0``, float4_e2m1fn_x2 ``F4`` (with the
+  shape safetensors gives it) and complex32 ``"complex32"`` with torch's shape.
 - Frameworks are ``"np"`` (``"numpy"``) and ``"pt"`` (``"torch"``).
 - With numpy, every ``get_tensor`` of one name returns a view of the same bytes (the
   package gives a fresh array each time): an in-place change to one shows in the
@@ -217,12 +219,18 @@ class TensorSlice:
 
     def get_shape(self):
         """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
-        raw bytes, their logical shape, as the package reports it)."""
+        raw bytes, their logical shape, as the package reports it; for a PyTorch
+        checkpoint's dtypes numpy lacks, torch's shape, with a float4_e2m1fn_x2
+        tensor's last dimension counting single values, as it has once converted to
+        safetensors ``F4``)."""
         # Only a tensor listed as a raw safetensors type has a logical shape (the
         # attribute its reader sets). Another file's attributes are its writer's: a
         # `.zt` tensor's `safetensors.shape` is data, not the shape of what indexing
         # gives, and may be anything.
-        if not self._meta.format.startswith("safetensors:"):
+        fmt = self._meta.format
+        if fmt in _TORCH_ONLY_NAMES:
+            return _torch_only_shape(fmt, list(self._meta.shape))
+        if not fmt.startswith("safetensors:"):
             return list(self._meta.shape)
         logical = (self._meta.attributes or {}).get("safetensors.shape")
         if logical is None:
@@ -235,10 +243,13 @@ class TensorSlice:
         return list(logical)
 
     def get_dtype(self):
-        """The safetensors dtype name (``"F32"``, ``"BF16"``, ...)."""
+        """The safetensors dtype name (``"F32"``, ``"BF16"``, ...; a PyTorch
+        checkpoint's complex32, which safetensors lacks, is ``"complex32"``)."""
         fmt = self._meta.format
         if fmt.startswith("safetensors:"):
             return fmt[len("safetensors:"):]
+        if fmt in _TORCH_ONLY_NAMES:
+            return _TORCH_ONLY_NAMES[fmt]
         name = _logical_name({"type": self._meta.type, "dtype": self._meta.dtype})
         return _SAFETENSORS_NAMES.get(name, name)
 
@@ -264,6 +275,26 @@ class TensorSlice:
         if not shape:
             raise TypeError("len() of a 0-d tensor")
         return shape[0]
+
+
+# A PyTorch checkpoint's dtypes that tensorwire reads as the elements holding them
+# (their layouts) -> safetensors dtype names (complex32 has none).
+_TORCH_ONLY_NAMES = {
+    "pytorch:float8_e8m0fnu": "F8_E8M0",
+    "pytorch:float4_e2m1fn_x2": "F4",
+    "pytorch:complex32": "complex32",
+}
+
+
+def _torch_only_shape(layout, holder_shape):
+    """The logical shape of a tensor read as its holder elements: complex32's float16
+    pairs lose their last dimension of 2, and float4_e2m1fn_x2's last dimension
+    doubles (safetensors' F4 counts single values; a 0-d one keeps torch's shape)."""
+    if layout == "pytorch:complex32":
+        return holder_shape[:-1]
+    if layout == "pytorch:float4_e2m1fn_x2" and holder_shape:
+        return holder_shape[:-1] + [holder_shape[-1] * 2]
+    return holder_shape
 
 
 def load_file(filename, framework="np", device="cpu"):
