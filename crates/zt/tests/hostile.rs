@@ -389,8 +389,8 @@ fn verify_decodes_compressed_components() {
 /// A zstd frame of one RLE block: 12 bytes that decode to `size` copies of 7, the most
 /// output per stored byte libzstd gives (single-segment frames honour the block header's
 /// 21-bit size). The format caps blocks at 128 KiB and no encoder writes larger ones;
-/// libzstd's one-shot decoder (reads) accepts them, its streaming decoder (`verify`)
-/// does not, so the bound is set for the laxer of the two.
+/// libzstd's one-shot decoder (reads) accepts them, its streaming decoder does not, so
+/// the bound is set for the laxer of the two and `verify` decodes such frames as reads do.
 fn densest_zstd_frame(size: u32) -> Vec<u8> {
     let mut frame = 0xFD2F_B528u32.to_le_bytes().to_vec();
     frame.push(0x20 | 0x80); // single segment, 4-byte content size
@@ -447,4 +447,23 @@ fn the_densest_zstd_frame_libzstd_decodes_is_within_the_bound() {
     let v = r.view("dense").unwrap();
     assert_eq!(v.bytes.len(), size as usize);
     assert!(v.bytes.iter().all(|&b| b == 7));
+    assert_eq!(r.verify().unwrap(), 0, "verify accepts what reads accept");
+}
+
+#[test]
+fn verify_checks_the_length_of_a_frame_with_an_oversized_block() {
+    // The RLE block makes 200 000 bytes; the manifest says 200 001.
+    let frame = densest_zstd_frame(200_000);
+    let n = frame.len() as u64;
+    let f = image(
+        &at64(&frame),
+        &manifest(vec![(
+            "long",
+            dense(&[200_001], zstd_component(n, 200_001)),
+        )]),
+    );
+    let r = open(f).unwrap();
+    assert!(r.view("long").is_err());
+    let err = r.verify().unwrap_err();
+    assert!(err.is_corrupt_data(), "{err}");
 }
