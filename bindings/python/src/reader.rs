@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use tensorwire::pytorch::TorchOnlyDType;
-use tensorwire::zt::{Component, Encoding, ZtReader};
+use tensorwire::zt::{ByteType, Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
 
 use crate::arrays::{self, maybe_detach};
@@ -142,9 +142,22 @@ const TORCH_RAW_TYPES: [&str; 2] = ["safetensors:F8_E8M0", "safetensors:F4"];
 /// The type read_torch builds a tensor of when it is not the tensor's dtype and
 /// shape: for a safetensors type of [`TORCH_RAW_TYPES`] its layout name and logical
 /// shape (the Python side picks the torch dtype, or keeps the raw bytes on an older
-/// torch), and for a PyTorch checkpoint's [`TorchOnlyDType`] its layout name and
-/// torch's shape.
-fn torch_type(info: &TensorInfo) -> Option<(&str, Cow<'_, [u64]>)> {
+/// torch), for a PyTorch checkpoint's [`TorchOnlyDType`] its layout name and
+/// torch's shape, and for a `.zt` [`ByteType`] `zt:<type>` and the object's shape.
+fn torch_type<'a>(
+    src: &'a dyn TensorSource,
+    info: &'a TensorInfo,
+) -> Option<(&'a str, Cow<'a, [u64]>)> {
+    if let Some(zt) = zt(src) {
+        if let Ok(Some(byte_type)) = zt.byte_type(&info.name) {
+            let name = match byte_type {
+                ByteType::F8E8M0 => "zt:f8_e8m0",
+                ByteType::F4E2M1 => "zt:f4_e2m1",
+            };
+            let object = zt.object(&info.name).ok()?;
+            return Some((name, object.shape.dims().into()));
+        }
+    }
     let Layout::Other(name) = &info.layout else {
         return None;
     };
@@ -958,7 +971,7 @@ impl Reader {
     fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(String, Vec<u64>)> {
         let src = self.src()?;
         let info = dense_info(src, self.position_of_any(src, name)?)?;
-        Ok(match torch_type(info) {
+        Ok(match torch_type(src, info) {
             Some((name, dims)) => (name.to_owned(), dims.into_owned()),
             None => (info.dtype.name().to_owned(), info.shape.dims().to_vec()),
         })
@@ -988,7 +1001,7 @@ impl Reader {
         let src = self.src()?;
         let at = self.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
-        let raw_type = torch_type(info);
+        let raw_type = torch_type(src, info);
         let lend = Lend::for_torch(to_copy);
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
@@ -1095,6 +1108,8 @@ impl Reader {
         d.set_item("format", info.layout.name())?;
         let comps = PyDict::new(py);
         if let Some(obj) = zt(src).and_then(|z| z.object(name).ok()) {
+            // The logical shape (an `f4_e2m1` tensor is listed as its bytes).
+            d.set_item("shape", obj.shape.dims())?;
             for c in &obj.components {
                 comps.set_item(&c.role, component_meta(py, c)?)?;
             }

@@ -102,6 +102,7 @@ PACKED = {
     # name: (type, shape, stored bytes): f4_e2m1 packs two elements per byte.
     "f4_odd": ("f4_e2m1", [5], [0x21, 0x43, 0x05]),
     "f4_even": ("f4_e2m1", [2, 3], [0x21, 0x43, 0xF5]),
+    "f4_rows": ("f4_e2m1", [3, 2], [0x21, 0x43, 0xF5]),
     "e8m0": ("f8_e8m0", [2, 2], [0, 1, 2, 0xFF]),
     "own": ("acme.f6", [2], [7, 9]),
 }
@@ -131,11 +132,65 @@ def test_types_without_a_dtype_are_written_and_read_as_stored_bytes(tmp_path, ve
             assert data.dtype == np.uint8 and data.tobytes() == bytes(stored)
             # One stored byte per element keeps the tensor's shape; packed ones are flat.
             assert list(data.shape) == (shape if data.size == np.prod(shape) else [len(stored)])
-            if version == 2:
-                # Version 2 refuses to view a logical type without a dtype; 1.x types
-                # are labels, so a 1.x file's elements read as their stored dtype.
+            if version == 2 and kind == "acme.f6":
+                # Version 2 refuses to view a type it does not know; 1.x types are
+                # labels, so a 1.x file's elements read as their stored dtype.
                 with pytest.raises(tensorwire.UnsupportedError, match=kind):
                     r.read_numpy(name)
+            else:
+                # f8_e8m0 and f4_e2m1 read as their bytes (as ztensor 2.x gives them),
+                # zero-copy: f8_e8m0 with its shape, f4_e2m1 (two per byte) flat.
+                a = r.read_numpy(name)
+                assert a.dtype == np.uint8 and a.tobytes() == bytes(stored)
+                assert list(a.shape) == list(data.shape)
+                assert np.shares_memory(a, r.read_numpy(name))
+                assert r.metadata(name).shape == shape
+
+
+def test_get_slice_names_f8_e8m0_and_f4_e2m1_as_safetensors_does(tmp_path):
+    """safe_open over a .zt file: f8_e8m0 is F8_E8M0, a version 2 f4_e2m1 tensor F4
+    with its logical shape (a 1.x one, one value per byte, stays U8)."""
+    from tensorwire.formats import safe_open
+    for version in (1, 2):
+        path = str(tmp_path / f"v{version}.zt")
+        _write_packed(path, version)
+        with safe_open(path, "np") as f:
+            assert (f.get_slice("e8m0").get_dtype(), f.get_slice("e8m0").get_shape()) == \
+                ("F8_E8M0", [2, 2])
+            if version == 2:
+                s = f.get_slice("f4_odd")
+                assert (s.get_dtype(), s.get_shape()) == ("F4", [5])
+                assert s[1:].tolist() == [0x43, 0x05]
+    with safe_open(str(tmp_path / "v1.zt"), "np") as f:
+        assert f.get_slice("own").get_dtype() == "U8"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_read_torch_gives_torch_dtypes_for_f8_e8m0_and_f4_e2m1(tmp_path, version):
+    """f8_e8m0 is float8_e8m0fnu; a version 2 f4_e2m1 tensor whose rows fill whole
+    bytes is float4_e2m1fn_x2 (pairs along the last dimension, as safetensors' F4
+    reads), any other its bytes."""
+    torch = pytest.importorskip("torch")
+    path = str(tmp_path / "packed.zt")
+    _write_packed(path, version)
+    want = {"e8m0": (torch.float8_e8m0fnu, (2, 2)), "own": (torch.uint8, (2,))}
+    if version == 2:
+        want.update({"f4_rows": (torch.float4_e2m1fn_x2, (3, 1)),
+                     "f4_even": (torch.uint8, (3,)), "f4_odd": (torch.uint8, (3,))})
+    with tensorwire.Reader(path) as r:
+        if version == 2:
+            with pytest.raises(tensorwire.UnsupportedError, match="acme.f6"):
+                r.read_torch("own")
+            del want["own"]
+        for name, (dtype, shape) in want.items():
+            t = r.read_torch(name)
+            assert (t.dtype, tuple(t.shape)) == (dtype, shape), name
+            assert t.view(torch.uint8).flatten().tolist() == PACKED[name][2], name
+        e8m0 = r.read_torch("e8m0")
+        assert e8m0.data_ptr() == r.read_numpy("e8m0").ctypes.data
+        values = e8m0.float().flatten().tolist()  # 2 ** (byte - 127); 0xFF is NaN
+        assert values[:3] == [2.0 ** -127, 2.0 ** -126, 2.0 ** -125]
+        assert values[3] != values[3]
 
 
 def test_writer_refuses_packed_bytes_a_reader_would_refuse(tmp_path):

@@ -122,7 +122,7 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
         let mut row = vec![
             table_cell(&t.name, MAX_NAME_WIDTH),
             dtype,
-            t.shape.to_string(),
+            shown_shape(zt, t).to_string(),
             t.layout.to_string(),
             human_bytes(t.nbytes),
             stored,
@@ -244,11 +244,18 @@ fn attributes_json<'a>(attrs: impl IntoIterator<Item = (&'a String, &'a tensorwi
     )
 }
 
+/// A tensor's logical shape: a `.zt` object's own (an `f4_e2m1` tensor is listed as
+/// its bytes, two elements per byte).
+fn shown_shape<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwire::Shape {
+    zt.and_then(|zt| zt.object(&t.name).ok())
+        .map_or(&t.shape, |o| &o.shape)
+}
+
 fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
     let mut obj = json!({
         "name": &*t.name,
         "dtype": t.dtype.to_string(),
-        "shape": t.shape.dims(),
+        "shape": shown_shape(zt, t).dims(),
         "layout": t.layout.to_string(),
         "nbytes": t.nbytes,
         "stored_bytes": t.stored_bytes,

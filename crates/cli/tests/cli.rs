@@ -455,6 +455,15 @@ fn verify_and_bench_read_types_without_a_dtype_as_their_components() {
     let o = tw([OsStr::new("inspect"), path.as_os_str()]);
     assert_exit(&o, 0);
     assert!(stdout(&o).contains("f4_e2m1 (u8)"), "{}", stdout(&o));
+    // Listed as its 4 bytes; shown with its logical shape.
+    let row = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("f4_e2m1 "))
+        .map(str::to_owned);
+    assert!(
+        row.as_deref().is_some_and(|r| r.contains(" [7] ")),
+        "{row:?}"
+    );
     let o = tw([
         OsStr::new("bench"),
         path.as_os_str(),

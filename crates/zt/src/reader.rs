@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use tensorwire_core::{
-    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, TensorInfo, TensorSource, TensorView,
-    Value,
+    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource,
+    TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -27,6 +27,26 @@ pub enum ZtVersion {
     /// `89 5A 54 32 0D 0A 1A 0A` (ztensor 2.x): 4096-aligned blobs, a deterministic
     /// CBOR manifest of objects and parts, and a 40-byte footer with its XXH3 hash.
     V2,
+}
+
+/// A registered `.zt` logical type that tensorwire has no dtype for and reads as its
+/// bytes ([`ZtReader::byte_type`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteType {
+    /// `f8_e8m0`: one unsigned power-of-two exponent per byte (the MX block scale).
+    F8E8M0,
+    /// `f4_e2m1` in version 2: two 4-bit floats per byte, the first in the low nibble.
+    F4E2M1,
+}
+
+impl ByteType {
+    /// The `.zt` type name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ByteType::F8E8M0 => "f8_e8m0",
+            ByteType::F4E2M1 => "f4_e2m1",
+        }
+    }
 }
 
 /// A validated `.zt` file over any [`Bytes`] (a map, a shm segment, a buffer).
@@ -288,10 +308,22 @@ impl ZtReader {
         Ok(opaque.then(|| data.logical_type.as_deref().unwrap_or_default()))
     }
 
-    /// For a version 2 dense tensor: fails unless tensorwire can interpret the
-    /// logical type of its `data` (unregistered ones, `f8_e8m0` and `f4_e2m1` are
-    /// refused; their bytes stay readable through [`ZtReader::component`]).
-    fn interpretable(&self, obj: &Object) -> Result<()> {
+    /// A registered type tensorwire has no dtype for but reads as its bytes (`u8`):
+    /// `f8_e8m0` (one byte per element, in either version) and a version 2
+    /// `f4_e2m1` (two elements per byte), when the dense tensor's `data` is stored
+    /// as `u8`. torch has dtypes for both (`float8_e8m0fnu`, `float4_e2m1fn_x2`).
+    /// Such a tensor is listed, and viewed, as `u8` bytes: an `f8_e8m0` one with its
+    /// shape, an `f4_e2m1` one flat (its [`Object::shape`] stays the logical one).
+    pub fn byte_type(&self, name: &str) -> Result<Option<ByteType>> {
+        Ok(byte_type_of(self.object(name)?, self.version))
+    }
+
+    /// Fails for a version 2 logical type tensorwire cannot read (an unregistered
+    /// one; its bytes stay readable through [`ZtReader::component`]).
+    fn readable(&self, obj: &Object) -> Result<()> {
+        if byte_type_of(obj, self.version).is_some() {
+            return Ok(());
+        }
         if self.version == ZtVersion::V2 {
             if let Some(data) = obj
                 .component("data")
@@ -308,14 +340,26 @@ impl ZtReader {
     }
 
     /// The content rules of a version 2 logical type over decoded bytes: `bool`
-    /// bytes are 0 or 1 (checked once per reader).
+    /// bytes are 0 or 1, and an odd `f4_e2m1` count leaves the last high nibble
+    /// zero (checked once per reader).
     fn check_content(&self, oi: usize, ci: usize, comp: &Component, decoded: &[u8]) -> Result<()> {
-        if self.version != ZtVersion::V2 || comp.logical_type.as_deref() != Some("bool") {
+        let rule = comp.logical_type.as_deref();
+        if self.version != ZtVersion::V2 || !matches!(rule, Some("bool" | "f4_e2m1")) {
             return Ok(());
         }
         let cell = &self.content_ok[self.first_component[oi] + ci];
         if cell.get().is_none() {
-            check_bool(decoded, 0, &self.label(oi, comp))?;
+            let what = self.label(oi, comp);
+            if rule == Some("bool") {
+                check_bool(decoded, 0, &what)?;
+            } else {
+                check_f4_tail(
+                    &self.manifest.objects[oi],
+                    comp,
+                    decoded.last().copied(),
+                    &what,
+                )?;
+            }
             let _ = cell.set(());
         }
         Ok(())
@@ -326,7 +370,7 @@ impl ZtReader {
     pub fn read_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
         let obj = self.object(name)?;
         require_dense(obj)?;
-        self.interpretable(obj)?;
+        self.readable(obj)?;
         self.component_into(name, "data", dst)?;
         let (oi, ci, comp) = self.locate(name, "data")?;
         self.check_content(oi, ci, comp, dst)
@@ -775,6 +819,18 @@ pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
     Ok(())
 }
 
+/// See [`ZtReader::byte_type`].
+fn byte_type_of(obj: &Object, version: ZtVersion) -> Option<ByteType> {
+    let data = obj
+        .component("data")
+        .filter(|d| obj.layout == Layout::Dense && d.dtype == DType::U8)?;
+    match data.logical_type.as_deref()? {
+        "f8_e8m0" => Some(ByteType::F8E8M0),
+        "f4_e2m1" if version == ZtVersion::V2 => Some(ByteType::F4E2M1),
+        _ => None,
+    }
+}
+
 fn info_of(obj: &Object, version: ZtVersion) -> Result<TensorInfo> {
     let encoding = obj
         .components
@@ -788,7 +844,15 @@ fn info_of(obj: &Object, version: ZtVersion) -> Result<TensorInfo> {
     Ok(TensorInfo {
         name: obj.name.clone(),
         dtype,
-        shape: obj.shape.clone(),
+        shape: match byte_type_of(obj, version) {
+            // Two elements per byte: listed (and viewed) as its bytes.
+            Some(ByteType::F4E2M1) => Shape::new(vec![obj
+                .components
+                .iter()
+                .map(Component::decoded_length)
+                .sum()])?,
+            _ => obj.shape.clone(),
+        },
         layout: obj.layout.clone(),
         nbytes: obj.components.iter().map(Component::decoded_length).sum(),
         stored_bytes: obj.components.iter().map(|c| c.length).sum(),
@@ -851,7 +915,7 @@ impl TensorSource for ZtReader {
             .ok_or_else(|| Error::no_tensor_at(oi))?;
         let name = &*obj.name;
         require_dense(obj)?;
-        self.interpretable(obj)?;
+        self.readable(obj)?;
         // Validated on open: a dense object has a `data` component of exactly
         // shape × dtype bytes.
         let (ci, data) = obj
@@ -866,7 +930,7 @@ impl TensorSource for ZtReader {
         self.check_content(oi, ci, data, &bytes)?;
         Ok(TensorView {
             dtype: self.infos[oi].dtype,
-            shape: obj.shape.clone(),
+            shape: self.infos[oi].shape.clone(),
             bytes,
             zero_copy: data.encoding == Encoding::Raw,
         })

@@ -14,8 +14,8 @@ use serde_json::Value as Json;
 use sha2::{Digest as _, Sha256};
 use tensorwire_core::{Bytes, DType, Error, Layout, Limits, Shape, TensorSource, Value};
 use tensorwire_zt::{
-    Checksum, ComponentData, Compression, Digest, Encoding, WriteOptions, ZtReader, ZtVersion,
-    ZtWriter, MAGIC_V2,
+    ByteType, Checksum, ComponentData, Compression, Digest, Encoding, WriteOptions, ZtReader,
+    ZtVersion, ZtWriter, MAGIC_V2,
 };
 
 #[path = "../examples/write_v2.rs"]
@@ -200,13 +200,23 @@ fn every_v2_fixture_reads_back_equal_to_its_source_arrays() {
             let info = reader.info(name).unwrap();
             if obj.layout == Layout::Dense {
                 let data = obj.component("data").unwrap();
-                let interpretable =
-                    !matches!(data.logical_type.as_deref(), Some("f8_e8m0" | "f4_e2m1"));
+                // Every registered type reads: f8_e8m0 and f4_e2m1 as their bytes.
+                let interpretable = !data
+                    .logical_type
+                    .as_deref()
+                    .is_some_and(|t| t.contains('.'));
                 match reader.view(name) {
                     Ok(view) => {
                         assert!(interpretable, "{label}: {name}: viewed");
                         assert_eq!(view.zero_copy, data.encoding == Encoding::Raw);
                         assert_eq!(view.dtype, info.dtype);
+                        let packed = data.logical_type.as_deref() == Some("f4_e2m1");
+                        let want = if packed {
+                            vec![data.decoded_length()]
+                        } else {
+                            obj.shape.dims().to_vec()
+                        };
+                        assert_eq!(view.shape.dims(), want, "{label}: {name}");
                         assert_eq!(
                             view.bytes.len() as u64,
                             view.shape.byte_len(view.dtype).unwrap()
@@ -245,12 +255,24 @@ fn v2_dtypes_map_to_tensorwire_dtypes() {
     assert_eq!(dtype("c128"), DType::Complex128);
     assert_eq!(dtype("f8_e4m3fn"), DType::F8E4M3Fn);
     assert_eq!(dtype("f8_e5m2fnuz"), DType::F8E5M2Fnuz);
-    // No tensorwire dtype: reported as their u8 storage, and not viewable.
+    // No tensorwire dtype: reported as their u8 storage and read as their bytes,
+    // f8_e8m0 with the tensor's shape, f4_e2m1 (two per byte) flat.
     assert_eq!(dtype("f8_e8m0"), DType::U8);
-    assert!(matches!(
-        reader.view("f4_e2m1"),
-        Err(Error::Unsupported { .. })
-    ));
+    assert_eq!(reader.byte_type("f8_e8m0").unwrap(), Some(ByteType::F8E8M0));
+    assert_eq!(reader.byte_type("f4_e2m1").unwrap(), Some(ByteType::F4E2M1));
+    assert_eq!(reader.byte_type("c64").unwrap(), None);
+    let e8m0 = reader.view("f8_e8m0").unwrap();
+    assert_eq!(e8m0.shape, reader.info("f8_e8m0").unwrap().shape);
+    assert!(e8m0.zero_copy);
+    let f4 = reader.view("f4_e2m1").unwrap();
+    // Listed as its bytes; the object keeps the logical shape.
+    let numel = reader.object("f4_e2m1").unwrap().shape.numel().unwrap();
+    assert_eq!(f4.shape.dims(), &[numel.div_ceil(2)]);
+    assert_eq!(f4.shape, reader.info("f4_e2m1").unwrap().shape);
+    assert_eq!(
+        f4.bytes.as_slice(),
+        reader.component("f4_e2m1", "data").unwrap().as_slice()
+    );
     let c64 = reader.view("c64").unwrap();
     assert_eq!(c64.shape.dims(), &[3, 2]);
     assert_eq!(c64.bytes.len(), 6 * 8);
@@ -1237,7 +1259,9 @@ fn digests_and_content_rules_are_checked_on_read_and_verify() {
     p.push(("type", C::T("f4_e2m1")));
     let r = open(image(&[0x21, 0x13], &objects(vec![("q", dense(&[3], p))]))).unwrap();
     assert!(matches!(r.verify(), Err(Error::Decode { .. })));
-    assert!(matches!(r.view("q"), Err(Error::Unsupported { .. })));
+    assert!(matches!(r.view("q"), Err(Error::Decode { .. })));
+    assert!(r.read_into("q", &mut buf[..2]).is_err());
+    assert_eq!(r.component("q", "data").unwrap().as_slice(), &[0x21, 0x13]);
 }
 
 // ===== writer =====

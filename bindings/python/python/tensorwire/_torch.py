@@ -23,12 +23,16 @@ TO_TORCH = {k: getattr(torch, v) for k, v in _NAMES.items() if hasattr(torch, v)
 from_numpy = torch.from_numpy
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 
-# safetensors types tensorwire reads as raw bytes, and the torch dtypes that hold them
-# (in torch builds that have them). float4_e2m1fn_x2 packs two values per element.
+# safetensors and .zt types tensorwire reads as raw bytes, and the torch dtypes that
+# hold them (in torch builds that have them). float4_e2m1fn_x2 packs two values per
+# element.
 _SAFETENSORS_RAW = {"safetensors:F8_E8M0": "float8_e8m0fnu", "safetensors:F4": "float4_e2m1fn_x2"}
-RAW_TO_TORCH = {k: getattr(torch, v) for k, v in _SAFETENSORS_RAW.items() if hasattr(torch, v)}
-RAW_FROM_TORCH = {v: k for k, v in RAW_TO_TORCH.items()}
+_RAW = {**_SAFETENSORS_RAW, "zt:f8_e8m0": "float8_e8m0fnu", "zt:f4_e2m1": "float4_e2m1fn_x2"}
+RAW_TO_TORCH = {k: getattr(torch, v) for k, v in _RAW.items() if hasattr(torch, v)}
+# torch dtype -> the safetensors raw type that writes it.
+RAW_FROM_TORCH = {RAW_TO_TORCH[k]: k for k in _SAFETENSORS_RAW if k in RAW_TO_TORCH}
 _F4 = "safetensors:F4"
+_PACKED = {_F4, "zt:f4_e2m1"}  # two values per byte
 # A PyTorch checkpoint's dtypes tensorwire has none for, read as the elements holding
 # them (uint8, or complex32's float16 pairs), by their layout names: torch's shape.
 _TORCH_ONLY = {f"pytorch:{n}": n for n in ("float8_e8m0fnu", "float4_e2m1fn_x2", "complex32")}
@@ -66,8 +70,8 @@ def torch_dtype(name: str):
 
 def torch_type(name, shape):
     """(torch dtype, torch shape) for a tensor read_torch reports as (name, shape); a
-    safetensors raw type this torch lacks (or an F4 tensor whose last dimension does
-    not pair up) stays raw bytes: (uint8, [byte count]). A type torch has no dtype for
+    safetensors or .zt raw type this torch lacks (or a packed float4 tensor whose last
+    dimension does not pair up) stays raw bytes: (uint8, [byte count]). A type torch has no dtype for
     (a tenso packet's qint4) is an ``UnsupportedError``, as numpy's is: the file's
     type, not the caller's argument."""
     dt = TO_TORCH.get(name) or _INTEGERS_OF.get(name)
@@ -78,13 +82,14 @@ def torch_type(name, shape):
         if not hasattr(torch, torch_only):
             raise UnsupportedError(f"this torch build has no dtype torch.{torch_only}")
         return getattr(torch, torch_only), tuple(shape)
-    if name not in _SAFETENSORS_RAW:
+    if name not in _RAW:
         raise UnsupportedError(f"this torch build has no dtype for {name} tensors")
     dt = RAW_TO_TORCH.get(name)
-    if name == _F4:  # two values per byte, and per float4_e2m1fn_x2 element
+    if name in _PACKED:  # two values per byte, and per float4_e2m1fn_x2 element
         if dt is not None and shape and shape[-1] % 2 == 0:
             return dt, tuple(shape[:-1]) + (shape[-1] // 2,)
-        return torch.uint8, (math.prod(shape) // 2,)
+        # The bytes (a .zt tensor of an odd count has a spare high nibble).
+        return torch.uint8, ((math.prod(shape) + 1) // 2,)
     if dt is None:
         return torch.uint8, (math.prod(shape),)
     return dt, tuple(shape)

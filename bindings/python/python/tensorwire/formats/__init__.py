@@ -250,6 +250,12 @@ class TensorSlice:
             return fmt[len("safetensors:"):]
         if fmt in _TORCH_ONLY_NAMES:
             return _TORCH_ONLY_NAMES[fmt]
+        # .zt types read as their bytes (f4_e2m1 packs two per byte in version 2
+        # only; 1.x stores one per byte).
+        if self._meta.type == "f8_e8m0":
+            return "F8_E8M0"
+        if self._meta.type == "f4_e2m1" and self._loader.reader.format == "zt-2":
+            return "F4"
         name = _logical_name({"type": self._meta.type, "dtype": self._meta.dtype})
         return _SAFETENSORS_NAMES.get(name, name)
 
