@@ -307,6 +307,59 @@ def test_convert_keeps_torch_only_dtypes_where_the_format_has_them(tmp_path):
         assert s[k].tobytes() == np.ascontiguousarray(r[k]).tobytes(), k
 
 
+def test_convert_to_zt_version_2_writes_e8m0_and_float4_as_its_registered_types(tmp_path):
+    """.pt float8_e8m0fnu becomes f8_e8m0 and float4_e2m1fn_x2 becomes f4_e2m1 (two
+    values per byte, first in the low nibble, as torch packs them; the last dimension
+    doubles), the bytes unchanged; safetensors' F8_E8M0 and F4 go the same way and
+    come back. complex32, which version 2 lacks, keeps its holder elements."""
+    r = tw.Reader(os.path.join(FIXTURES, "torch_only.pt"))
+    out = str(tmp_path / "mx.zt")
+    tw.convert(r.path, out, zt_version=2)
+    z = tw.Reader(out)
+    assert z.format == "zt-2"
+    for k in r.keys():
+        holder = np.ascontiguousarray(r[k])
+        meta = z.metadata(k)
+        if k.startswith("c32"):
+            assert meta.attributes["tensorwire.layout"] == "pytorch:complex32"
+            np.testing.assert_array_equal(z[k], r[k])
+            continue
+        packed = k.startswith("f4")
+        shape = list(holder.shape)
+        if packed:
+            shape[-1] *= 2
+        assert (meta.type, meta.shape) == ("f4_e2m1" if packed else "f8_e8m0", shape), k
+        assert not meta.attributes, k  # the listing's layout is the type now
+        assert z.read_numpy(k).tobytes() == holder.tobytes(), k
+    # Through safetensors and back (F4 counts single values, as f4_e2m1 does).
+    kept = str(tmp_path / "kept.zt")
+    with tw.Writer(kept) as w:
+        for k in r.keys():
+            if not k.startswith("c32"):
+                w.write_numpy(k, r.read_numpy(k),
+                              attributes={"tensorwire.layout": r.metadata(k).format})
+    st = str(tmp_path / "mx.safetensors")
+    tw.convert(kept, st)
+    v2 = str(tmp_path / "from_st.zt")
+    tw.convert(st, v2, zt_version=2)
+    back = str(tmp_path / "back.safetensors")
+    tw.convert(v2, back)
+    assert open(back, "rb").read() == open(st, "rb").read()
+    z2 = tw.Reader(v2)
+    for k in z2.keys():
+        assert (z2.metadata(k).type, z2.metadata(k).shape) == (z.metadata(k).type, z.metadata(k).shape)
+
+
+def test_f4_e2m1_without_pairs_along_its_last_dimension_is_not_written_as_f4(tmp_path):
+    path = str(tmp_path / "odd.zt")
+    with tw.Writer(path, version=2) as w:
+        w.write("odd", tw.Tensor({"data": np.array([0x21, 0x43, 0x05], np.uint8)},
+                                 shape=[5], type="f4_e2m1"))
+    with pytest.raises(tw.UnsupportedError, match="f4_e2m1"):
+        tw.convert(path, str(tmp_path / "odd.safetensors"))
+    assert not (tmp_path / "odd.safetensors").exists()
+
+
 def V3_DTYPES(torch):
     return {torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
             torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
@@ -415,6 +468,22 @@ class TestTorchInterop:
             assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
             assert torch.equal(got[k].contiguous().view(torch.uint8),
                                v.contiguous().view(torch.uint8)), k
+
+    def test_torch_reads_back_e8m0_and_float4_converted_to_zt_version_2(self, tmp_path):
+        """.pt -> .zt version 2 -> read_torch gives the tensors torch saved, bit for
+        bit (float4 pairs from f4_e2m1, low nibble first)."""
+        torch = self.torch
+        path = os.path.join(FIXTURES, "torch_only.pt")
+        want = torch.load(path, weights_only=True)
+        out = str(tmp_path / "mx.zt")
+        tw.convert(path, out, zt_version=2)
+        z = tw.Reader(out)
+        for k, v in want.items():
+            if v.dtype == torch.complex32:
+                continue
+            got = z.read_torch(k)
+            assert (got.dtype, got.shape) == (v.dtype, v.shape), k
+            assert torch.equal(got.view(torch.uint8), v.contiguous().view(torch.uint8)), k
 
     def test_bfloat16_and_float8_tensors_are_views_of_the_map_with_torch_strides(self, tmp_path):
         """Tensors of dtypes numpy lacks come to torch as views of the mapped file

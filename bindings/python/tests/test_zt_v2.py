@@ -233,6 +233,29 @@ def test_ztensor_2_reads_packed_types_we_write(tmp_path):
     assert open(ours, "rb").read() == open(theirs, "rb").read()
 
 
+def test_ztensor_2_reads_e8m0_and_float4_converted_from_a_pytorch_checkpoint(tmp_path):
+    """convert(zt_version=2) of a .pt file's float8_e8m0fnu and float4_e2m1fn_x2
+    tensors: ztensor 2.x reads them as f8_e8m0 and f4_e2m1 of torch's values."""
+    import os
+    zt = _ztensor_2()
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "pytorch",
+                       "torch_only.pt")
+    out = str(tmp_path / "mx.zt")
+    tensorwire.convert(src, out, zt_version=2)
+    r = tensorwire.Reader(src)
+    with zt.open(out) as theirs:
+        theirs.verify(deep=True)
+        for name in ("e8m0", "e8m0_grid", "f4", "f4_row", "f4_transposed"):
+            t = theirs[name]
+            holder = np.ascontiguousarray(r[name])
+            shape = list(holder.shape)
+            if name.startswith("f4"):
+                shape[-1] *= 2
+            assert (t.logical, list(t.shape)) == (
+                "f4_e2m1" if name.startswith("f4") else "f8_e8m0", shape), name
+            assert t.tobytes() == holder.tobytes(), name
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_writer_refuses_types_it_would_have_to_drop(tmp_path, version):
     ml = pytest.importorskip("ml_dtypes")

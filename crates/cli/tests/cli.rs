@@ -847,6 +847,26 @@ fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
         c32.attributes.get("tensorwire.layout"),
         Some(&Value::Str("pytorch:complex32".into()))
     );
+    // Version 2 has types for two of them: f8_e8m0, and f4_e2m1 counting single
+    // values (the pairs' last dimension doubles).
+    let zt2 = dir.path().join("out2.zt");
+    assert_exit(
+        &tw([
+            OsStr::new("convert"),
+            src.as_os_str(),
+            zt2.as_os_str(),
+            OsStr::new("--zt-version"),
+            OsStr::new("2"),
+        ]),
+        0,
+    );
+    let o = tw([OsStr::new("inspect"), zt2.as_os_str()]);
+    assert_exit(&o, 0);
+    let table = stdout(&o);
+    assert_eq!(dtype_of(&table, "e8m0_grid"), "f8_e8m0 (u8)");
+    assert_eq!(dtype_of(&table, "f4"), "f4_e2m1 (u8)");
+    let f4 = table.lines().find(|l| l.starts_with("f4 ")).unwrap();
+    assert!(f4.contains(" [3, 8] "), "{f4}");
 }
 
 /// A quantized torch checkpoint: `inspect` names torch's quantized dtypes over the

@@ -264,16 +264,24 @@ fn header_shape(info: &TensorInfo, layout: &Layout, dtype: StDType) -> Result<Ve
         })?;
         return Ok(outer.iter().copied().chain([pairs]).collect());
     }
-    match info.attributes.get("safetensors.shape") {
-        Some(Value::List(dims)) if dtype.dtype().is_none() => dims
-            .iter()
-            .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
-            .collect::<Option<Vec<u64>>>()
-            .ok_or_else(|| {
-                Error::invalid(format!("tensor `{}`: bad safetensors.shape", info.name))
-            }),
+    match recorded_shape(info)? {
+        Some(dims) if dtype.dtype().is_none() => Ok(dims),
         _ => Ok(info.shape.dims().to_vec()),
     }
+}
+
+/// The logical shape in a raw-type tensor's `safetensors.shape` attribute (see
+/// [`StDType::raw_listing`]), `None` when it has no such list; a list that is not
+/// of dimensions is `InvalidArgument`.
+pub fn recorded_shape(info: &TensorInfo) -> Result<Option<Vec<u64>>> {
+    let Some(Value::List(dims)) = info.attributes.get("safetensors.shape") else {
+        return Ok(None);
+    };
+    dims.iter()
+        .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
+        .collect::<Option<Vec<u64>>>()
+        .map(Some)
+        .ok_or_else(|| Error::invalid(format!("tensor `{}`: bad safetensors.shape", info.name)))
 }
 
 /// The layouts a PyTorch checkpoint lists its `torch.float8_e8m0fnu` and

@@ -3,9 +3,13 @@
 use std::path::Path;
 
 use tensorwire_core::progress::within_tensor;
-use tensorwire_core::{Error, Layout, Result, TensorSource, Value, SOURCE_LAYOUT_KEY};
+use tensorwire_core::{
+    DType, Error, Layout, Result, Shape, TensorInfo, TensorSource, Value, SOURCE_LAYOUT_KEY,
+};
 use tensorwire_formats::safetensors::StDType;
-use tensorwire_zt::{Checksum, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter};
+use tensorwire_zt::{
+    ByteType, Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter,
+};
 
 /// The format [`convert`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,6 +130,30 @@ pub fn convert_source(
                 )));
             }
             writer.copy_object_with_progress(zt, &info.name, write, &mut within)?;
+        } else if let Some((logical, shape)) = zt_byte_type(info, version)? {
+            // Another format's bytes of a type version 2 registers: written as that
+            // type, which ztensor 2.x and tensorwire's reader name (as torch does).
+            let view = source.view(&info.name)?;
+            let mut attributes = info.attributes.clone().into_map();
+            for listing in [SOURCE_LAYOUT_KEY, "safetensors.dtype", "safetensors.shape"] {
+                attributes.remove(listing);
+            }
+            let data = [ComponentData {
+                role: "data",
+                dtype: DType::U8,
+                logical_type: Some(logical),
+                data: &view.bytes,
+            }];
+            let attributes = (!attributes.is_empty()).then_some(attributes);
+            writer.add_object_with_progress(
+                &info.name,
+                &shape,
+                Layout::Dense,
+                attributes,
+                &data,
+                write,
+                &mut within,
+            )?;
         } else if info.layout == Layout::Dense
             || (matches!(info.layout, Layout::Other(_)) && zt.is_none())
         {
@@ -164,10 +192,44 @@ pub fn convert_source(
     Ok(total)
 }
 
+/// For `.zt` version 2 output: the registered type and logical shape of a tensor that
+/// its source lists as raw bytes of one (a PyTorch checkpoint's
+/// `float8_e8m0fnu`/`float4_e2m1fn_x2`, safetensors' `F8_E8M0`/`F4`, or a `.zt` 1.x
+/// tensor that recorded one of those layouts). torch's float4 pairs hold the first
+/// value in the low nibble, as `f4_e2m1` does; their last dimension doubles.
+fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'static str, Shape)>> {
+    if version != ZtVersion::V2 || info.dtype != DType::U8 {
+        return Ok(None);
+    }
+    let Layout::Other(layout) = info.source_layout() else {
+        return Ok(None);
+    };
+    let recorded = tensorwire_formats::safetensors::recorded_shape;
+    let (logical, dims) = match layout.as_str() {
+        "pytorch:float8_e8m0fnu" => ("f8_e8m0", Some(info.shape.dims().to_vec())),
+        // A 0-d pair has no dimension to double: it stays a byte.
+        "pytorch:float4_e2m1fn_x2" => match info.shape.dims().split_last() {
+            None => return Ok(None),
+            Some((&last, outer)) => {
+                let pairs = last.checked_mul(2).ok_or(Error::Overflow {
+                    what: "f4_e2m1 tensor shape",
+                })?;
+                ("f4_e2m1", Some([outer, &[pairs]].concat()))
+            }
+        },
+        "safetensors:F8_E8M0" => ("f8_e8m0", recorded(info)?),
+        "safetensors:F4" => ("f4_e2m1", recorded(info)?),
+        _ => return Ok(None),
+    };
+    dims.map(|d| Ok((logical, Shape::new(d)?))).transpose()
+}
+
 /// A `.zt` source as safetensors output sees it: a dense tensor whose logical type is
 /// `f8_e8m0` (one byte per element, which tensorwire has no dtype for) is listed as
 /// safetensors' raw `F8_E8M0`, as a [`tensorwire_formats::SafetensorsReader`] lists
-/// it; any other type without a dtype is refused rather than written as its storage.
+/// it, and a version 2 `f4_e2m1` one whose last dimension pairs up as `F4` (the
+/// bytes torch's `float4_e2m1fn_x2` and the safetensors package share); any other
+/// type without a dtype is refused rather than written as its storage.
 struct ZtAsSafetensors<'a> {
     zt: &'a ZtReader,
     infos: Vec<tensorwire_core::TensorInfo>,
@@ -183,16 +245,23 @@ impl<'a> ZtAsSafetensors<'a> {
             let Some(logical) = zt.opaque_type(&info.name)? else {
                 continue;
             };
-            let data = zt.object(&info.name)?.component("data");
-            if logical != "f8_e8m0" || data.is_none_or(|d| d.dtype != tensorwire_core::DType::U8) {
-                return Err(Error::unsupported(format!(
-                    "writing tensor `{}` of .zt logical type `{logical}` to safetensors \
-                     (convert to .zt of the same version to keep it)",
-                    info.name
-                )));
-            }
-            let (dtype, shape, layout, attributes) =
-                StDType::F8E8M0.raw_listing(&info.shape, info.nbytes)?;
+            let logical_shape = &zt.object(&info.name)?.shape;
+            // F4 counts single values along the last dimension, and torch reads pairs
+            // along it: an odd one (or a 0-d tensor) has no F4 form.
+            let pairs = logical_shape.dims().last().is_some_and(|d| d % 2 == 0);
+            let st = match zt.byte_type(&info.name)? {
+                Some(ByteType::F8E8M0) => StDType::F8E8M0,
+                Some(ByteType::F4E2M1) if pairs => StDType::F4,
+                _ => {
+                    return Err(Error::unsupported(format!(
+                        "writing tensor `{}` of .zt logical type `{logical}` and shape \
+                         {logical_shape} to safetensors (convert to .zt of the same version \
+                         to keep it)",
+                        info.name
+                    )))
+                }
+            };
+            let (dtype, shape, layout, attributes) = st.raw_listing(logical_shape, info.nbytes)?;
             info.attributes.make_mut().extend(attributes);
             (info.dtype, info.shape, info.layout) = (dtype, shape, layout);
             *raw = true;
