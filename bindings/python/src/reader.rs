@@ -158,26 +158,20 @@ fn torch_type<'a>(
             return Some((name, object.shape.dims().into()));
         }
     }
-    let Layout::Other(name) = &info.layout else {
-        return None;
-    };
+    // The layout, or the one a `.zt` tensor converted from such a file records.
+    let name = info.source_layout_name()?;
     if let Some(torch_only) = TorchOnlyDType::of(info) {
-        return Some((name.as_str(), torch_only.outer(info.shape.dims()).into()));
+        return Some((name, torch_only.outer(info.shape.dims()).into()));
     }
-    if !TORCH_RAW_TYPES.contains(&name.as_str()) {
+    if !TORCH_RAW_TYPES.contains(&name) || info.dtype != DType::U8 {
         return None;
     }
-    let Some(tensorwire::Value::List(dims)) = info.attributes.get("safetensors.shape") else {
-        return None;
-    };
-    let dims = dims
-        .iter()
-        .map(|d| match d {
-            tensorwire::Value::Int(n) => u64::try_from(*n).ok(),
-            _ => None,
-        })
-        .collect::<Option<Vec<u64>>>()?;
-    Some((name.as_str(), dims.into()))
+    let dims = tensorwire::formats::safetensors::recorded_shape(info).ok()??;
+    // Only a logical shape that counts the bytes (a safetensors file's always does;
+    // a `.zt` file's attribute is its writer's word).
+    let values_per_byte = if name == "safetensors:F4" { 2 } else { 1 };
+    let numel = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
+    (Some(numel) == info.nbytes.checked_mul(values_per_byte)).then_some((name, dims.into()))
 }
 
 /// The numpy dtype built in that holds `dtype`'s elements bit for bit: `dtype`

@@ -469,21 +469,63 @@ class TestTorchInterop:
             assert torch.equal(got[k].contiguous().view(torch.uint8),
                                v.contiguous().view(torch.uint8)), k
 
-    def test_torch_reads_back_e8m0_and_float4_converted_to_zt_version_2(self, tmp_path):
-        """.pt -> .zt version 2 -> read_torch gives the tensors torch saved, bit for
-        bit (float4 pairs from f4_e2m1, low nibble first)."""
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_torch_reads_back_torch_only_dtypes_converted_to_zt(self, tmp_path, version):
+        """.pt -> .zt -> read_torch gives the tensors torch saved, bit for bit: from
+        version 2's f8_e8m0 and f4_e2m1 (float4 pairs, low nibble first), and from
+        the holder elements with the layout they record (complex32 in both, all
+        three in 1.x). Through safetensors and a 1.x .zt, F8_E8M0 and F4 too."""
         torch = self.torch
         path = os.path.join(FIXTURES, "torch_only.pt")
         want = torch.load(path, weights_only=True)
         out = str(tmp_path / "mx.zt")
-        tw.convert(path, out, zt_version=2)
+        tw.convert(path, out, zt_version=version)
         z = tw.Reader(out)
+        bits = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
         for k, v in want.items():
-            if v.dtype == torch.complex32:
-                continue
             got = z.read_torch(k)
             assert (got.dtype, got.shape) == (v.dtype, v.shape), k
-            assert torch.equal(got.view(torch.uint8), v.contiguous().view(torch.uint8)), k
+            if v.dtype == torch.complex32:
+                got, v = torch.view_as_real(got.contiguous()), torch.view_as_real(v.contiguous())
+            assert torch.equal(bits(got), bits(v)), k
+        if version == 2:
+            return
+        kept = {k: v for k, v in want.items() if v.dtype != torch.complex32}
+        src = str(tmp_path / "kept.pt")
+        torch.save(kept, src)
+        st, zt1 = str(tmp_path / "kept.safetensors"), str(tmp_path / "st.zt")
+        tw.convert(src, st)
+        tw.convert(st, zt1)
+        z = tw.Reader(zt1)
+        for k, v in kept.items():
+            got = z.read_torch(k)
+            assert (got.dtype, got.shape) == (v.dtype, v.shape), k
+            assert torch.equal(bits(got), bits(v)), k
+
+    def test_a_recorded_layout_that_does_not_describe_the_bytes_is_not_taken(self, tmp_path):
+        """A .zt tensor's tensorwire.layout is its writer's word: taken only where the
+        elements and shape fit it, else the tensor reads as what it holds."""
+        torch = self.torch
+        path = str(tmp_path / "labelled.zt")
+        with tw.Writer(path) as w:
+            w.write_numpy("f4_long", np.arange(3, dtype=np.uint8),
+                          attributes={"tensorwire.layout": "safetensors:F4",
+                                      "safetensors.shape": [100]})
+            w.write_numpy("f4_bad", np.arange(3, dtype=np.uint8),
+                          attributes={"tensorwire.layout": "safetensors:F4",
+                                      "safetensors.shape": ["x"]})
+            w.write_numpy("c32_f32", np.zeros((2, 2), np.float32),
+                          attributes={"tensorwire.layout": "pytorch:complex32"})
+            w.write_numpy("c32_no_lanes", np.zeros((2, 3), np.float16),
+                          attributes={"tensorwire.layout": "pytorch:complex32"})
+            w.write_numpy("e8m0", np.array([127, 128], np.uint8),
+                          attributes={"tensorwire.layout": "pytorch:float8_e8m0fnu"})
+        r = tw.Reader(path)
+        got = {k: (r.read_torch(k).dtype, tuple(r.read_torch(k).shape)) for k in r.keys()}
+        assert got == {"f4_long": (torch.uint8, (3,)), "f4_bad": (torch.uint8, (3,)),
+                       "c32_f32": (torch.float32, (2, 2)),
+                       "c32_no_lanes": (torch.float16, (2, 3)),
+                       "e8m0": (torch.float8_e8m0fnu, (2,))}
 
     def test_bfloat16_and_float8_tensors_are_views_of_the_map_with_torch_strides(self, tmp_path):
         """Tensors of dtypes numpy lacks come to torch as views of the mapped file

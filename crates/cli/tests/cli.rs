@@ -867,6 +867,8 @@ fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
     assert_eq!(dtype_of(&table, "f4"), "f4_e2m1 (u8)");
     let f4 = table.lines().find(|l| l.starts_with("f4 ")).unwrap();
     assert!(f4.contains(" [3, 8] "), "{f4}");
+    // complex32, which version 2 lacks, keeps its holders and names its dtype.
+    assert_eq!(dtype_of(&table, "c32"), "complex32 (f16)");
 }
 
 /// A quantized torch checkpoint: `inspect` names torch's quantized dtypes over the

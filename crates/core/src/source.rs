@@ -97,6 +97,16 @@ impl TensorInfo {
             (layout, _) => layout.clone(),
         }
     }
+
+    /// The name of [`Self::source_layout`] when it is another format's
+    /// ([`Layout::Other`]), borrowed.
+    pub fn source_layout_name(&self) -> Option<&str> {
+        match (&self.layout, self.attributes.get(SOURCE_LAYOUT_KEY)) {
+            (Layout::Dense, Some(Value::Str(name))) => Some(name),
+            (Layout::Other(name), _) => Some(name),
+            _ => None,
+        }
+    }
 }
 
 /// Per-tensor metadata: a map shared (not copied) between the tensors that have the

@@ -246,12 +246,15 @@ impl TorchOnlyDType {
         }
     }
 
-    /// The dtype of a tensor listed as one: its layout names it, and its dtype and
-    /// last dimension are the holder's ([`TorchOnlyDType::holder`],
-    /// [`TorchOnlyDType::lanes`]). `None` for anything else, such as a `.zt` tensor a
-    /// user labelled `pytorch:complex32` over other elements.
+    /// The dtype of a tensor listed as one: its layout names it (or, for a `.zt`
+    /// tensor converted from a checkpoint, the layout it records,
+    /// [`TensorInfo::source_layout_name`]), and its dtype and last dimension are the
+    /// holder's ([`TorchOnlyDType::holder`], [`TorchOnlyDType::lanes`]). `None` for
+    /// anything else, such as a `.zt` tensor a user labelled `pytorch:complex32` over
+    /// other elements.
     pub fn of(info: &TensorInfo) -> Option<TorchOnlyDType> {
-        let dtype = Self::from_layout(&info.layout)?;
+        let name = info.source_layout_name()?;
+        let dtype = Self::from_name(name.strip_prefix(Self::LAYOUT_PREFIX)?)?;
         let lanes_fit = dtype.lanes() == 1 || info.shape.dims().last() == Some(&dtype.lanes());
         (info.dtype == dtype.holder() && lanes_fit).then_some(dtype)
     }
