@@ -450,6 +450,58 @@ fn the_densest_zstd_frame_libzstd_decodes_is_within_the_bound() {
     assert_eq!(r.verify().unwrap(), 0, "verify accepts what reads accept");
 }
 
+/// A frame that is not single-segment, with a 1 KiB window, and one RLE block of
+/// `size` bytes (more than the window: the streaming decoder refuses it, the one-shot
+/// decoder does not).
+fn windowed_rle_frame(size: u32) -> Vec<u8> {
+    let mut frame = 0xFD2F_B528u32.to_le_bytes().to_vec();
+    frame.push(0x00); // no content size, not single-segment
+    frame.push(0x00); // window descriptor: 1 KiB
+    let block_header = 1 | (1 << 1) | (size << 3); // last block, RLE
+    frame.extend_from_slice(&block_header.to_le_bytes()[..3]);
+    frame.push(7);
+    frame
+}
+
+#[test]
+fn verify_accepts_what_reads_accept_and_refuses_what_they_refuse() {
+    let frame = windowed_rle_frame(100_000);
+    let n = frame.len() as u64;
+    for (declared, readable) in [(100_000u64, true), (100_001, false), (99_999, false)] {
+        let f = image(
+            &at64(&frame),
+            &manifest(vec![("w", dense(&[declared], zstd_component(n, declared)))]),
+        );
+        let r = open(f).unwrap();
+        assert_eq!(r.view("w").is_ok(), readable, "{declared}");
+        assert_eq!(r.verify().is_ok(), readable, "{declared}");
+        if readable {
+            assert!(r.view("w").unwrap().bytes.iter().all(|&b| b == 7));
+        }
+    }
+}
+
+#[test]
+fn verify_of_a_frame_claiming_gigabytes_is_an_error_not_an_abort() {
+    // 8 KiB stored (the RLE frame, then a skippable frame as padding) may claim
+    // 4 GiB under the expansion bound; the frame makes 200 000 bytes.
+    let mut stored = densest_zstd_frame(200_000);
+    stored.extend(0x184D_2A50u32.to_le_bytes());
+    let pad = 8192 - stored.len() - 4;
+    stored.extend((pad as u32).to_le_bytes());
+    stored.resize(8192, 0);
+    let declared = 4u64 << 30;
+    let f = image(
+        &at64(&stored),
+        &manifest(vec![(
+            "big",
+            dense(&[declared], zstd_component(8192, declared)),
+        )]),
+    );
+    let r = open(f).unwrap();
+    assert!(r.verify().is_err());
+}
+
 #[test]
 fn verify_checks_the_length_of_a_frame_with_an_oversized_block() {
     // The RLE block makes 200 000 bytes; the manifest says 200 001.
