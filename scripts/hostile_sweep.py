@@ -895,9 +895,16 @@ def _convert_each(path, out_dir):
                             isinstance(want, np.ndarray):
                         # Read as their bytes: f4_e2m1 flat (two values per byte),
                         # f8_e8m0 with the logical shape a safetensors source lists
-                        # flat. The bytes must agree.
+                        # flat. The bytes must agree, and the logical shapes.
                         want = np.ascontiguousarray(want).reshape(-1)
                         got = np.ascontiguousarray(got).reshape(-1)
+                        from tensorwire.formats import safe_open
+
+                        with safe_open(path) as a, safe_open(dst) as b:
+                            shapes = a.get_slice(n).get_shape(), b.get_slice(n).get_shape()
+                        if shapes[0] != shapes[1]:
+                            raise Invariant(f"convert to {ext} {kwargs}: {n!r}: logical "
+                                            f"shape {shapes[0]} became {shapes[1]}")
                     if isinstance(want, np.ndarray) and want.dtype == got.dtype:
                         _same_bytes(want, got, f"convert to {ext} {kwargs}: {n!r}")
                 back.verify()

@@ -13,6 +13,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use tensorwire::formats::safetensors::StDType;
 use tensorwire::pytorch::TorchOnlyDType;
 use tensorwire::zt::{ByteType, Component, Encoding, ZtReader};
 use tensorwire::{DType, Error, Layout, TensorInfo, TensorSource};
@@ -148,7 +149,7 @@ fn torch_type<'a>(
     src: &'a dyn TensorSource,
     info: &'a TensorInfo,
 ) -> Option<(&'a str, Cow<'a, [u64]>)> {
-    if let Some(zt) = zt(src) {
+    if let Some(zt) = tensorwire::zt_holding(src, &info.name) {
         if let Ok(Some(byte_type)) = zt.byte_type(&info.name) {
             let name = match byte_type {
                 ByteType::F8E8M0 => "zt:f8_e8m0",
@@ -163,15 +164,14 @@ fn torch_type<'a>(
     if let Some(torch_only) = TorchOnlyDType::of(info) {
         return Some((name, torch_only.outer(info.shape.dims()).into()));
     }
-    if !TORCH_RAW_TYPES.contains(&name) || info.dtype != DType::U8 {
+    if !TORCH_RAW_TYPES.contains(&name) {
         return None;
     }
-    let dims = tensorwire::formats::safetensors::recorded_shape(info).ok()??;
     // Only a logical shape that counts the bytes (a safetensors file's always does;
     // a `.zt` file's attribute is its writer's word).
-    let values_per_byte = if name == "safetensors:F4" { 2 } else { 1 };
-    let numel = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
-    (Some(numel) == info.nbytes.checked_mul(values_per_byte)).then_some((name, dims.into()))
+    let raw_type = StDType::from_name(name.strip_prefix("safetensors:")?)?;
+    let dims = raw_type.fitting_recorded_shape(info)?;
+    Some((name, dims.into()))
 }
 
 /// The numpy dtype built in that holds `dtype`'s elements bit for bit: `dtype`
@@ -1101,7 +1101,7 @@ impl Reader {
         d.set_item("shape", info.shape.dims())?;
         d.set_item("format", info.layout.name())?;
         let comps = PyDict::new(py);
-        if let Some(obj) = zt(src).and_then(|z| z.object(name).ok()) {
+        if let Some(obj) = tensorwire::zt_holding(src, name).and_then(|z| z.object(name).ok()) {
             // The logical shape (an `f4_e2m1` tensor is listed as its bytes).
             d.set_item("shape", obj.shape.dims())?;
             for c in &obj.components {

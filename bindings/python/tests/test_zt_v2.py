@@ -280,3 +280,80 @@ def test_writer_refuses_types_it_would_have_to_drop(tmp_path, version):
         w.write_numpy("ok", np.zeros(1))
     with tensorwire.Reader(path) as r:
         assert r.keys() == ["ok"]
+
+
+def _labelled(path, tensors):
+    """A .zt 1.x file of uint8 tensors carrying another format's listing attributes:
+    {name: (bytes, tensorwire.layout, safetensors.shape)}."""
+    with tensorwire.Writer(path) as w:
+        for name, (stored, layout, shape) in tensors.items():
+            attrs = {"tensorwire.layout": layout}
+            if shape is not None:
+                attrs["safetensors.shape"] = shape
+            w.write_numpy(name, np.array(stored, np.uint8), attributes=attrs)
+
+
+def test_f4_and_e8m0_from_safetensors_take_version_2_types_only_where_they_fit(tmp_path):
+    """F4 of an odd last dimension (which has no way back from f4_e2m1) and listings
+    whose recorded shape does not count the bytes travel as their bytes, and every
+    tensor comes back to safetensors as it was."""
+    zt1, st = str(tmp_path / "a.zt"), str(tmp_path / "a.safetensors")
+    _labelled(zt1, {"f4_odd": ([0x21, 0x43, 0x65], "safetensors:F4", [2, 3]),
+                    "f4_rows": ([0x21, 0x43, 0x65], "safetensors:F4", [3, 2]),
+                    "e8": ([1, 2, 3, 4], "safetensors:F8_E8M0", [2, 2])})
+    tensorwire.convert(zt1, st)
+    v2, back = str(tmp_path / "a2.zt"), str(tmp_path / "back.safetensors")
+    tensorwire.convert(st, v2, zt_version=2)
+    r = tensorwire.Reader(v2)
+    assert {k: (r.metadata(k).type, r.metadata(k).shape) for k in r.keys()} == {
+        "f4_odd": (None, [3]), "f4_rows": ("f4_e2m1", [3, 2]), "e8": ("f8_e8m0", [2, 2])}
+    tensorwire.convert(v2, back)
+    assert open(back, "rb").read() == open(st, "rb").read()
+    # A listing whose shape does not count the bytes is not taken.
+    bad = str(tmp_path / "bad.zt")
+    _labelled(bad, {"long": ([1, 2, 3], "safetensors:F4", [5]),
+                    "junk": ([1, 2, 3], "safetensors:F8_E8M0", ["x"]),
+                    "e8_short": ([1, 2, 3], "safetensors:F8_E8M0", [4])})
+    tensorwire.convert(bad, str(tmp_path / "bad2.zt"), zt_version=2)
+    r = tensorwire.Reader(str(tmp_path / "bad2.zt"))
+    for k in r.keys():
+        assert (r.metadata(k).type, r.read_numpy(k).tolist()) == (None, [1, 2, 3]), k
+
+
+def test_get_slice_follows_read_torch_s_rules(tmp_path):
+    """get_dtype and get_shape name what read_torch reads: a 1.x label over another
+    dtype is that dtype; a listing a 1.x file records is taken where it fits."""
+    from tensorwire.formats import safe_open
+    path = str(tmp_path / "labels.zt")
+    with tensorwire.Writer(path) as w:
+        w.write("e8_f32", tensorwire.Tensor({"data": np.arange(4, dtype=np.float32)},
+                                            type="f8_e8m0"))
+    _labelled(str(tmp_path / "listed.zt"),
+              {"f4": ([0x21, 0x43, 0x65], "safetensors:F4", [3, 2]),
+               "f4_long": ([0x21, 0x43, 0x65], "safetensors:F4", [7, 2])})
+    with safe_open(path, "np") as f:
+        assert (f.get_slice("e8_f32").get_dtype(), f.get_slice("e8_f32").get_shape()) == \
+            ("F32", [4])
+    with safe_open(str(tmp_path / "listed.zt"), "np") as f:
+        assert (f.get_slice("f4").get_dtype(), f.get_slice("f4").get_shape()) == ("F4", [3, 2])
+        assert (f.get_slice("f4_long").get_dtype(), f.get_slice("f4_long").get_shape()) == \
+            ("U8", [3])
+
+
+def test_byte_types_read_the_same_through_a_shard_index(tmp_path):
+    """f8_e8m0 and f4_e2m1 tensors of version 2 shards, read through an index: the
+    same metadata, numpy and torch tensors as from the shard itself."""
+    import json
+    _write_packed(str(tmp_path / "s.zt"), 2)
+    with open(tmp_path / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": {k: "s.zt" for k in PACKED}}, f)
+    index = tensorwire.Reader(str(tmp_path / "model.safetensors.index.json"))
+    shard = tensorwire.Reader(str(tmp_path / "s.zt"))
+    for name in ("e8m0", "f4_rows", "f4_odd"):
+        assert index.metadata(name).shape == shard.metadata(name).shape == PACKED[name][1]
+        assert index.read_numpy(name).tobytes() == shard.read_numpy(name).tobytes()
+    torch = pytest.importorskip("torch")
+    for name in ("e8m0", "f4_rows", "f4_odd"):
+        a, b = index.read_torch(name), shard.read_torch(name)
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+    assert index.read_torch("f4_rows").dtype == torch.float4_e2m1fn_x2

@@ -106,7 +106,8 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
         };
         // A `.zt` type tensorwire has no dtype for, a torch quantized dtype or a dtype
         // only torch has is shown over the dtype it is stored as.
-        let logical = zt
+        let holder = tensorwire::zt_holding(src, &t.name);
+        let logical = holder
             .and_then(|zt| zt.opaque_type(&t.name).ok().flatten())
             .or_else(|| {
                 t.attributes
@@ -122,7 +123,7 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
         let mut row = vec![
             table_cell(&t.name, MAX_NAME_WIDTH),
             dtype,
-            shown_shape(zt, t).to_string(),
+            shown_shape(holder, t).to_string(),
             t.layout.to_string(),
             human_bytes(t.nbytes),
             stored,
@@ -220,7 +221,7 @@ fn document(path: &Path, src: &dyn TensorSource) -> J {
         doc.insert("shards".into(), J::Array(shards));
     }
     let tensor_doc = |t: &TensorInfo| {
-        let mut obj = tensor_json(zt, t);
+        let mut obj = tensor_json(tensorwire::zt_holding(src, &t.name), t);
         if let (Some(sharded), J::Object(map)) = (sharded, &mut obj) {
             if let Ok(shard) = sharded.shard_of(&t.name) {
                 map.insert("shard".into(), J::from(shard));

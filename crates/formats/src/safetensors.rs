@@ -187,6 +187,15 @@ impl StDType {
         StDType::ALL.into_iter().find(|d| d.dtype() == Some(dtype))
     }
 
+    /// The logical shape a tensor listed as this raw type's bytes records in
+    /// `safetensors.shape` ([`StDType::raw_listing`]), when it describes exactly the
+    /// tensor's `u8` bytes (a `.zt` file's copy of the attribute is its writer's
+    /// word); `None` otherwise.
+    pub fn fitting_recorded_shape(self, info: &TensorInfo) -> Option<Vec<u64>> {
+        let dims = recorded_shape(info).ok()??;
+        (info.dtype == DType::U8 && self.shape_byte_len(&dims) == Some(info.nbytes)).then_some(dims)
+    }
+
     /// Bytes of `numel` elements, or `None` when they do not fill whole bytes (or
     /// overflow).
     fn byte_len(self, numel: u64) -> Option<u64> {

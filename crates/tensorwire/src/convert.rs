@@ -204,7 +204,6 @@ fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'stati
     let Layout::Other(layout) = info.source_layout() else {
         return Ok(None);
     };
-    let recorded = tensorwire_formats::safetensors::recorded_shape;
     let (logical, dims) = match layout.as_str() {
         "pytorch:float8_e8m0fnu" => ("f8_e8m0", Some(info.shape.dims().to_vec())),
         // A 0-d pair has no dimension to double: it stays a byte.
@@ -217,8 +216,16 @@ fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'stati
                 ("f4_e2m1", Some([outer, &[pairs]].concat()))
             }
         },
-        "safetensors:F8_E8M0" => ("f8_e8m0", recorded(info)?),
-        "safetensors:F4" => ("f4_e2m1", recorded(info)?),
+        // Only a recorded shape that counts the bytes (else the bytes travel as they
+        // are, with their listing), and for F4 one whose last dimension pairs up, as
+        // the way back to safetensors needs.
+        "safetensors:F8_E8M0" => ("f8_e8m0", StDType::F8E8M0.fitting_recorded_shape(info)),
+        "safetensors:F4" => (
+            "f4_e2m1",
+            StDType::F4
+                .fitting_recorded_shape(info)
+                .filter(|d| d.last().is_some_and(|last| last % 2 == 0)),
+        ),
         _ => return Ok(None),
     };
     dims.map(|d| Ok((logical, Shape::new(d)?))).transpose()

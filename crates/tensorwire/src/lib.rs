@@ -48,5 +48,5 @@ pub use tensorwire_core::{
 };
 
 pub use crate::convert::{convert, convert_source, ConvertOptions, OutputFormat};
-pub use crate::sharded::ShardedSource;
+pub use crate::sharded::{zt_holding, ShardedSource};
 pub use crate::sniff::{open, open_bytes, open_with, sniff, FileFormat, OpenOptions};

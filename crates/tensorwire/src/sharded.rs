@@ -11,6 +11,7 @@ use tensorwire_core::{
 use tensorwire_formats::gguf::GgufReader;
 use tensorwire_formats::shards::ShardIndex;
 use tensorwire_mmap::MappedFile;
+use tensorwire_zt::ZtReader;
 
 use crate::sniff::{open_file, OpenOptions};
 
@@ -227,6 +228,19 @@ impl ShardedSource {
             .ok_or_else(|| Error::no_tensor_at(position))?;
         Ok((&*self.shards[shard].1, at))
     }
+}
+
+/// The `.zt` reader that holds tensor `name` of `source`: the source itself, or the
+/// shard of an index that holds it; `None` for other formats. For what only `.zt`
+/// files say of a tensor (its object, its logical type).
+pub fn zt_holding<'a>(source: &'a dyn TensorSource, name: &str) -> Option<&'a ZtReader> {
+    let any = source.as_any();
+    if let Some(zt) = any.downcast_ref::<ZtReader>() {
+        return Some(zt);
+    }
+    let sharded = any.downcast_ref::<ShardedSource>()?;
+    let shard = sharded.shard(sharded.shard_of(name).ok()?)?;
+    shard.as_any().downcast_ref::<ZtReader>()
 }
 
 /// The GGUF keys that describe a split file rather than the model.

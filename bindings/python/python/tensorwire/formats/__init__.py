@@ -227,9 +227,10 @@ class TensorSlice:
         # attribute its reader sets). Another file's attributes are its writer's: a
         # `.zt` tensor's `safetensors.shape` is data, not the shape of what indexing
         # gives, and may be anything.
+        named = self._named_type()
+        if named is not None:
+            return named[1]
         fmt = self._meta.format
-        if fmt in _TORCH_ONLY_NAMES:
-            return _torch_only_shape(fmt, list(self._meta.shape))
         if not fmt.startswith("safetensors:"):
             return list(self._meta.shape)
         logical = (self._meta.attributes or {}).get("safetensors.shape")
@@ -245,19 +246,32 @@ class TensorSlice:
     def get_dtype(self):
         """The safetensors dtype name (``"F32"``, ``"BF16"``, ...; a PyTorch
         checkpoint's complex32, which safetensors lacks, is ``"complex32"``)."""
+        named = self._named_type()
+        if named is not None:
+            return named[0]
         fmt = self._meta.format
         if fmt.startswith("safetensors:"):
             return fmt[len("safetensors:"):]
-        if fmt in _TORCH_ONLY_NAMES:
-            return _TORCH_ONLY_NAMES[fmt]
-        # .zt types read as their bytes (f4_e2m1 packs two per byte in version 2
-        # only; 1.x stores one per byte).
-        if self._meta.type == "f8_e8m0":
-            return "F8_E8M0"
-        if self._meta.type == "f4_e2m1" and self._loader.reader.format == "zt-2":
-            return "F4"
         name = _logical_name({"type": self._meta.type, "dtype": self._meta.dtype})
         return _SAFETENSORS_NAMES.get(name, name)
+
+    def _named_type(self):
+        """(safetensors name, logical shape) of a tensor read_torch names by a layout
+        rather than a dtype, by read_torch's own rules: safetensors' F8_E8M0 and F4,
+        a .zt file's f8_e8m0 and f4_e2m1 (or a layout a .zt tensor records, where it
+        fits), a PyTorch checkpoint's float8_e8m0fnu, float4_e2m1fn_x2 and
+        complex32. None for any other tensor."""
+        try:
+            layout, dims = self._loader.reader._dtype_and_shape(self._name)
+        except TensorwireError:
+            return None
+        named = _LAYOUT_NAMES.get(layout)
+        if named is None:
+            return None
+        dims = list(dims)
+        if layout == "pytorch:float4_e2m1fn_x2" and dims:
+            dims[-1] *= 2  # F4 counts single values; torch counts pairs
+        return named, dims
 
     def __getitem__(self, index):
         whole = self._view if self._view is not None else self._loader.whole(self._name)
@@ -283,24 +297,17 @@ class TensorSlice:
         return shape[0]
 
 
-# A PyTorch checkpoint's dtypes that tensorwire reads as the elements holding them
-# (their layouts) -> safetensors dtype names (complex32 has none).
-_TORCH_ONLY_NAMES = {
+# Layouts read_torch names a tensor's type by (its dtype cannot) -> safetensors names
+# (complex32 has none).
+_LAYOUT_NAMES = {
+    "safetensors:F8_E8M0": "F8_E8M0",
+    "safetensors:F4": "F4",
+    "zt:f8_e8m0": "F8_E8M0",
+    "zt:f4_e2m1": "F4",
     "pytorch:float8_e8m0fnu": "F8_E8M0",
     "pytorch:float4_e2m1fn_x2": "F4",
     "pytorch:complex32": "complex32",
 }
-
-
-def _torch_only_shape(layout, holder_shape):
-    """The logical shape of a tensor read as its holder elements: complex32's float16
-    pairs lose their last dimension of 2, and float4_e2m1fn_x2's last dimension
-    doubles (safetensors' F4 counts single values; a 0-d one keeps torch's shape)."""
-    if layout == "pytorch:complex32":
-        return holder_shape[:-1]
-    if layout == "pytorch:float4_e2m1fn_x2" and holder_shape:
-        return holder_shape[:-1] + [holder_shape[-1] * 2]
-    return holder_shape
 
 
 def load_file(filename, framework="np", device="cpu"):
