@@ -59,6 +59,8 @@ pub struct Writer {
     inner: Option<ZtWriter<BufWriter<File>>>,
     path: PathBuf,
     finished: bool,
+    /// The `.zt` version written: 1 or 2.
+    version: u32,
 }
 
 impl Writer {
@@ -143,6 +145,10 @@ impl Writer {
         }
         .or_raise()?;
         Ok(Writer {
+            version: match inner.version() {
+                ZtVersion::V2 => 2,
+                _ => 1,
+            },
             inner: Some(inner),
             path,
             finished: false,
@@ -352,6 +358,12 @@ impl Writer {
     #[getter]
     fn finished(&self) -> bool {
         self.finished
+    }
+
+    /// The `.zt` version being written: 1 (ztensor 1.2) or 2 (ztensor 2.x).
+    #[getter]
+    fn version(&self) -> u32 {
+        self.version
     }
 
     /// The path being written.

@@ -502,6 +502,35 @@ class TestTorchInterop:
             assert (got.dtype, got.shape) == (v.dtype, v.shape), k
             assert torch.equal(bits(got), bits(v)), k
 
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_write_torch_keeps_torch_only_dtypes(self, tmp_path, version):
+        """Writer.write_torch of float8_e8m0fnu, float4_e2m1fn_x2 and complex32 (a
+        0-d float4 pair too): read_torch gives each back, bit for bit; version 2
+        stores the first two as its f8_e8m0 and f4_e2m1."""
+        torch = self.torch
+        saved = torch.load(os.path.join(FIXTURES, "torch_only.pt"), weights_only=True)
+        saved["f4_scalar"] = torch.tensor(0x21, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+        path = str(tmp_path / "w.zt")
+        with tw.Writer(path, version=version) as w:
+            assert w.version == version
+            for k, t in saved.items():
+                w.write_torch(k, t, attributes={"origin": "test"})
+        r = tw.Reader(path)
+        for k, t in saved.items():
+            got = r.read_torch(k)
+            assert (got.dtype, got.shape) == (t.dtype, t.shape), k
+            if t.dtype == torch.complex32:
+                got, t = torch.view_as_real(got.contiguous()), torch.view_as_real(t.contiguous())
+            assert torch.equal(got.contiguous().view(torch.uint8),
+                               t.contiguous().view(torch.uint8)), k
+            assert r.metadata(k).attributes["origin"] == "test", k
+        types = {k: r.metadata(k).type for k in ("e8m0", "f4", "f4_scalar", "c32")}
+        if version == 2:
+            assert types == {"e8m0": "f8_e8m0", "f4": "f4_e2m1", "f4_scalar": None, "c32": None}
+            assert r.metadata("f4").shape == [3, 8]
+        else:
+            assert set(types.values()) == {None}
+
     def test_a_recorded_layout_that_does_not_describe_the_bytes_is_not_taken(self, tmp_path):
         """A .zt tensor's tensorwire.layout is its writer's word: taken only where the
         elements and shape fit it, else the tensor reads as what it holds."""

@@ -37,6 +37,8 @@ _PACKED = {_F4, "zt:f4_e2m1"}  # two values per byte
 # them (uint8, or complex32's float16 pairs), by their layout names: torch's shape.
 _TORCH_ONLY = {f"pytorch:{n}": n for n in ("float8_e8m0fnu", "float4_e2m1fn_x2", "complex32")}
 _COMPLEX32 = "pytorch:complex32"
+# torch dtype -> its layout name, in torch builds that have it.
+_LAYOUT_OF = {getattr(torch, n): k for k, n in _TORCH_ONLY.items() if hasattr(torch, n)}
 
 
 # Quantized types tensorwire reads as their integers (tenso packets' qint8 and quint8):
@@ -190,6 +192,24 @@ def torch_to_bytes(tensor):
             raise TypeError(f"a 0-d {tensor.dtype} tensor has no safetensors shape")
         shape[-1] *= shape_scale
     return torch_dst_bytes(t), name, shape
+
+
+def torch_only_holder(tensor):
+    """For a dense tensor of a dtype only torch has (float8_e8m0fnu,
+    float4_e2m1fn_x2, complex32): (a C-order numpy array of the elements holding it,
+    as tensorwire reads a checkpoint's: uint8 with torch's shape, or complex32's
+    float16 pairs in a last dimension of 2; its layout name). None for other dtypes."""
+    layout = _LAYOUT_OF.get(tensor.dtype)
+    if layout is None:
+        return None
+    t = tensor.detach()
+    if t.layout != torch.strided:
+        raise TypeError(f"cannot write a {t.layout} tensor: only dense ones "
+                        "(call .to_dense() first)")
+    t = t.cpu().contiguous()
+    if layout == _COMPLEX32:
+        return torch.view_as_real(t).contiguous().numpy(), layout
+    return t.view(torch.uint8).numpy(), layout
 
 
 def torch_dst_bytes(dst):

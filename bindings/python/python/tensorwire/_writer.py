@@ -27,14 +27,47 @@ class Writer(_native.Writer):
 
     def write_torch(self, name, data, *, compress=None, checksum="none", attributes=None):
         """Write a dense torch tensor (moved to the CPU and made contiguous if needed;
-        bfloat16, float8 and complex need no ml_dtypes)."""
-        from ._torch import torch_to_bytes
+        bfloat16, float8 and complex need no ml_dtypes).
 
+        The dtypes tensorwire has none for go as ``convert`` writes a checkpoint's:
+        in version 2, ``float8_e8m0fnu`` as ``f8_e8m0`` and ``float4_e2m1fn_x2`` as
+        ``f4_e2m1`` (its last dimension doubled; torch and version 2 both put the
+        first value in the low nibble); otherwise (version 1, complex32, a 0-d float4
+        pair) as the elements holding them with the attribute
+        ``tensorwire.layout = "pytorch:<dtype>"``. ``read_torch`` gives every one of
+        them back as torch's dtype."""
+        from ._torch import torch_only_holder, torch_to_bytes
+
+        held = torch_only_holder(data)
+        if held is not None:
+            self._write_torch_only(name, *held, compress=compress, checksum=checksum,
+                                   attributes=attributes)
+            return
         raw, dtype, shape = torch_to_bytes(data)
         if dtype.startswith("safetensors:"):
             raise TypeError(f"torch dtype {data.dtype} cannot be stored in a .zt file")
         self._write_raw(name, raw, dtype, shape, compress=compress, checksum=checksum,
                         attributes=attributes)
 
+    def _write_torch_only(self, name, holder, layout, *, compress, checksum, attributes):
+        v2_type = _V2_TYPES.get(layout) if self.version == 2 else None
+        if v2_type is not None and holder.ndim:
+            from ._types import Tensor
+
+            shape = list(holder.shape)
+            if v2_type == "f4_e2m1":
+                shape[-1] *= 2  # f4_e2m1 counts single values; torch counts pairs
+            tensor = Tensor({"data": holder.reshape(-1)}, shape=shape, type=v2_type,
+                            attributes=attributes)
+            self.write(name, tensor, compress=compress, checksum=checksum)
+            return
+        attrs = dict(attributes or {})
+        attrs["tensorwire.layout"] = layout
+        self.write_numpy(name, holder, compress=compress, checksum=checksum, attributes=attrs)
+
     def __repr__(self):
         return _native.Writer.__repr__(self)
+
+
+# A PyTorch checkpoint's layouts (torch-only dtypes) that .zt version 2 has types for.
+_V2_TYPES = {"pytorch:float8_e8m0fnu": "f8_e8m0", "pytorch:float4_e2m1fn_x2": "f4_e2m1"}
