@@ -17,7 +17,8 @@ run opens the file inside the timed region; the median of --reps runs (page cach
 warm) is reported; every method's result is checked byte for byte against the floor's
 arrays first. The numpy floor maps the file and calls np.frombuffer at offsets found
 outside the timed region (bfloat16 as uint16, the one-byte types as uint8); the
-reference row adds the read of each record's local header.
+reference row adds the read of each record's local header. A row reads the same
+tensors from a .zt version 2 copy (written by convert once, as bench-data/*.v2.zt).
 """
 
 from __future__ import annotations
@@ -110,6 +111,16 @@ def bench_file(torch, file, path, state, reps, rounds):
         r = tw.Reader(path)
         return {k: r.read_torch(k) for k in r.keys()}
 
+    # The same tensors converted to .zt version 2 (f8_e8m0 and f4_e2m1 types there),
+    # in checkpoint order, as torch reads them back.
+    zt2 = path[:-len(".pt")] + ".v2.zt"
+    if not os.path.exists(zt2):
+        tw.convert(path, zt2, zt_version=2)
+
+    def tw_zt2_torch():
+        r = tw.Reader(zt2)
+        return {k: r.read_torch(k) for k in state}
+
     rows = [
         ("numpy floor: mmap + frombuffer", floor, "zc"),
         ("reference: floor + each local header read from the map",
@@ -117,6 +128,7 @@ def bench_file(torch, file, path, state, reps, rounds):
         ("tensorwire read_numpy(k)", tw_numpy, "zc"),
         ("tensorwire read_torch(k)", tw_torch, "zc"),
         ("tensorwire.pytorch.load", lambda: tw.pytorch.load(path), "zc"),
+        ("tensorwire read_torch(k) of the .zt version 2 copy", tw_zt2_torch, "zc"),
         ("torch.load(weights_only=True, mmap=True)",
          lambda: torch.load(path, weights_only=True, mmap=True), "zc"),
         ("numpy floor: + .copy()", floor_copy, "cp"),
