@@ -174,6 +174,23 @@ fn torch_type<'a>(
     Some((name, dims.into()))
 }
 
+/// The shape of the torch tensor a raw type's bytes make (of logical shape `dims`):
+/// one byte per value for F8_E8M0, and for F4 (two values per byte, the first in the
+/// low nibble) pairs along an even last dimension; `None` for F4 whose last
+/// dimension does not pair up (read as its bytes).
+fn raw_torch_dims(name: &str, dims: &[u64]) -> Option<Vec<u64>> {
+    match name {
+        "safetensors:F8_E8M0" | "zt:f8_e8m0" => Some(dims.to_vec()),
+        "safetensors:F4" | "zt:f4_e2m1" => match dims.split_last() {
+            Some((&last, outer)) if last % 2 == 0 => {
+                Some(outer.iter().copied().chain([last / 2]).collect())
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The numpy dtype built in that holds `dtype`'s elements bit for bit: `dtype`
 /// itself where numpy has it, else an unsigned one of its size (bfloat16 as `u16`,
 /// float8 as `u8`); `None` for a type of no whole bytes.
@@ -1001,6 +1018,19 @@ impl Reader {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
         let torch_only = TorchOnlyDType::of(info);
+        if let (Some((name, dims)), None, false) = (&raw_type, torch_only, copy || to_copy) {
+            // A raw type torch has a dtype for (F8_E8M0, F4, their `.zt` types), read
+            // as a uint8 array of torch's shape for `view(dtype)`, zero-copy.
+            if let (Some(torch_dims), None) = (raw_torch_dims(name, dims), &info.encoding) {
+                let view = src.view_at(at).or_raise()?;
+                if view.zero_copy && lendable_as(&view.bytes, info, lend) {
+                    let array = self
+                        .owner
+                        .zero_copy(py, &view.bytes, DType::U8, &torch_dims)?;
+                    return Ok((array, *name).into_pyobject(py)?.into_any());
+                }
+            }
+        }
         if (raw_type.is_none() || torch_only.is_some()) && !copy && info.encoding.is_none() {
             // Zero-copy with the tensor's own strides, as for the types numpy has.
             let strided = src.strided_at(at).or_raise()?;

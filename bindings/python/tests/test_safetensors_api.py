@@ -586,10 +586,23 @@ def test_tensor_objects_over_read_only_buffers_give_copies_to_torch():
 
 @pytest.mark.skipif(torch is None or not hasattr(torch, "float8_e8m0fnu"),
                     reason="torch without float8_e8m0fnu")
-def test_zt_writer_refuses_safetensors_only_torch_types(tmp_path):
-    with tw.Writer(str(tmp_path / "x.zt")) as w:
-        with pytest.raises(TypeError, match=".zt"):
-            w.write_torch("s", torch.ones(2).to(torch.float8_e8m0fnu))
+def test_zt_writer_keeps_safetensors_only_torch_types_for_safetensors(tmp_path):
+    """write_torch of float8_e8m0fnu and float4_e2m1fn_x2 into either .zt version,
+    then convert: the safetensors file has F8_E8M0 and F4, as the package saves them."""
+    want = {"s": torch.ones(2).to(torch.float8_e8m0fnu),
+            "p": torch.arange(6, dtype=torch.uint8).reshape(3, 2).view(torch.float4_e2m1fn_x2)}
+    for version in (1, 2):
+        zt, st = str(tmp_path / f"x{version}.zt"), str(tmp_path / f"x{version}.safetensors")
+        with tw.Writer(zt, version=version) as w:
+            for k, v in want.items():
+                w.write_torch(k, v)
+        tw.convert(zt, st)
+        with formats.safe_open(st, "pt") as f:
+            assert (f.get_slice("s").get_dtype(), f.get_slice("p").get_dtype()) == ("F8_E8M0", "F4")
+            assert f.get_slice("p").get_shape() == [3, 4]
+            for k, v in want.items():
+                got = f.get_tensor(k)
+                assert got.dtype == v.dtype and torch.equal(got.view(torch.uint8), v.view(torch.uint8))
 
 
 def test_slices_of_0d_tensors_and_full_int_indices_are_0d_arrays(tmp_path):

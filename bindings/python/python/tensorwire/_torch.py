@@ -117,11 +117,16 @@ class StorageViews:
 def holder_to_torch(holder, dtype_name):
     """A torch tensor of ``dtype_name`` sharing ``holder``, a numpy array of the
     elements holding it with its shape and strides: ``uint16`` for bfloat16, ``uint8``
-    for the float8 types, and for a PyTorch checkpoint's complex32 float16 pairs in a
-    last dimension of 2."""
+    for the float8 types and for the safetensors and .zt raw types (torch's shape:
+    float4 pairs), and for a PyTorch checkpoint's complex32 float16 pairs in a last
+    dimension of 2."""
     t = from_numpy(holder)
     if dtype_name == _COMPLEX32:
         return torch.view_as_complex(t)
+    if dtype_name in _RAW:
+        dt = RAW_TO_TORCH.get(dtype_name)
+        # A torch without the dtype gets the bytes, flat, as bytes_to_torch gives them.
+        return t.reshape(-1) if dt is None else t.view(dt)
     return t.view(torch_type(dtype_name, ())[0])
 
 
