@@ -268,6 +268,19 @@ def test_get_slice_names_torch_only_dtypes_by_their_logical_type():
         np.testing.assert_array_equal(f.get_slice("c32")[1], f.get_tensor("c32")[1])
 
 
+def _safetensors_without_complex32(r, tmp_path):
+    """The e8m0 and float4 tensors of reader ``r`` (torch_only.pt) converted to
+    safetensors through a .zt that records their layouts; the file's path."""
+    kept, st = str(tmp_path / "kept.zt"), str(tmp_path / "kept.safetensors")
+    with tw.Writer(kept) as w:
+        for k in r.keys():
+            if not k.startswith("c32"):
+                w.write_numpy(k, r.read_numpy(k),
+                              attributes={"tensorwire.layout": r.metadata(k).format})
+    tw.convert(kept, st)
+    return st
+
+
 def test_convert_keeps_torch_only_dtypes_where_the_format_has_them(tmp_path):
     """To safetensors: e8m0 as F8_E8M0 and the float4 pairs as F4 (two values per
     byte, so the last dimension doubles); complex32, which safetensors lacks, is
@@ -286,15 +299,7 @@ def test_convert_keeps_torch_only_dtypes_where_the_format_has_them(tmp_path):
         np.testing.assert_array_equal(z[k], r[k])
         assert z.metadata(k).attributes["tensorwire.layout"] == r.metadata(k).format
     # Without the complex32 tensors (a .zt of the others, then safetensors).
-    kept = str(tmp_path / "kept.zt")
-    with tw.Writer(kept) as w:
-        for k in r.keys():
-            if not k.startswith("c32"):
-                w.write_numpy(k, r.read_numpy(k),
-                              attributes={"tensorwire.layout": r.metadata(k).format})
-    st = str(tmp_path / "kept.safetensors")
-    tw.convert(kept, st)
-    s = tw.Reader(st)
+    s = tw.Reader(_safetensors_without_complex32(r, tmp_path))
     for k in ("e8m0", "e8m0_grid", "f4", "f4_transposed", "f4_row"):
         meta = s.metadata(k).attributes
         want_shape = list(r[k].shape)
@@ -332,14 +337,7 @@ def test_convert_to_zt_version_2_writes_e8m0_and_float4_as_its_registered_types(
         assert not meta.attributes, k  # the listing's layout is the type now
         assert z.read_numpy(k).tobytes() == holder.tobytes(), k
     # Through safetensors and back (F4 counts single values, as f4_e2m1 does).
-    kept = str(tmp_path / "kept.zt")
-    with tw.Writer(kept) as w:
-        for k in r.keys():
-            if not k.startswith("c32"):
-                w.write_numpy(k, r.read_numpy(k),
-                              attributes={"tensorwire.layout": r.metadata(k).format})
-    st = str(tmp_path / "mx.safetensors")
-    tw.convert(kept, st)
+    st = _safetensors_without_complex32(r, tmp_path)
     v2 = str(tmp_path / "from_st.zt")
     tw.convert(st, v2, zt_version=2)
     back = str(tmp_path / "back.safetensors")
