@@ -1017,7 +1017,10 @@ impl Reader {
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
-        let torch_only = TorchOnlyDType::of(info);
+        // A `.zt` byte type is the tensor's own type, whatever layout an attribute
+        // of it names.
+        let torch_only = TorchOnlyDType::of(info)
+            .filter(|_| !raw_type.as_ref().is_some_and(|(n, _)| n.starts_with("zt:")));
         if let (Some((name, dims)), None, false) = (&raw_type, torch_only, copy || to_copy) {
             // A raw type torch has a dtype for (F8_E8M0, F4, their `.zt` types), read
             // as a uint8 array of torch's shape for `view(dtype)`, zero-copy.

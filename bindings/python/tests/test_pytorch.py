@@ -529,6 +529,30 @@ class TestTorchInterop:
         else:
             assert set(types.values()) == {None}
 
+    def test_write_torch_edge_cases_of_torch_only_dtypes(self, tmp_path):
+        """A 0-d float8_e8m0fnu is f8_e8m0 in version 2; lazily conjugated and negated
+        complex32 views are written with their values; a version 2 f4_e2m1 tensor
+        that carries another layout attribute reads as f4_e2m1, copied or not."""
+        torch = self.torch
+        c32 = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64).to(torch.complex32)
+        path = str(tmp_path / "edge.zt")
+        with tw.Writer(path, version=2) as w:
+            w.write_torch("e0", torch.tensor(4.0).to(torch.float8_e8m0fnu))
+            w.write_torch("conj", c32.conj())
+            w.write_torch("neg", torch._neg_view(c32))
+            w.write("f4", tw.Tensor({"data": np.array([1, 2, 3, 4], np.uint8)}, shape=[2, 4],
+                                    type="f4_e2m1",
+                                    attributes={"tensorwire.layout": "pytorch:float8_e8m0fnu"}))
+        r = tw.Reader(path)
+        assert (r.metadata("e0").type, r.metadata("e0").shape) == ("f8_e8m0", [])
+        assert r.read_torch("e0").float().item() == 4.0
+        for k, want in (("conj", [1 - 2j, -3 + 4j]), ("neg", [-1 - 2j, 3 + 4j])):
+            assert r.read_torch(k).to(torch.complex64).tolist() == want, k
+        shapes = {tuple(r.read_torch("f4").shape), tuple(r.read_torch("f4", copy=True).shape),
+                  tuple(tw.Reader(buffer=open(path, "rb").read()).read_torch("f4").shape)}
+        assert shapes == {(2, 2)}
+        assert r.read_torch("f4").dtype == torch.float4_e2m1fn_x2
+
     def test_a_recorded_layout_that_does_not_describe_the_bytes_is_not_taken(self, tmp_path):
         """A .zt tensor's tensorwire.layout is its writer's word: taken only where the
         elements and shape fit it, else the tensor reads as what it holds."""
@@ -547,12 +571,21 @@ class TestTorchInterop:
                           attributes={"tensorwire.layout": "pytorch:complex32"})
             w.write_numpy("e8m0", np.array([127, 128], np.uint8),
                           attributes={"tensorwire.layout": "pytorch:float8_e8m0fnu"})
+            # An empty tensor "fits" any shape with a 0 in it: beyond 64 dimensions
+            # it is no shape at all.
+            w.write_numpy("e8_dims", np.zeros(0, np.uint8),
+                          attributes={"tensorwire.layout": "safetensors:F8_E8M0",
+                                      "safetensors.shape": [0] + [2] * 70})
         r = tw.Reader(path)
         got = {k: (r.read_torch(k).dtype, tuple(r.read_torch(k).shape)) for k in r.keys()}
         assert got == {"f4_long": (torch.uint8, (3,)), "f4_bad": (torch.uint8, (3,)),
                        "c32_f32": (torch.float32, (2, 2)),
                        "c32_no_lanes": (torch.float16, (2, 3)),
-                       "e8m0": (torch.float8_e8m0fnu, (2,))}
+                       "e8m0": (torch.float8_e8m0fnu, (2,)),
+                       "e8_dims": (torch.uint8, (0,))}
+        assert tuple(r.read_torch("e8_dims", copy=True).shape) == (0,)
+        tw.convert(path, str(tmp_path / "v2.zt"), zt_version=2)
+        assert tw.Reader(str(tmp_path / "v2.zt")).metadata("e8_dims").type is None
 
     def test_bfloat16_and_float8_tensors_are_views_of_the_map_with_torch_strides(self, tmp_path):
         """Tensors of dtypes numpy lacks come to torch as views of the mapped file

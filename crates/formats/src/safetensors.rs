@@ -193,7 +193,10 @@ impl StDType {
     /// word); `None` otherwise.
     pub fn fitting_recorded_shape(self, info: &TensorInfo) -> Option<Vec<u64>> {
         let dims = recorded_shape(info).ok()??;
-        (info.dtype == DType::U8 && self.shape_byte_len(&dims) == Some(info.nbytes)).then_some(dims)
+        let fits = info.dtype == DType::U8
+            && self.shape_byte_len(&dims) == Some(info.nbytes)
+            && Shape::from_dims(&dims).is_ok(); // within the rank and element limits
+        fits.then_some(dims)
     }
 
     /// Bytes of `numel` elements, or `None` when they do not fill whole bytes (or

@@ -211,7 +211,8 @@ def torch_only_holder(tensor):
     if t.layout != torch.strided:
         raise TypeError(f"cannot write a {t.layout} tensor: only dense ones "
                         "(call .to_dense() first)")
-    t = t.cpu().contiguous()
+    # Lazily conjugated or negated views keep their bits apart from their memory.
+    t = t.cpu().resolve_conj().resolve_neg().contiguous()
     if layout == _COMPLEX32:
         return torch.view_as_real(t).contiguous().numpy(), layout
     return t.view(torch.uint8).numpy(), layout

@@ -51,7 +51,7 @@ class Writer(_native.Writer):
 
     def _write_torch_only(self, name, holder, layout, *, compress, checksum, attributes):
         v2_type = _V2_TYPES.get(layout) if self.version == 2 else None
-        if v2_type is not None and holder.ndim:
+        if v2_type is not None and (holder.ndim or v2_type == "f8_e8m0"):
             from ._types import Tensor
 
             shape = list(holder.shape)
