@@ -145,10 +145,7 @@ const TORCH_RAW_TYPES: [&str; 2] = ["safetensors:F8_E8M0", "safetensors:F4"];
 /// shape (the Python side picks the torch dtype, or keeps the raw bytes on an older
 /// torch), for a PyTorch checkpoint's [`TorchOnlyDType`] its layout name and
 /// torch's shape, and for a `.zt` [`ByteType`] `zt:<type>` and the object's shape.
-fn torch_type<'a>(
-    src: &'a dyn TensorSource,
-    info: &'a TensorInfo,
-) -> Option<(&'a str, Cow<'a, [u64]>)> {
+fn torch_type<'a>(src: &'a dyn TensorSource, info: &'a TensorInfo) -> Option<TorchType<'a>> {
     if let Some(zt) = tensorwire::zt_holding(src, &info.name) {
         if let Ok(Some(byte_type)) = zt.byte_type(&info.name) {
             let name = match byte_type {
@@ -156,13 +153,22 @@ fn torch_type<'a>(
                 ByteType::F4E2M1 => "zt:f4_e2m1",
             };
             let object = zt.object(&info.name).ok()?;
-            return Some((name, object.shape.dims().into()));
+            return Some(TorchType {
+                name,
+                dims: object.shape.dims().into(),
+                torch_only: None,
+            });
         }
     }
     // The layout, or the one a `.zt` tensor converted from such a file records.
     let name = info.source_layout_name()?;
     if let Some(torch_only) = TorchOnlyDType::of(info) {
-        return Some((name, torch_only.outer(info.shape.dims()).into()));
+        let dims = torch_only.outer(info.shape.dims()).into();
+        return Some(TorchType {
+            name,
+            dims,
+            torch_only: Some(torch_only),
+        });
     }
     if !TORCH_RAW_TYPES.contains(&name) {
         return None;
@@ -170,8 +176,20 @@ fn torch_type<'a>(
     // Only a logical shape that counts the bytes (a safetensors file's always does;
     // a `.zt` file's attribute is its writer's word).
     let raw_type = StDType::from_name(name.strip_prefix("safetensors:")?)?;
-    let dims = raw_type.fitting_recorded_shape(info)?;
-    Some((name, dims.into()))
+    let dims = raw_type.fitting_recorded_shape(info)?.into();
+    Some(TorchType {
+        name,
+        dims,
+        torch_only: None,
+    })
+}
+
+/// What [`torch_type`] finds: the type's name for the Python side, the torch (or
+/// logical) shape, and for a PyTorch checkpoint's torch-only dtype, that dtype.
+struct TorchType<'a> {
+    name: &'a str,
+    dims: Cow<'a, [u64]>,
+    torch_only: Option<TorchOnlyDType>,
 }
 
 /// The shape of the torch tensor a raw type's bytes make (of logical shape `dims`):
@@ -983,7 +1001,7 @@ impl Reader {
         let src = self.src()?;
         let info = dense_info(src, self.position_of_any(src, name)?)?;
         Ok(match torch_type(src, info) {
-            Some((name, dims)) => (name.to_owned(), dims.into_owned()),
+            Some(t) => (t.name.to_owned(), t.dims.into_owned()),
             None => (info.dtype.name().to_owned(), info.shape.dims().to_vec()),
         })
     }
@@ -1017,20 +1035,18 @@ impl Reader {
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
             return dense_array(py, src, at, copy, false, lend, &self.owner);
         }
-        // A `.zt` byte type is the tensor's own type, whatever layout an attribute
-        // of it names.
-        let torch_only = TorchOnlyDType::of(info)
-            .filter(|_| !raw_type.as_ref().is_some_and(|(n, _)| n.starts_with("zt:")));
-        if let (Some((name, dims)), None, false) = (&raw_type, torch_only, copy || to_copy) {
+        let torch_only = raw_type.as_ref().and_then(|t| t.torch_only);
+        if let (Some(raw), None, false) = (&raw_type, torch_only, copy || to_copy) {
             // A raw type torch has a dtype for (F8_E8M0, F4, their `.zt` types), read
             // as a uint8 array of torch's shape for `view(dtype)`, zero-copy.
-            if let (Some(torch_dims), None) = (raw_torch_dims(name, dims), &info.encoding) {
+            if let (Some(torch_dims), None) = (raw_torch_dims(raw.name, &raw.dims), &info.encoding)
+            {
                 let view = src.view_at(at).or_raise()?;
                 if view.zero_copy && lendable_as(&view.bytes, info, lend) {
                     let array = self
                         .owner
                         .zero_copy(py, &view.bytes, DType::U8, &torch_dims)?;
-                    return Ok((array, *name).into_pyobject(py)?.into_any());
+                    return Ok((array, raw.name).into_pyobject(py)?.into_any());
                 }
             }
         }
@@ -1046,7 +1062,7 @@ impl Reader {
                         }
                         None => self.owner.zero_copy(py, &strided.bytes, holder, dims)?,
                     };
-                    let name = raw_type.map_or(info.dtype.name(), |(name, _)| name);
+                    let name = raw_type.map_or(info.dtype.name(), |t| t.name);
                     return Ok((array, name).into_pyobject(py)?.into_any());
                 }
                 let len = [strided.bytes.len() as u64];
@@ -1054,7 +1070,7 @@ impl Reader {
                 // torch's sizes and strides: for a torch-only dtype, whole elements
                 // (without the lanes' dimension).
                 let (name, dims, strides) = match (torch_only, raw_type) {
-                    (Some(torch_only), Some((name, dims))) => {
+                    (Some(torch_only), Some(TorchType { name, dims, .. })) => {
                         let lanes = torch_only.lanes();
                         let strides = strided.strides.map(|s| {
                             let outer = torch_only.outer(&s);
@@ -1073,7 +1089,9 @@ impl Reader {
             }
         }
         let array = dense_array(py, src, at, copy, true, lend, &self.owner)?;
-        let (name, dims) = raw_type.unwrap_or((info.dtype.name(), info.shape.dims().into()));
+        let (name, dims) = raw_type.map_or((info.dtype.name(), info.shape.dims().into()), |t| {
+            (t.name, t.dims)
+        });
         Ok((array, name, dims, None::<Vec<u64>>)
             .into_pyobject(py)?
             .into_any())
@@ -1131,12 +1149,12 @@ impl Reader {
         let info = src.info(name).or_raise()?;
         let d = PyDict::new(py);
         d.set_item("name", &*info.name)?;
-        d.set_item("shape", info.shape.dims())?;
         d.set_item("format", info.layout.name())?;
         let comps = PyDict::new(py);
-        if let Some(obj) = tensorwire::zt_holding(src, name).and_then(|z| z.object(name).ok()) {
-            // The logical shape (an `f4_e2m1` tensor is listed as its bytes).
-            d.set_item("shape", obj.shape.dims())?;
+        let object = tensorwire::zt_holding(src, name).and_then(|z| z.object(name).ok());
+        // The logical shape (a `.zt` `f4_e2m1` tensor is listed as its bytes).
+        d.set_item("shape", object.map_or(&info.shape, |o| &o.shape).dims())?;
+        if let Some(obj) = object {
             for c in &obj.components {
                 comps.set_item(&c.role, component_meta(py, c)?)?;
             }

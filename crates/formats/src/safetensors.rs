@@ -264,22 +264,32 @@ impl StDType {
 /// values; else the listed shape.
 fn header_shape(info: &TensorInfo, layout: &Layout, dtype: StDType) -> Result<Vec<u64>> {
     if layout.name() == TORCH_F4_X2_LAYOUT {
-        let Some((&last, outer)) = info.shape.dims().split_last() else {
-            return Err(Error::unsupported(format!(
+        return float4_pairs_as_values(info.shape.dims())?.ok_or_else(|| {
+            Error::unsupported(format!(
                 "writing the 0-d torch.float4_e2m1fn_x2 tensor `{}` to safetensors, \
                  whose F4 tensors count single values",
                 info.name
-            )));
-        };
-        let pairs = last.checked_mul(2).ok_or(Error::Overflow {
-            what: "F4 tensor shape",
-        })?;
-        return Ok(outer.iter().copied().chain([pairs]).collect());
+            ))
+        });
     }
     match recorded_shape(info)? {
         Some(dims) if dtype.dtype().is_none() => Ok(dims),
         _ => Ok(info.shape.dims().to_vec()),
     }
+}
+
+/// The shape of a torch `float4_e2m1fn_x2` tensor of shape `pairs` (two values per
+/// element, along the last dimension) counted in single values, as `F4` and `.zt`'s
+/// `f4_e2m1` count them: the last dimension doubled. `None` for a 0-d tensor, which
+/// has no dimension to double.
+pub fn float4_pairs_as_values(pairs: &[u64]) -> Result<Option<Vec<u64>>> {
+    let Some((&last, outer)) = pairs.split_last() else {
+        return Ok(None);
+    };
+    let values = last.checked_mul(2).ok_or(Error::Overflow {
+        what: "F4 tensor shape",
+    })?;
+    Ok(Some(outer.iter().copied().chain([values]).collect()))
 }
 
 /// The logical shape in a raw-type tensor's `safetensors.shape` attribute (see

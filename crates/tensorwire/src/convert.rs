@@ -207,15 +207,10 @@ fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'stati
     let (logical, dims) = match layout.as_str() {
         "pytorch:float8_e8m0fnu" => ("f8_e8m0", Some(info.shape.dims().to_vec())),
         // A 0-d pair has no dimension to double: it stays a byte.
-        "pytorch:float4_e2m1fn_x2" => match info.shape.dims().split_last() {
-            None => return Ok(None),
-            Some((&last, outer)) => {
-                let pairs = last.checked_mul(2).ok_or(Error::Overflow {
-                    what: "f4_e2m1 tensor shape",
-                })?;
-                ("f4_e2m1", Some([outer, &[pairs]].concat()))
-            }
-        },
+        "pytorch:float4_e2m1fn_x2" => (
+            "f4_e2m1",
+            tensorwire_formats::safetensors::float4_pairs_as_values(info.shape.dims())?,
+        ),
         // Only a recorded shape that counts the bytes (else the bytes travel as they
         // are, with their listing), and for F4 one whose last dimension pairs up, as
         // the way back to safetensors needs.

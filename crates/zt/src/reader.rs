@@ -39,16 +39,6 @@ pub enum ByteType {
     F4E2M1,
 }
 
-impl ByteType {
-    /// The `.zt` type name.
-    pub fn name(self) -> &'static str {
-        match self {
-            ByteType::F8E8M0 => "f8_e8m0",
-            ByteType::F4E2M1 => "f4_e2m1",
-        }
-    }
-}
-
 /// A validated `.zt` file over any [`Bytes`] (a map, a shm segment, a buffer).
 ///
 /// Opening checks everything that later reads depend on, so a `ZtReader` that opened
