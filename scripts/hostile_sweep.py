@@ -811,8 +811,8 @@ def op_pytorch(path, data):
 
 def _torch_fails_on_meta_too(path):
     """``pytorch.load(map_location="meta")`` raised torch's NotImplementedError (torch
-    has no quantized or index-checked sparse tensors on "meta"): promised only where
-    ``torch.load`` does not build the same checkpoint on "meta"."""
+    has no quantized tensors on "meta"; sparse ones are built there unchecked):
+    promised only where ``torch.load`` does not build the same checkpoint on "meta"."""
     import torch
 
     try:

@@ -968,15 +968,47 @@ def test_load_numpy_gives_sparse_tensors_as_their_parts(name):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", ["sparse.pt", "sparse.legacy.pt"])
 @pytest.mark.parametrize("location", ["meta", {"cpu": "meta"}])
-def test_sparse_tensors_sent_to_meta_fail_as_in_torch(location):
-    """torch checks sparse indices after loading, which it cannot do on "meta"."""
-    path = os.path.join(FIXTURES, "sparse.pt")
+def test_sparse_tensors_sent_to_meta_are_built_unchecked(name, location):
+    """On "meta" there are no index values to check: every sparse tensor is built there
+    with torch's layout, size, dtype and parts' shapes, as a torch that does not check
+    indices on load builds it (2.11); a torch that does (2.15) raises instead."""
+    path = os.path.join(FIXTURES, name)
     if _torch_checks_sparse_indices():
         with pytest.raises(NotImplementedError):
             torch.load(path, weights_only=True, map_location=location)
-    with pytest.raises(NotImplementedError):
-        pytorch.load(path, map_location=location)
+        want = torch.load(path, weights_only=True)
+    else:
+        want = torch.load(path, weights_only=True, map_location=location)
+    got = list(_tensors_in(pytorch.load(path, map_location=location, flat=False)))
+    want = list(_tensors_in(want))
+    assert len(got) == len(want)
+    sparse = [(k, g, w) for k, (g, w) in enumerate(zip(got, want)) if w.layout != torch.strided]
+    assert len(sparse) >= 8
+    for k, g, w in sparse:
+        assert g.device.type == "meta", k
+        assert (g.layout, g.shape, g.dtype) == (w.layout, w.shape, w.dtype), k
+        if g.layout == torch.sparse_coo:
+            assert g.is_coalesced() == w.is_coalesced(), k
+            parts = [(g._indices(), w._indices()), (g._values(), w._values())]
+        else:
+            parts = [(g.values(), w.values())]
+        assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in parts), k
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_bad_sparse_indices_are_still_refused_off_meta(tmp_path):
+    """Building unchecked is for "meta" only: a bad index loaded to the CPU, or to a
+    device map that keeps it there, is a MalformedError naming the tensor."""
+    bad = torch.sparse_coo_tensor(torch.tensor([[3]]), torch.tensor([1.0]), (2,),
+                                  check_invariants=False)
+    path = tmp_path / "bad.pt"
+    torch.save({"adj": bad}, path)
+    for location in (None, "cpu", {"cuda:0": "meta"}):
+        with pytest.raises(tw.MalformedError, match="`adj`"):
+            pytorch.load(str(path), map_location=location)
+    assert pytorch.load(str(path), map_location="meta")["adj"].shape == (2,)
 
 
 def _torch_checks_sparse_indices():

@@ -223,8 +223,10 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
     """``tensors`` with each sparse tensor (``reader._pytorch_sparse()``) built on its
     parts, as ``torch._utils._rebuild_sparse_tensor`` builds it, under its own name in
     place of its parts. The index values are checked as ``torch.load`` checks them
-    (``check_invariants``; a bad one is a ``MalformedError`` naming the tensor); a
-    sparse tensor pickled under two names is one object."""
+    (``check_invariants``; a bad one is a ``MalformedError`` naming the tensor), except
+    on "meta", where there are no values to check or to misread: there it is built
+    unchecked, as torch 2.11's ``torch.load`` builds it (torch 2.15's raises
+    ``NotImplementedError``); a sparse tensor pickled under two names is one object."""
     import torch
 
     first_of = dict(same)  # a part -> the same object's first name
@@ -237,9 +239,7 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
                 built[key] = _sparse_tensor(torch, _torch_object(layout), size, is_coalesced,
                                             [tensors[p] for p in parts])
             except NotImplementedError:
-                # A RuntimeError too, but not a bad index: torch cannot check sparse
-                # indices on "meta". torch.load raises it as it is, and so do we.
-                raise
+                raise  # a RuntimeError too, but torch's own limit, not a bad index
             except RuntimeError as e:  # torch's index checks
                 raise MalformedError(f"sparse tensor `{name}`: {e}") from e
             if parameter is not None:  # pickled as an nn.Parameter
@@ -257,13 +257,15 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
 
 
 def _sparse_tensor(torch, layout, size, is_coalesced, parts):
+    # Index values are checked where they exist; "meta" parts have none.
+    checked = not any(p.device.type == "meta" for p in parts)
     if layout == torch.sparse_coo:
         indices, values = parts
-        return torch.sparse_coo_tensor(indices, values, size, check_invariants=True,
+        return torch.sparse_coo_tensor(indices, values, size, check_invariants=checked,
                                        is_coalesced=is_coalesced)
     compressed, plain, values = parts
     return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout,
-                                          check_invariants=True)
+                                          check_invariants=checked)
 
 
 def _same_objects_once(same, values):
