@@ -193,6 +193,55 @@ def test_read_torch_gives_torch_dtypes_for_f8_e8m0_and_f4_e2m1(tmp_path, version
         assert values[3] != values[3]
 
 
+def test_f4_e2m1_goes_to_version_1_as_torch_pairs(tmp_path):
+    """.zt 1.x stores one value per byte: a version 2 f4_e2m1 tensor converts to it as
+    torch's float4_e2m1fn_x2 pairs along the last dimension (the same bytes, u8 holders
+    with that layout recorded), and back to version 2 as itself; an odd last dimension
+    has no pairs and is refused, leaving no file."""
+    v2, v1, again = (str(tmp_path / n) for n in ("v2.zt", "v1.zt", "again.zt"))
+    with tensorwire.Writer(v2, version=2) as w:
+        kind, shape, stored = PACKED["f4_rows"]
+        w.write("f4", tensorwire.Tensor({"data": np.array(stored, np.uint8)}, shape=shape,
+                                        type=kind))
+    tensorwire.convert(v2, v1)
+    with tensorwire.Reader(v1) as r:
+        a = r.read_numpy("f4")
+        assert (a.dtype, a.shape, a.tobytes()) == (np.uint8, (3, 1), bytes(stored))
+        assert r.metadata("f4").attributes["tensorwire.layout"] == "pytorch:float4_e2m1fn_x2"
+    tensorwire.convert(v1, again, zt_version=2)
+    with tensorwire.Reader(again) as r:
+        obj = r.read("f4")
+        assert (obj.type, list(obj.shape)) == ("f4_e2m1", shape)
+        assert r.read_numpy("f4").tobytes() == bytes(stored)
+
+    odd = str(tmp_path / "odd.zt")
+    _write_packed(odd, 2)
+    with pytest.raises(tensorwire.UnsupportedError,
+                       match=r"f4_e2m1 tensor `f4_(even|odd)` of shape \[[\d, ]+\] to \.zt 1\.x"):
+        tensorwire.convert(odd, str(tmp_path / "odd1.zt"))
+    assert not (tmp_path / "odd1.zt").exists()
+
+
+def test_torch_only_dtypes_read_alike_through_version_2_and_back(tmp_path):
+    """A .pt file's float8_e8m0fnu, float4_e2m1fn_x2 and complex32 tensors, converted
+    to .zt version 2 and from there to 1.x, read as torch.load reads them."""
+    import os
+    torch = pytest.importorskip("torch")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "pytorch",
+                       "torch_only.pt")
+    v2, v1 = str(tmp_path / "mx2.zt"), str(tmp_path / "mx1.zt")
+    tensorwire.convert(src, v2, zt_version=2)
+    tensorwire.convert(v2, v1)
+    want = torch.load(src, weights_only=True)
+    with tensorwire.Reader(v1) as r:
+        assert sorted(r.keys()) == sorted(want)
+        for name, w in want.items():
+            t = r.read_torch(name)
+            assert (t.dtype, t.shape) == (w.dtype, w.shape), name
+            assert torch.equal(t.contiguous().reshape(-1).view(torch.uint8),
+                               w.contiguous().reshape(-1).view(torch.uint8)), name
+
+
 def test_writer_refuses_packed_bytes_a_reader_would_refuse(tmp_path):
     path = str(tmp_path / "bad.zt")
     cases = [

@@ -476,8 +476,9 @@ fn verify_and_bench_read_types_without_a_dtype_as_their_components() {
         "{}",
         stdout(&o)
     );
-    // They convert to .zt 2 with their types, and are refused for 1.x, which stores
-    // f4_e2m1 one value per byte, with a message that says so.
+    // They convert to .zt 2 with their types. 1.x stores one value per byte, so
+    // f4_e2m1 goes there as torch's pairs along the last dimension: this one's is odd,
+    // and it is refused with a message that says so.
     let dir = tempfile::tempdir().unwrap();
     let v2 = dir.path().join("v2.zt");
     let o = tw([
@@ -494,7 +495,7 @@ fn verify_and_bench_read_types_without_a_dtype_as_their_components() {
     let o = tw([OsStr::new("convert"), path.as_os_str(), v1.as_os_str()]);
     assert_exit(&o, 2);
     assert!(
-        stderr(&o).contains("between .zt versions"),
+        stderr(&o).contains("f4_e2m1 tensor `f4_e2m1` of shape [7] to .zt 1.x"),
         "{}",
         stderr(&o)
     );
@@ -869,6 +870,48 @@ fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
     assert!(f4.contains(" [3, 8] "), "{f4}");
     // complex32, which version 2 lacks, keeps its holders and names its dtype.
     assert_eq!(dtype_of(&table, "c32"), "complex32 (f16)");
+
+    // Back to 1.x, f4_e2m1 goes as torch's pairs again, as the direct conversion
+    // wrote it; f8_e8m0, which 1.x registers too, keeps its type. Every tensor has
+    // the direct conversion's dtype, shape and bytes.
+    let back = dir.path().join("back.zt");
+    assert_exit(
+        &tw([OsStr::new("convert"), zt2.as_os_str(), back.as_os_str()]),
+        0,
+    );
+    let back = tensorwire::open(&back).unwrap();
+    assert_eq!(back.tensors().len(), from_zt.tensors().len());
+    for want in from_zt.tensors() {
+        let got = back.info(&want.name).unwrap();
+        assert_eq!(
+            (got.dtype, &got.shape),
+            (want.dtype, &want.shape),
+            "{}",
+            want.name
+        );
+        let (got_view, want_view) = (
+            back.view(&want.name).unwrap(),
+            from_zt.view(&want.name).unwrap(),
+        );
+        assert_eq!(
+            got_view.bytes.as_slice(),
+            want_view.bytes.as_slice(),
+            "{}",
+            want.name
+        );
+    }
+    assert_eq!(
+        back.info("f4").unwrap().source_layout_name(),
+        Some("pytorch:float4_e2m1fn_x2")
+    );
+    let back = back
+        .as_any()
+        .downcast_ref::<tensorwire::zt::ZtReader>()
+        .unwrap();
+    assert_eq!(
+        back.byte_type("e8m0").unwrap(),
+        Some(tensorwire::zt::ByteType::F8E8M0)
+    );
 }
 
 /// A quantized torch checkpoint: `inspect` names torch's quantized dtypes over the

@@ -1,10 +1,11 @@
 //! Converting between formats.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use tensorwire_core::progress::within_tensor;
 use tensorwire_core::{
-    DType, Error, Layout, Result, Shape, TensorInfo, TensorSource, Value, SOURCE_LAYOUT_KEY,
+    Bytes, DType, Error, Layout, Result, Shape, TensorInfo, TensorSource, Value, SOURCE_LAYOUT_KEY,
 };
 use tensorwire_formats::safetensors::StDType;
 use tensorwire_zt::{
@@ -123,13 +124,19 @@ pub fn convert_source(
             // A type tensorwire has no dtype for (`f8_e8m0`, a user's type): its view
             // would be the storage elements, so the object is copied as it is.
             if logical == "f4_e2m1" && zt.version() != version {
-                return Err(Error::unsupported(format!(
-                    "converting f4_e2m1 tensor `{}` between .zt versions (version 2 packs \
-                     two values per byte, 1.x stores one): keep the source's version",
-                    info.name
-                )));
+                let (shape, bytes, attributes) = f4_as_torch_pairs(zt, info)?;
+                writer.add_dense_with_progress(
+                    &info.name,
+                    DType::U8,
+                    &shape,
+                    &bytes,
+                    Some(attributes),
+                    write,
+                    &mut within,
+                )?;
+            } else {
+                writer.copy_object_with_progress(zt, &info.name, write, &mut within)?;
             }
-            writer.copy_object_with_progress(zt, &info.name, write, &mut within)?;
         } else if let Some((logical, shape)) = zt_byte_type(info, version)? {
             // Another format's bytes of a type version 2 registers: written as that
             // type, which ztensor 2.x and tensorwire's reader name (as torch does).
@@ -226,6 +233,41 @@ fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'stati
     dims.map(|d| Ok((logical, Shape::new(d)?))).transpose()
 }
 
+/// A version 2 `f4_e2m1` tensor as `.zt` 1.x holds it. 1.x has no type that packs two
+/// values per byte, so it goes as torch's `float4_e2m1fn_x2` pairs, which are the same
+/// bytes (the first value in the low nibble): `u8` holders of the pairs' shape with
+/// that layout recorded, which `read_torch` reads as torch's dtype and a conversion
+/// back to version 2 as the same `f4_e2m1` tensor. Pairs run along the last
+/// dimension, so an odd one, or a 0-d tensor, is refused.
+fn f4_as_torch_pairs(
+    zt: &ZtReader,
+    info: &TensorInfo,
+) -> Result<(Shape, Bytes, BTreeMap<String, Value>)> {
+    let logical = &zt.object(&info.name)?.shape;
+    let mut pairs = logical.dims().to_vec();
+    match pairs.last_mut() {
+        Some(last) if *last % 2 == 0 => *last /= 2,
+        _ => {
+            return Err(Error::unsupported(format!(
+                "converting f4_e2m1 tensor `{}` of shape {logical} to .zt 1.x, which stores \
+                 one value per byte: it goes there as torch's float4_e2m1fn_x2 pairs along \
+                 the last dimension, which must be even (keep version 2 for this one)",
+                info.name
+            )))
+        }
+    }
+    let mut attributes = info.attributes.clone().into_map();
+    attributes.insert(
+        SOURCE_LAYOUT_KEY.to_owned(),
+        Value::Str("pytorch:float4_e2m1fn_x2".to_owned()),
+    );
+    Ok((
+        Shape::new(pairs)?,
+        zt.component(&info.name, "data")?,
+        attributes,
+    ))
+}
+
 /// A `.zt` source as safetensors output sees it: a dense tensor whose logical type is
 /// `f8_e8m0` (one byte per element, which tensorwire has no dtype for) is listed as
 /// safetensors' raw `F8_E8M0`, as a [`tensorwire_formats::SafetensorsReader`] lists
@@ -281,7 +323,7 @@ impl TensorSource for ZtAsSafetensors<'_> {
         &self.infos
     }
 
-    fn attributes(&self) -> &std::collections::BTreeMap<String, Value> {
+    fn attributes(&self) -> &BTreeMap<String, Value> {
         self.zt.attributes()
     }
 
