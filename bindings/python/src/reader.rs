@@ -569,7 +569,9 @@ fn node_to_py<'py>(
     };
     Ok(match node {
         // A sparse tensor is built from its parts by the caller, under its name.
-        Node::Tensor(name) | Node::Sparse { name, .. } => make.tensor.call1((&**name,))?,
+        Node::Tensor(name) | Node::Sparse { name, .. } | Node::Meta(name) => {
+            make.tensor.call1((&**name,))?
+        }
         Node::TorchObject(name) => make.torch_object.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
@@ -855,6 +857,45 @@ impl Reader {
             out.push((name.to_owned(), scale, zero_point, axis));
         }
         Ok(out)
+    }
+
+    /// The tensors of a PyTorch checkpoint on torch's meta device (no data; not in
+    /// `keys()`), in checkpoint order: `(name, torch dtype name, sizes, strides,
+    /// requires_grad, parameter, position, same_as)`, where `position` counts the
+    /// `keys()` before it and `same_as` is the index of the earlier entry that is the
+    /// same object (or `None`).
+    #[allow(clippy::type_complexity)]
+    fn _pytorch_meta(
+        &self,
+    ) -> PyResult<
+        Vec<(
+            String,
+            &'static str,
+            Vec<u64>,
+            Vec<u64>,
+            bool,
+            bool,
+            usize,
+            Option<usize>,
+        )>,
+    > {
+        Ok(pytorch(self.src()?)?
+            .meta_tensors()
+            .iter()
+            .map(|m| {
+                let t = &m.tensor;
+                (
+                    m.name.to_string(),
+                    t.dtype.torch_name(),
+                    t.shape.dims().to_vec(),
+                    t.strides.to_vec(),
+                    t.requires_grad,
+                    t.parameter,
+                    m.position,
+                    m.same_as,
+                )
+            })
+            .collect())
     }
 
     /// The sparse tensors of a PyTorch checkpoint, in the order the pickle lists them:

@@ -53,16 +53,22 @@ def test_load_numpy_reads_what_torch_saved(path, want, source):
     f = {"path": lambda: path, "bytes": lambda: _as_bytes(path),
          "file": lambda: open(path, "rb")}[source]()
     got = pytorch.load_numpy(f)
-    assert list(got) == [t["name"] for t in want["tensors"]]
+    assert list(got) == _names(want, want["tensors"])
+    for m in want.get("meta_tensors", []):
+        assert got[m["name"]] == pytorch.MetaTensor(
+            m["dtype"], tuple(m["shape"]), tuple(m["stride"]), m["requires_grad"],
+            m["parameter"]), m["name"]
     for t in want["tensors"]:
         if t["npy_view"] is None:
             assert _same_bytes(got[t["name"]], t), t["name"]
     if source == "bytes":
         # Views of the caller's bytes are read-only (byte-swapped ones are copies).
         buffer = np.frombuffer(f, np.uint8)
-        shared = [a for a in got.values() if np.shares_memory(a, buffer)]
+        shared = [a for a in got.values()
+                  if isinstance(a, np.ndarray) and np.shares_memory(a, buffer)]
         assert not any(a.flags.writeable for a in shared)
-        assert shared or want.get("byteorder") == "big" or not any(a.size for a in got.values())
+        assert shared or want.get("byteorder") == "big" or not any(
+            a.size for a in got.values() if isinstance(a, np.ndarray))
 
 
 def test_load_numpy_copies_own_their_memory():
@@ -119,7 +125,7 @@ def _torch_bytes(t):
 def test_load_reads_what_torch_saved(path, want):
     got = _with_parts(pytorch.load(path))
     copies = _with_parts(pytorch.load(path, mmap=False))
-    assert list(got) == list(copies) == [t["name"] for t in _loaded(want, sparse=True)]
+    assert list(got) == list(copies) == _names(want, _loaded(want, sparse=True))
     for t in _loaded(want):
         g, c = got[t["name"]], copies[t["name"]]
         shape, strides = _torch_layout(t)
@@ -150,6 +156,19 @@ def _quantization(t):
         return t.qscheme(), t.q_scale(), t.q_zero_point()
     return (t.qscheme(), t.q_per_channel_scales().tolist(),
             t.q_per_channel_zero_points().tolist(), t.q_per_channel_axis())
+
+
+def _names(want, entries):
+    """The names of `entries` (of `want["tensors"]`, in order) with the fixture's meta
+    tensors at their places: the order of `load` and `load_numpy`."""
+    at = {t["name"]: i for i, t in enumerate(want["tensors"])}
+    meta = list(want.get("meta_tensors", []))
+    out = []
+    for t in entries:
+        while meta and meta[0]["position"] <= at[t["name"]]:
+            out.append(meta.pop(0)["name"])
+        out.append(t["name"])
+    return out + [m["name"] for m in meta]
 
 
 def _loaded(want, sparse=False):
@@ -406,6 +425,11 @@ def compare_trees(got, want, same_tensor, where="root"):
         # An nn.Parameter is one, and requires_grad is torch's.
         assert type(got) is type(want), (where, type(got), type(want))
         assert got.requires_grad == want.requires_grad, where
+        if want.device.type == "meta":  # no data: what it says of itself
+            assert got.device.type == "meta", where
+            assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape,
+                                                            want.stride()), where
+            return
         if want.layout == torch.strided:
             same_tensor(got, want, where)
             return
@@ -544,9 +568,10 @@ def test_map_location_function_gets_each_storage_once(path, want, mmap):
         return storage
 
     got = _with_parts(pytorch.load(path, map_location=keep, mmap=mmap))
-    assert list(got) == [t["name"] for t in _loaded(want, sparse=True)]
+    assert list(got) == _names(want, _loaded(want, sparse=True))
     keys = _storage_keys(path)
-    assert len(calls) == len(set(keys)) and {loc for _, loc in calls} == {"cpu"}
+    assert len(calls) == len(set(keys))
+    assert {loc for _, loc in calls} == ({"cpu"} if keys else set())
     first = {}
     for t, key in zip(want["tensors"], keys):
         if t["name"] not in got:  # a quantized tensor's scales or zero points
@@ -1242,3 +1267,63 @@ def test_a_bytearray_pickled_once_is_one_object(tmp_path):
         assert got == want
         assert got["a"] is got["b"][0] and want["a"] is want["b"][0]
         assert got["c"] is not got["a"]
+
+
+@pytest.mark.parametrize("name", ["meta_tensors.pt", "meta_tensors.legacy.pt", "meta.pt"])
+def test_meta_tensors_have_no_data_and_are_listed_apart(name):
+    """Tensors saved on torch's meta device: not among the keys (there are no bytes
+    to read; asking for one says why), in load_numpy as MetaTensor at their places,
+    one object for the names of one pickled tensor."""
+    path = os.path.join(FIXTURES, name)
+    with open(os.path.join(EXPECTED, name + ".json")) as f:
+        want = json.load(f)
+    meta = want["meta_tensors"]
+    with tw.Reader(path) as r:
+        assert r.keys() == [t["name"] for t in want["tensors"]]
+        for m in meta:
+            assert m["name"] not in r
+            with pytest.raises(tw.UnsupportedError, match="meta device"):
+                r.read_numpy(m["name"])
+    tree = pytorch.load_numpy(path, flat=False)
+    if name != "meta.pt":
+        assert tree["tied"] is tree["w"] and tree["t"].stride == (1, 3)
+        assert tree["nested"]["scalar"] == pytorch.MetaTensor("int64", (), (), False, False)
+        np.testing.assert_array_equal(tree["nested"]["real"], [1, 1])
+        assert tree["epoch"] == 3
+    else:
+        assert tree == {"w": pytorch.MetaTensor("float32", (2, 3), (3, 1), False, False)}
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", ["meta_tensors.pt", "meta_tensors.legacy.pt"])
+def test_meta_tensors_load_as_torch_loads_them(name):
+    """pytorch.load gives meta tensors as torch.load does, wherever map_location sends
+    the storages: on "meta", with dtype, shape, strides, requires_grad, nn.Parameter,
+    tied names as one object, at their places in the order; nested too."""
+    import warnings
+
+    path = os.path.join(FIXTURES, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is "experimental"
+        for kwargs in ({}, {"mmap": False}, {"map_location": "cpu"},
+                       {"map_location": {"cpu": "meta"}},
+                       {"map_location": lambda storage, loc: storage}):
+            ref = torch.load(path, weights_only=True,
+                             map_location=kwargs.get("map_location"))
+            flat_ref = {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)}
+            got = pytorch.load(path, **kwargs)
+            # The flat view: nested ones under dotted names, at their places.
+            assert list(got) == ["w", "b", "tied", "t", "p", "frozen", "grad", "c32", "e8",
+                                 "nested.scalar", "nested.empty", "nested.real"], kwargs
+            assert got["tied"] is got["w"], kwargs
+            for k, w in flat_ref.items():
+                compare_trees(got[k], w, _same_values, f"{k} {kwargs}")
+            compare_trees(pytorch.load(path, flat=False, **kwargs), ref, _same_values,
+                          str(kwargs))
+        tree = pytorch.load(path, flat=False)
+        assert tree["tied"] is tree["w"]
+        assert isinstance(tree["frozen"], torch.nn.Parameter) and not tree["frozen"].requires_grad
+        assert tree["grad"].requires_grad and not isinstance(tree["grad"], torch.nn.Parameter)
+        with open(path, "rb") as f:
+            from_bytes = pytorch.load(f.read())
+        assert from_bytes["w"].device.type == "meta" and from_bytes["tied"] is from_bytes["w"]

@@ -305,7 +305,7 @@ def test_pytorch_load_through_the_ring_is_torch_load(torch, path, spec, cpu_as_c
     compare_trees(got, want, same_as_loaded, os.path.basename(path))
     dense_want, dense_got = (
         {n: t for n, t in _flat_tensors(obj).items()
-         if t.layout == torch.strided and not t.is_quantized}
+         if t.layout == torch.strided and not t.is_quantized and t.device.type != "meta"}
         for obj in (want, got))
     if any(t.numel() for t in dense_want.values()):
         assert cpu_as_cuda, "nothing went through the ring"

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde_json::{json, Map, Value as J};
-use tensorwire::pytorch::{Quantization, TorchOnlyDType};
+use tensorwire::pytorch::{MetaEntry, PtReader, Quantization, TorchOnlyDType};
 use tensorwire::zt::ZtReader;
 use tensorwire::{ShardedSource, TensorInfo, TensorSource};
 
@@ -78,6 +78,19 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
                 out,
                 "  {name}: {count} tensor{}",
                 if count == 1 { "" } else { "s" }
+            )?;
+        }
+    }
+    let meta = meta_tensors(src);
+    if !meta.is_empty() {
+        writeln!(out, "meta tensors (on torch's meta device: no data):")?;
+        for m in meta {
+            writeln!(
+                out,
+                "  {}: {} {}",
+                table_cell(&m.name, MAX_NAME_WIDTH),
+                m.tensor.dtype.torch_name().trim_start_matches("torch."),
+                m.tensor.shape
             )?;
         }
     }
@@ -193,6 +206,13 @@ fn shard_counts(sharded: &ShardedSource) -> Vec<(&str, usize)> {
         .collect()
 }
 
+/// A PyTorch checkpoint's tensors on the meta device (none for other sources).
+fn meta_tensors(src: &dyn TensorSource) -> &[MetaEntry] {
+    src.as_any()
+        .downcast_ref::<PtReader>()
+        .map_or(&[], PtReader::meta_tensors)
+}
+
 fn document(path: &Path, src: &dyn TensorSource) -> J {
     let tensors = src.tensors();
     let zt = src.as_any().downcast_ref::<ZtReader>();
@@ -233,6 +253,23 @@ fn document(path: &Path, src: &dyn TensorSource) -> J {
         "tensors".into(),
         J::Array(tensors.iter().map(tensor_doc).collect()),
     );
+    let meta = meta_tensors(src);
+    if !meta.is_empty() {
+        let meta = meta
+            .iter()
+            .map(|m| {
+                json!({
+                    "name": &*m.name,
+                    "dtype": m.tensor.dtype.torch_name().trim_start_matches("torch."),
+                    "shape": m.tensor.shape.dims(),
+                    "stride": &m.tensor.strides[..],
+                    "requires_grad": m.tensor.requires_grad,
+                    "parameter": m.tensor.parameter,
+                })
+            })
+            .collect();
+        doc.insert("meta_tensors".into(), J::Array(meta));
+    }
     J::Object(doc)
 }
 

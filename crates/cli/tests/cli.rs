@@ -914,6 +914,48 @@ fn torch_only_dtypes_are_named_and_converted_where_the_format_has_them() {
     );
 }
 
+/// Tensors on torch's meta device (no data): `inspect` lists them apart from the
+/// tensors, with torch's dtype and shape (in JSON with strides and flags too);
+/// `convert` refuses the file, naming them, and leaves nothing behind.
+#[test]
+fn meta_tensors_are_listed_apart_and_not_converted() {
+    let (src, table) = inspect_fixture("pytorch/meta_tensors.pt");
+    assert!(table.starts_with(&format!("{}: pytorch-zip, 2 tensors", src.display())));
+    let listed: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("meta tensors"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(listed.len(), 10, "{table}");
+    assert_eq!(listed[0], "  w: float32 [3, 4]");
+    assert!(listed.contains(&"  c32: complex32 [2]"), "{table}");
+    assert!(listed.contains(&"  nested.scalar: int64 []"), "{table}");
+    assert_eq!(dtype_of(&table, "b"), "f32");
+
+    let o = tw([OsStr::new("inspect"), OsStr::new("--json"), src.as_os_str()]);
+    assert_exit(&o, 0);
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["tensor_count"], 2);
+    let t = &doc["meta_tensors"][2];
+    assert_eq!(t["name"], "t");
+    assert_eq!(t["stride"], serde_json::json!([1, 3]));
+    assert_eq!(doc["meta_tensors"][3]["parameter"], true);
+
+    let dir = tempfile::tempdir().unwrap();
+    for out in ["out.zt", "out.safetensors"] {
+        let dst = dir.path().join(out);
+        let o = tw([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
+        assert_exit(&o, 2);
+        assert!(
+            stderr(&o).contains("meta device (`w` and 9 more)"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!dst.exists());
+    }
+}
+
 /// A quantized torch checkpoint: `inspect` names torch's quantized dtypes over the
 /// integers they hold; `.zt` output keeps each tensor's scheme and parameters, and
 /// safetensors output (which has no per-tensor metadata) keeps them in

@@ -14,7 +14,7 @@ use tensorwire_core::{Error, NameSet, Result, Value};
 
 use crate::pickle::{Arena, DictKind, Id, Obj};
 use crate::sparse::{SparseLayout, SparseTensor};
-use crate::tensor::{Quantization, TensorRecord};
+use crate::tensor::{MetaTensor, Quantization, TensorRecord};
 
 /// The name of the tensor when the checkpoint is one bare tensor.
 pub const ROOT_TENSOR_NAME: &str = "tensor";
@@ -36,6 +36,9 @@ pub enum Node {
         /// The parts' names.
         parts: Vec<Arc<str>>,
     },
+    /// A tensor on the meta device (no data), by its name among the reader's
+    /// [`PtReader::meta_tensors`](crate::PtReader::meta_tensors).
+    Meta(Arc<str>),
     /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global outside
     /// torch (`collections.OrderedDict`) by name.
     Value(Value),
@@ -80,20 +83,38 @@ impl Node {
     /// tensor's parts stand for it.
     pub fn tensor_names(&self) -> Vec<&Arc<str>> {
         let mut out = Vec::new();
-        self.push_tensor_names(&mut out);
+        self.for_each_leaf(&mut |name, meta| {
+            if !meta {
+                out.push(name)
+            }
+        });
         out
     }
 
-    fn push_tensor_names<'a>(&'a self, out: &mut Vec<&'a Arc<str>>) {
-        match self {
-            Node::Tensor(name) => out.push(name),
-            Node::Sparse { parts, .. } => out.extend(parts),
-            Node::Value(_) | Node::TorchObject(_) | Node::ByteArray(_) => {}
-            Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.push_tensor_names(out)),
-            Node::List(items) | Node::Tuple(items) | Node::Set(items) | Node::FrozenSet(items) => {
-                items.iter().for_each(|v| v.push_tensor_names(out))
+    /// The names of the meta tensor leaves, depth first.
+    pub fn meta_names(&self) -> Vec<&Arc<str>> {
+        let mut out = Vec::new();
+        self.for_each_leaf(&mut |name, meta| {
+            if meta {
+                out.push(name)
             }
-            Node::Shared { node, .. } => node.push_tensor_names(out),
+        });
+        out
+    }
+
+    /// Calls `f(name, is_meta)` for each tensor leaf (a sparse tensor's parts), depth
+    /// first.
+    fn for_each_leaf<'a>(&'a self, f: &mut impl FnMut(&'a Arc<str>, bool)) {
+        match self {
+            Node::Tensor(name) => f(name, false),
+            Node::Meta(name) => f(name, true),
+            Node::Sparse { parts, .. } => parts.iter().for_each(|p| f(p, false)),
+            Node::Value(_) | Node::TorchObject(_) | Node::ByteArray(_) => {}
+            Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.for_each_leaf(f)),
+            Node::List(items) | Node::Tuple(items) | Node::Set(items) | Node::FrozenSet(items) => {
+                items.iter().for_each(|v| v.for_each_leaf(f))
+            }
+            Node::Shared { node, .. } => node.for_each_leaf(f),
         }
     }
 }
@@ -109,6 +130,9 @@ pub struct Flat<'a> {
     /// Its parts follow one another there, named `<name>.<part>`
     /// ([`SparseLayout::parts`]).
     pub sparse: Vec<(Arc<str>, &'a SparseTensor, usize)>,
+    /// The meta tensors (no data, so not in `tensors`): `(name, tensor, the number of
+    /// `tensors` listed before it)`.
+    pub meta: Vec<(Arc<str>, &'a MetaTensor, usize)>,
 }
 
 /// Walks the object from `root`. `max_depth` bounds nesting (and so cycles);
@@ -126,7 +150,7 @@ pub fn flatten(arena: &Arena, root: Id, max_depth: usize, max_tensors: u64) -> R
 /// a container's children are named from the empty prefix.
 fn root_name(arena: &Arena, root: Id) -> Arc<str> {
     match arena.get(root) {
-        Obj::Tensor(_) | Obj::Sparse(_) => ROOT_TENSOR_NAME.into(),
+        Obj::Tensor(_) | Obj::Sparse(_) | Obj::Meta(_) => ROOT_TENSOR_NAME.into(),
         _ => "".into(),
     }
 }
@@ -448,6 +472,7 @@ impl<'a> Walker<'a> {
                 tensors: Vec::new(),
                 attributes: Default::default(),
                 sparse: Vec::new(),
+                meta: Vec::new(),
             },
             names: NameSet::default(),
             holds_tensor: vec![None; arena.len()],
@@ -516,7 +541,7 @@ impl<'a> Walker<'a> {
         // Provisionally false, so a cycle terminates.
         self.holds_tensor[id] = Some(false);
         let children: Vec<Id> = match self.arena.get(id) {
-            Obj::Tensor(_) | Obj::Sparse(_) | Obj::Storage(_) => {
+            Obj::Tensor(_) | Obj::Sparse(_) | Obj::Meta(_) | Obj::Storage(_) => {
                 self.holds_tensor[id] = Some(true);
                 return Ok(true);
             }
@@ -536,12 +561,13 @@ impl<'a> Walker<'a> {
         Ok(found)
     }
 
+    fn check_tensor_count(&self) -> Result<()> {
+        let listed = self.flat.tensors.len() + self.flat.meta.len();
+        Error::check_limit("tensor count", listed as u64 + 1, self.max_tensors)
+    }
+
     fn add_tensor(&mut self, name: Arc<str>, record: &'a TensorRecord) -> Result<()> {
-        Error::check_limit(
-            "tensor count",
-            self.flat.tensors.len() as u64 + 1,
-            self.max_tensors,
-        )?;
+        self.check_tensor_count()?;
         if !self.names.insert(Arc::clone(&name)) {
             return Err(name_taken(&name));
         }
@@ -584,6 +610,15 @@ impl<'a> Walker<'a> {
                     self.copy(&*part_name)?;
                     self.add_tensor(part_name, part)?;
                 }
+                Ok(())
+            }
+            Obj::Meta(meta) => {
+                self.check_tensor_count()?;
+                if !self.names.insert(Arc::clone(&name)) {
+                    return Err(name_taken(&name));
+                }
+                let before = self.flat.tensors.len();
+                self.flat.meta.push((name, meta, before));
                 Ok(())
             }
             Obj::Sparse(sparse) => {
@@ -667,6 +702,7 @@ impl<'a> Walker<'a> {
         };
         let node = match arena.get(id) {
             Obj::Tensor(_) => Node::Tensor(name),
+            Obj::Meta(_) => Node::Meta(name),
             Obj::Sparse(sparse) => Node::Sparse {
                 parts: sparse
                     .part_names(&name)
@@ -853,7 +889,7 @@ impl<'a> Walker<'a> {
                     .collect::<Result<_>>()?,
             ),
             Obj::Global(g) => Value::Str(g.name().to_owned()),
-            Obj::Storage(_) | Obj::Tensor(_) | Obj::Sparse(_) => {
+            Obj::Storage(_) | Obj::Tensor(_) | Obj::Sparse(_) | Obj::Meta(_) => {
                 return Err(Error::unsupported("a tensor inside a metadata value"))
             }
         })

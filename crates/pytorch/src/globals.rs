@@ -11,7 +11,9 @@ use tensorwire_core::{DType, Error, Result};
 
 use crate::pickle::{Arena, DictKind, Id, Obj, Span};
 use crate::sparse::SparseTensor;
-use crate::tensor::{Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType};
+use crate::tensor::{
+    MetaTensor, Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType,
+};
 
 /// An allowlisted global.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub enum Global {
     /// `torch._utils._rebuild_tensor_v3(storage, offset, size, stride, requires_grad,
     /// backward_hooks, dtype[, metadata])`: an untyped storage read as `dtype`.
     RebuildTensorV3,
+    /// `torch._utils._rebuild_meta_tensor_no_storage(dtype, size, stride,
+    /// requires_grad)`: a [`MetaTensor`].
+    RebuildMetaTensor,
     /// `torch._utils._rebuild_parameter(data, requires_grad, backward_hooks)`.
     RebuildParameter,
     /// `torch._utils._rebuild_parameter_with_state(data, requires_grad,
@@ -57,7 +62,7 @@ pub enum Global {
     /// `torch._utils._rebuild_device_tensor_from_cpu_tensor(data, dtype, device,
     /// requires_grad)`: `data`, for a tensor saved from a device without storages.
     RebuildFromCpuTensor,
-    /// An allowlisted global whose objects tensorwire cannot build (sparse, meta and
+    /// An allowlisted global whose objects tensorwire cannot build (legacy sparse and
     /// subclassed tensors, complex scalars): naming it is fine, calling it is
     /// [`Error::Unsupported`], saying what it builds.
     Unsupported {
@@ -89,6 +94,7 @@ impl Global {
             Global::RebuildTensor => "torch._utils._rebuild_tensor",
             Global::RebuildTensorV2 => "torch._utils._rebuild_tensor_v2",
             Global::RebuildTensorV3 => "torch._utils._rebuild_tensor_v3",
+            Global::RebuildMetaTensor => "torch._utils._rebuild_meta_tensor_no_storage",
             Global::RebuildParameter => "torch._utils._rebuild_parameter",
             Global::RebuildParameterWithState => "torch._utils._rebuild_parameter_with_state",
             Global::RebuildFromTypeV2 => "torch._tensor._rebuild_from_type_v2",
@@ -126,6 +132,7 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         ("torch._utils", "_rebuild_tensor_v2") => Some(Global::RebuildTensorV2),
         ("torch._utils", "_rebuild_tensor_v3") => Some(Global::RebuildTensorV3),
         ("torch._utils", "_rebuild_parameter") => Some(Global::RebuildParameter),
+        ("torch._utils", "_rebuild_meta_tensor_no_storage") => Some(Global::RebuildMetaTensor),
         ("torch._utils", "_rebuild_parameter_with_state") => {
             Some(Global::RebuildParameterWithState)
         }
@@ -302,10 +309,6 @@ const LEGACY_SPARSE_TYPES: &[&str] = &[
 /// tensorwire cannot follow, with what they build.
 const UNSUPPORTED_REBUILDS: &[(&str, &str)] = &[
     (
-        "torch._utils._rebuild_meta_tensor_no_storage",
-        "meta tensors (which hold no data)",
-    ),
-    (
         "torch._utils._rebuild_wrapper_subclass",
         "tensor subclasses (DTensor and the like)",
     ),
@@ -417,6 +420,39 @@ fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result
     Ok(())
 }
 
+/// The same check for a meta tensor.
+fn check_meta_requires_grad(meta: &MetaTensor, what: &str, offset: u64) -> Result<()> {
+    let differentiable = match meta.dtype {
+        TensorDType::Tensorwire(dtype) => differentiable(Some(dtype)),
+        TensorDType::TorchOnly(_) => true,
+    };
+    if meta.requires_grad && !differentiable {
+        return Err(bad_args(
+            what,
+            offset,
+            format!("a {} tensor requiring grad", meta.dtype.torch_name()),
+        ));
+    }
+    Ok(())
+}
+
+/// A dtype argument (`_rebuild_tensor_v3`, `_rebuild_meta_tensor_no_storage`): one
+/// tensorwire has, or one only torch has; any other torch dtype (`torch.qint8`,
+/// `torch.int4`) is [`Error::Unsupported`].
+fn dtype_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<TensorDType> {
+    match arena.get(id) {
+        Obj::Global(Global::Dtype(dtype)) => Ok(TensorDType::Tensorwire(*dtype)),
+        Obj::Global(Global::TorchConstant(name)) => TorchOnlyDType::from_torch_name(name)
+            .map(TensorDType::TorchOnly)
+            .ok_or_else(|| {
+                Error::unsupported(format!(
+                    "tensors of {name}, which tensorwire has no dtype for"
+                ))
+            }),
+        _ => Err(bad_args(what, offset, "the dtype argument is not a dtype")),
+    }
+}
+
 /// `requires_grad`, which torch sets on the tensor: a bool.
 fn requires_grad_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<bool> {
     match arena.get(id) {
@@ -499,20 +535,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             if argv.len() < 7 || argv.len() > 8 {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             }
-            let dtype = match arena.get(argv[6]) {
-                Obj::Global(Global::Dtype(dtype)) => TensorDType::Tensorwire(*dtype),
-                Obj::Global(Global::TorchConstant(name)) => {
-                    match TorchOnlyDType::from_torch_name(name) {
-                        Some(torch_only) => TensorDType::TorchOnly(torch_only),
-                        None => {
-                            return Err(Error::unsupported(format!(
-                                "tensors of {name}, which tensorwire has no dtype for"
-                            )))
-                        }
-                    }
-                }
-                _ => return Err(bad_args(what, offset, "the dtype argument is not a dtype")),
-            };
+            let dtype = dtype_arg(arena, argv[6], what, offset)?;
             let mut record = TensorRecord::from_rebuild(
                 arena,
                 argv[0],
@@ -551,6 +574,16 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             record.quantization = Some(Box::new(quantization));
             Ok(Obj::Tensor(Box::new(record)))
         }
+        Global::RebuildMetaTensor => {
+            let [dtype, size, stride, requires_grad] = argv else {
+                return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
+            };
+            let dtype = dtype_arg(arena, *dtype, what, offset)?;
+            let mut meta = MetaTensor::from_rebuild(arena, dtype, *size, *stride, offset)?;
+            meta.requires_grad = requires_grad_arg(arena, *requires_grad, what, offset)?;
+            check_meta_requires_grad(&meta, what, offset)?;
+            Ok(Obj::Meta(Box::new(meta)))
+        }
         Global::RebuildParameter | Global::RebuildParameterWithState => {
             // (data, requires_grad, backward_hooks[, state]): torch makes
             // `nn.Parameter(data, requires_grad)` (the state sets Python attributes on
@@ -584,6 +617,13 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                     check_requires_grad(&record, what, offset)?;
                     Ok(Obj::Tensor(record))
                 }
+                Obj::Meta(meta) => {
+                    let mut meta = meta.clone();
+                    meta.parameter = true;
+                    meta.requires_grad = requires_grad;
+                    check_meta_requires_grad(&meta, what, offset)?;
+                    Ok(Obj::Meta(meta))
+                }
                 _ => tensor_arg(arena, *data, what, offset),
             }
         }
@@ -599,6 +639,10 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 Obj::Tensor(mut record) if class.ends_with("Parameter") => {
                     record.parameter = true;
                     Ok(Obj::Tensor(record))
+                }
+                Obj::Meta(mut meta) if class.ends_with("Parameter") => {
+                    meta.parameter = true;
+                    Ok(Obj::Meta(meta))
                 }
                 other => Ok(other),
             }
@@ -1562,6 +1606,88 @@ mod tests {
 
     /// A `_rebuild_tensor_v3` of the torch dtype `dtype` on an untyped storage of
     /// `nbytes`, with `rest` (pickle text: offset, sizes, strides, requires_grad).
+    /// `_rebuild_meta_tensor_no_storage(torch.<dtype>, <args>)` (`args`: the size,
+    /// stride and requires_grad items), optionally inside `_rebuild_parameter`.
+    fn meta_tensor(dtype: &str, args: &[u8], parameter: Option<bool>) -> Result<MetaTensor> {
+        let mut p = b"\x80\x02".to_vec();
+        if parameter.is_some() {
+            p.extend(b"ctorch._utils\n_rebuild_parameter\n(");
+        }
+        p.extend(b"ctorch._utils\n_rebuild_meta_tensor_no_storage\n(ctorch\n");
+        p.extend(dtype.as_bytes());
+        p.push(b'\n');
+        p.extend(args);
+        p.extend(b"tR");
+        if let Some(flag) = parameter {
+            p.extend([if flag { 0x88 } else { 0x89 }, b'}', b't', b'R']);
+        }
+        p.push(b'.');
+        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
+        match u.arena.get(u.root) {
+            Obj::Meta(m) => Ok((**m).clone()),
+            other => panic!("not a meta tensor: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn meta_tensors_are_built_with_their_dtype_sizes_and_strides() {
+        // (3, 4) strides (1, 3): a transpose; not requiring grad.
+        let m = meta_tensor("float32", b"K\x03K\x04\x86K\x01K\x03\x86\x89", None).unwrap();
+        assert_eq!(m.dtype, TensorDType::Tensorwire(DType::F32));
+        assert_eq!((m.shape.dims(), &m.strides[..]), (&[3, 4][..], &[1, 3][..]));
+        assert!(!m.requires_grad && !m.parameter);
+        // torch-only dtypes keep torch's sizes (no holder dimension: there is no data).
+        let m = meta_tensor("complex32", b"K\x02\x85K\x01\x85\x88", None).unwrap();
+        assert_eq!(m.dtype.torch_name(), "torch.complex32");
+        assert_eq!((m.shape.dims(), m.requires_grad), (&[2][..], true));
+        // 0-d, and an nn.Parameter around one (its flag wins).
+        let m = meta_tensor("bfloat16", b"))\x89", Some(true)).unwrap();
+        assert!(m.shape.dims().is_empty() && m.parameter && m.requires_grad);
+        // Empty: any strides.
+        let huge_stride = b"K\x00K\x07\x86\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7fK\x01\x86\x89";
+        assert!(meta_tensor("float64", huge_stride, None).is_ok());
+        // What torch would refuse to make, and what the format cannot hold.
+        for (dtype, args, parameter, want) in [
+            (
+                "int64",
+                &b"K\x02\x85K\x01\x85\x88"[..],
+                None,
+                "tensor requiring grad",
+            ),
+            (
+                "int8",
+                b"K\x02\x85K\x01\x85\x89",
+                Some(true),
+                "tensor requiring grad",
+            ),
+            ("float32", b"K\x02\x85)\x89", None, "1 sizes but 0 strides"),
+            (
+                "float32",
+                b"K\x02\x85K\x01\x85K\x01",
+                None,
+                "requires_grad is of type int",
+            ),
+            ("float32", b"K\x02\x85K\x01\x85", None, "3 arguments"),
+            // A reach of 2^63 - 1 elements of 8 bytes: past torch's int64 bytes.
+            (
+                "float64",
+                &b"K\x02\x85\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f\x85\x89"[..],
+                None,
+                "extent",
+            ),
+            ("qint8", b"K\x02\x85K\x01\x85\x89", None, "torch.qint8"),
+            (
+                "float32",
+                b"J\xff\xff\xff\xff\x85K\x01\x85\x89",
+                None,
+                "non-negative",
+            ),
+        ] {
+            let err = meta_tensor(dtype, args, parameter).unwrap_err();
+            assert!(err.to_string().contains(want), "{dtype}: {err}");
+        }
+    }
+
     fn tensor_v3(dtype: &str, nbytes: u8, rest: &[u8]) -> Result<TensorRecord> {
         let mut p = b"\x80\x02ctorch._utils\n_rebuild_tensor_v3\n(".to_vec();
         p.extend(persistent_id("UntypedStorage", "0", nbytes));

@@ -47,9 +47,11 @@ pub mod zip;
 pub use crate::flatten::{Node, ROOT_TENSOR_NAME};
 pub use crate::input::Input;
 pub use crate::pickle::DictKind;
-pub use crate::reader::{PtFormat, PtReader};
+pub use crate::reader::{MetaEntry, PtFormat, PtReader};
 pub use crate::sparse::{SparseLayout, SparseTensor};
-pub use crate::tensor::{Quantization, StorageRef, TensorDType, TensorRecord, TorchOnlyDType};
+pub use crate::tensor::{
+    MetaTensor, Quantization, StorageRef, TensorDType, TensorRecord, TorchOnlyDType,
+};
 
 /// True when `head` (a file's first bytes, 32 are enough) looks like a torch
 /// checkpoint: a ZIP archive or the legacy format's magic-number pickle.

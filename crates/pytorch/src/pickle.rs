@@ -15,7 +15,7 @@ use tensorwire_core::{Error, NameMap, Result};
 
 use crate::globals::{self, Global};
 use crate::sparse::SparseTensor;
-use crate::tensor::{StorageRef, TensorRecord};
+use crate::tensor::{MetaTensor, StorageRef, TensorRecord};
 
 /// Index of an object in the [`Arena`].
 pub type Id = usize;
@@ -93,6 +93,8 @@ pub enum Obj {
     Tensor(Box<TensorRecord>),
     /// A sparse tensor (`_rebuild_sparse_tensor`).
     Sparse(Box<SparseTensor>),
+    /// A tensor on the meta device, which holds no data.
+    Meta(Box<MetaTensor>),
 }
 
 /// The class of a pickled dict: `torch.load` gives back the same one.
@@ -147,6 +149,7 @@ impl Obj {
             Obj::Storage(_) => "storage",
             Obj::Tensor(_) => "tensor",
             Obj::Sparse(_) => "sparse tensor",
+            Obj::Meta(_) => "meta tensor",
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::input::Input;
 use crate::legacy::{self, LegacyStorage};
 use crate::pickle::{self, Arena, Id, PersistentLoad, PickleLimits};
 use crate::sparse::SparseTensor;
-use crate::tensor::{Quantization, StorageRef, TensorRecord, TorchOnlyDType};
+use crate::tensor::{MetaTensor, Quantization, StorageRef, TensorRecord, TorchOnlyDType};
 use crate::zip::{self, Method, ZipArchive, ZipDirectory, ZipEntry};
 
 /// Which container a checkpoint uses.
@@ -62,10 +62,28 @@ pub struct PtReader {
     attributes: BTreeMap<String, Value>,
     /// The sparse tensors, by name (their parts are tensors of `index`).
     sparse: Vec<(Arc<str>, SparseTensor)>,
+    /// The meta tensors (not in `index`: they hold no data).
+    meta: Vec<MetaEntry>,
     little_endian: bool,
     limits: Limits,
     /// The ZIP container (ZIP files only: `None` is a legacy checkpoint).
     zip: Option<ZipParts>,
+}
+
+/// A tensor of the checkpoint on torch's meta device ([`PtReader::meta_tensors`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct MetaEntry {
+    /// Its flat name (distinct from every tensor's and attribute's).
+    pub name: Arc<str>,
+    /// Its dtype, sizes, strides and flags.
+    pub tensor: MetaTensor,
+    /// How many of the listed tensors ([`TensorSource::tensors`]) come before it in
+    /// the checkpoint's order.
+    pub position: usize,
+    /// The earlier entry that is the very same pickled object (a tied meta weight
+    /// under a second name), which `torch.load` gives as one object.
+    pub same_as: Option<usize>,
 }
 
 /// What a ZIP checkpoint's reader keeps of the archive.
@@ -148,14 +166,20 @@ impl PersistentLoad for AnyStorage {
 }
 
 /// Fails unless every tensor leaf of `node` is a tensor of `index`.
-fn check_leaves(node: &Node, index: &TensorIndex) -> Result<()> {
+fn check_leaves(node: &Node, index: &TensorIndex, meta: &[MetaEntry]) -> Result<()> {
+    let changed = |name: &str| {
+        Error::malformed(
+            0,
+            format!("the checkpoint changed since it was opened: `{name}`"),
+        )
+    };
     for name in node.tensor_names() {
-        index.position(name).map_err(|_| {
-            Error::malformed(
-                0,
-                format!("the checkpoint changed since it was opened: `{name}`"),
-            )
-        })?;
+        index.position(name).map_err(|_| changed(name))?;
+    }
+    for name in node.meta_names() {
+        if !meta.iter().any(|m| m.name == *name) {
+            return Err(changed(name));
+        }
     }
     Ok(())
 }
@@ -428,6 +452,26 @@ impl PtReader {
             })?;
             records.push(record.clone());
         }
+        let mut meta: Vec<MetaEntry> = Vec::with_capacity(flat.meta.len());
+        // One pickled object reached under several names: the same arena address.
+        let mut first_of = std::collections::HashMap::new();
+        for (at, (name, tensor, position)) in flat.meta.iter().enumerate() {
+            Error::check_limit(
+                "tensor name length",
+                name.len() as u64,
+                limits.max_name_bytes as u64,
+            )?;
+            let first = *first_of
+                .entry(std::ptr::from_ref::<MetaTensor>(tensor))
+                .or_insert(at);
+            let same_as = (first != at).then_some(first);
+            meta.push(MetaEntry {
+                name: Arc::clone(name),
+                tensor: (*tensor).clone(),
+                position: *position,
+                same_as,
+            });
+        }
         Ok(PtReader {
             input,
             records,
@@ -440,6 +484,7 @@ impl PtReader {
                 .into_iter()
                 .map(|(name, sparse, _)| (name, sparse.clone()))
                 .collect(),
+            meta,
             little_endian,
             limits: *limits,
             zip,
@@ -466,7 +511,7 @@ impl PtReader {
             None => legacy::parse(&self.input, &limits, self.limits.max_metadata_bytes)?.object,
         };
         let tree = structure(&object.arena, object.root, self.limits.max_depth)?;
-        check_leaves(&tree, &self.index)?;
+        check_leaves(&tree, &self.index, &self.meta)?;
         Ok(tree)
     }
 
@@ -545,6 +590,13 @@ impl PtReader {
             }
         }
         parts
+    }
+
+    /// The tensors on torch's meta device, in the checkpoint's order: each has a
+    /// dtype, sizes and strides but no data, so [`TensorSource::tensors`] does not
+    /// list it (viewing one by name is [`Error::Unsupported`], saying so).
+    pub fn meta_tensors(&self) -> &[MetaEntry] {
+        &self.meta
     }
 
     /// The sparse tensors, by name, in the order the pickle lists them. A sparse
@@ -691,7 +743,17 @@ impl TensorSource for PtReader {
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.index.position(name)
+        self.index.position(name).map_err(|e| {
+            if self.meta.iter().any(|m| &*m.name == name) {
+                Error::unsupported(format!(
+                    "reading tensor `{name}`, which is on torch's meta device: it has a \
+                     dtype and shape but no data (tensorwire.pytorch.load gives it as a \
+                     meta tensor)"
+                ))
+            } else {
+                e
+            }
+        })
     }
 
     /// Contiguous tensors of a mapped little-endian file come back zero-copy; strided

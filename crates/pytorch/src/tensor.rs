@@ -158,6 +158,96 @@ pub enum TensorDType {
     TorchOnly(TorchOnlyDType),
 }
 
+impl TensorDType {
+    /// torch's name for it (`torch.float32`, `torch.complex32`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            TensorDType::Tensorwire(dtype) => crate::globals::torch_dtype_name(dtype),
+            TensorDType::TorchOnly(torch_only) => torch_only.torch_name(),
+        }
+    }
+
+    /// Bytes per element, as torch counts them (a complex32 is 4).
+    pub fn element_size(self) -> u64 {
+        match self {
+            TensorDType::Tensorwire(dtype) => dtype.bits().div_ceil(8),
+            TensorDType::TorchOnly(torch_only) => {
+                torch_only.holder().bits() / 8 * torch_only.lanes()
+            }
+        }
+    }
+}
+
+/// A tensor on torch's `"meta"` device (`torch._utils._rebuild_meta_tensor_no_storage`):
+/// a dtype, sizes and strides, and no data. `torch.save` writes one for each tensor of
+/// a model still on the meta device (built with `device="meta"`, or under an
+/// empty-weights context and never materialized); `torch.load` gives it back there.
+/// The flat view does not list it among the tensors (there are no bytes to view):
+/// [`PtReader::meta_tensors`](crate::PtReader::meta_tensors) has it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetaTensor {
+    /// torch's dtype.
+    pub dtype: TensorDType,
+    /// Sizes.
+    pub shape: Shape,
+    /// Strides, in elements.
+    pub strides: Dims,
+    /// The `requires_grad` flag torch sets on it.
+    pub requires_grad: bool,
+    /// Pickled as an `nn.Parameter`.
+    pub parameter: bool,
+}
+
+impl MetaTensor {
+    /// The tensor of a `_rebuild_meta_tensor_no_storage(dtype, size, stride,
+    /// requires_grad)` call: sizes and strides of one rank whose extent, in bytes,
+    /// fits torch's `int64` (as `torch.empty_strided` needs).
+    pub(crate) fn from_rebuild(
+        arena: &Arena,
+        dtype: TensorDType,
+        size: Id,
+        stride: Id,
+        offset: u64,
+    ) -> Result<MetaTensor> {
+        let shape = Shape::try_from_dims(dims_of(arena, size, "size", offset)?)?;
+        let strides = dims_of(arena, stride, "stride", offset)?;
+        if strides.len() != shape.ndim() {
+            return Err(Error::malformed(
+                offset,
+                format!(
+                    "meta tensor has {} sizes but {} strides",
+                    shape.ndim(),
+                    strides.len()
+                ),
+            ));
+        }
+        // The bytes its strides reach: 0 when empty, else 1 + Σ (size − 1) × stride
+        // elements.
+        let overflow = || Error::Overflow {
+            what: "meta tensor extent (in bytes, which must fit i64)",
+        };
+        let mut extent = 0u64;
+        if shape.dims().iter().all(|&d| d > 0) {
+            extent = 1;
+            for (&size, &stride) in shape.dims().iter().zip(&strides) {
+                let reach = (size - 1).checked_mul(stride).ok_or_else(overflow)?;
+                extent = extent.checked_add(reach).ok_or_else(overflow)?;
+            }
+        }
+        extent
+            .checked_mul(dtype.element_size())
+            .filter(|&bytes| bytes <= i64::MAX as u64)
+            .ok_or_else(overflow)?;
+        Ok(MetaTensor {
+            dtype,
+            shape,
+            strides,
+            requires_grad: false,
+            parameter: false,
+        })
+    }
+}
+
 /// torch dtypes that tensorwire has no [`DType`] for but reads, as the elements that
 /// hold them: `torch.float8_e8m0fnu` (MX block scales) and `torch.float4_e2m1fn_x2`
 /// (two packed float4 values, NVFP4 and MXFP4 weights) as `u8`, one per element,
@@ -190,6 +280,15 @@ impl TorchOnlyDType {
             TorchOnlyDType::Float8E8M0Fnu => "float8_e8m0fnu",
             TorchOnlyDType::Float4E2M1FnX2 => "float4_e2m1fn_x2",
             TorchOnlyDType::Complex32 => "complex32",
+        }
+    }
+
+    /// torch's full name (`torch.complex32`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            TorchOnlyDType::Float8E8M0Fnu => "torch.float8_e8m0fnu",
+            TorchOnlyDType::Float4E2M1FnX2 => "torch.float4_e2m1fn_x2",
+            TorchOnlyDType::Complex32 => "torch.complex32",
         }
     }
 

@@ -82,6 +82,7 @@ pub fn convert_source(
         Some(f) => f,
         None => OutputFormat::from_path(dst)?,
     };
+    refuse_meta_tensors(source)?;
     let zt = source.as_any().downcast_ref::<ZtReader>();
     if format == OutputFormat::Safetensors {
         match zt {
@@ -197,6 +198,30 @@ pub fn convert_source(
     }
     writer.finish()?;
     Ok(total)
+}
+
+/// Fails on a PyTorch checkpoint holding tensors on torch's meta device: they have a
+/// dtype and shape but no data, which neither `.zt` nor safetensors can store, and
+/// leaving them out would lose them without a word.
+fn refuse_meta_tensors(source: &dyn TensorSource) -> Result<()> {
+    let Some(pt) = source
+        .as_any()
+        .downcast_ref::<tensorwire_pytorch::PtReader>()
+    else {
+        return Ok(());
+    };
+    match pt.meta_tensors() {
+        [] => Ok(()),
+        [first, rest @ ..] => Err(Error::unsupported(format!(
+            "converting tensors on torch's meta device (`{}`{}), which have a dtype and \
+             shape but no data to write (save the model after loading its weights)",
+            first.name,
+            match rest.len() {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            }
+        ))),
+    }
 }
 
 /// For `.zt` version 2 output: the registered type and logical shape of a tensor that

@@ -21,6 +21,7 @@ Layout and checks: ``docs/formats/pytorch.md``.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 
@@ -28,7 +29,7 @@ from ._native import InvalidArgumentError, MalformedError, UnsafePickleError, Un
 from . import _staging
 from ._reader import Reader, _on_cpu, _shared_torch, _torch_interop
 
-__all__ = ["UnsafePickleError", "FORMATS", "open", "load", "load_numpy"]
+__all__ = ["UnsafePickleError", "FORMATS", "MetaTensor", "open", "load", "load_numpy"]
 
 #: The ``Reader.format`` values of PyTorch checkpoints.
 FORMATS = ("pytorch-zip", "pytorch-legacy")
@@ -99,6 +100,8 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     back quantized, on their storage as well. Sparse tensors (COO, CSR, CSC, BSR,
     BSC) come back sparse, on their indices and values, with their index values
     checked as ``torch.load`` checks them (``MalformedError`` names a bad one).
+    Tensors saved on torch's meta device (a model never given its weights) come back
+    there, as with ``torch.load``: with their dtype, shape and strides, and no data.
     """
     if weights_only is False:
         raise InvalidArgumentError(
@@ -134,11 +137,72 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
         sparse = reader._pytorch_sparse()
         if sparse:
             tensors = _sparse_in_place_of_parts(tensors, sparse, same)
+        meta = reader._pytorch_meta()
+        if meta:
+            tensors = _with_meta_tensors(reader, tensors, meta, sparse, _torch_meta_tensors(meta))
         if flat:
             return tensors
         import torch
 
         return reader._pytorch_structure(tensors.__getitem__, _torch_object)
+
+
+MetaTensor = collections.namedtuple("MetaTensor", "dtype shape stride requires_grad parameter")
+MetaTensor.__doc__ = """A tensor on torch's meta device, as :func:`load_numpy` gives it: it has a
+dtype (torch's name, ``"float32"``), a shape and strides, but no data, so numpy has no
+array for it (:func:`load` gives it as a torch meta tensor)."""
+
+
+def _torch_meta_tensors(meta):
+    """Each meta tensor (``reader._pytorch_meta()``) as ``torch.load`` rebuilds it: on
+    "meta" whatever ``map_location`` says, an ``nn.Parameter`` where pickled as one,
+    and one object for the names of one pickled object."""
+    import torch
+
+    built = []
+    for _, dtype, shape, stride, requires_grad, parameter, _, same_as in meta:
+        if same_as is not None:
+            built.append(built[same_as])
+            continue
+        t = torch.empty_strided(shape, stride, dtype=_torch_object(dtype), device="meta")
+        if parameter:
+            t = torch.nn.Parameter(t, requires_grad=requires_grad)
+        elif requires_grad:
+            t.requires_grad_(True)
+        built.append(t)
+    return built
+
+
+def _numpy_meta_tensors(meta):
+    """Each meta tensor as a :class:`MetaTensor` (the names of one object share one)."""
+    built = []
+    for _, dtype, shape, stride, requires_grad, parameter, _, same_as in meta:
+        built.append(built[same_as] if same_as is not None else MetaTensor(
+            dtype.removeprefix("torch."), tuple(shape), tuple(stride), requires_grad,
+            parameter))
+    return built
+
+
+def _with_meta_tensors(reader, tensors, meta, sparse, built):
+    """``tensors`` (by name, in ``keys()`` order, sparse tensors at their first part)
+    with the meta tensors ``built`` from ``meta`` (``reader._pytorch_meta()``) at their
+    places in the checkpoint's order."""
+    position = {name: at for at, name in enumerate(reader.keys())}
+    for name, _, _, _, parts, _ in sparse:
+        position[name] = position[parts[0]]
+    out = {}
+    pending = iter(zip(meta, built))
+    entry = next(pending, None)
+    for name, t in tensors.items():
+        at = position.get(name, len(position))
+        while entry is not None and entry[0][6] <= at:
+            out[entry[0][0]] = entry[1]
+            entry = next(pending, None)
+        out[name] = t
+    while entry is not None:
+        out[entry[0][0]] = entry[1]
+        entry = next(pending, None)
+    return out
 
 
 def _set_autograd(tensors, autograd, skip):
@@ -399,7 +463,11 @@ def load_numpy(f, *, mmap=True, flat=True):
     methods that return them (``adj.indices`` and ``adj.values``; ``m.crow_indices``,
     ``m.col_indices`` and ``m.values``), each with the attributes ``torch.layout``,
     ``torch.size`` and, for COO, ``torch.is_coalesced``; with ``flat=False``, a dict
-    of those parts and ``layout``, ``size`` (and ``is_coalesced``) in its place."""
+    of those parts and ``layout``, ``size`` (and ``is_coalesced``) in its place.
+
+    A tensor saved on torch's meta device has no data: it comes as a
+    :class:`MetaTensor` (dtype, shape, stride, requires_grad, parameter) at its
+    place."""
     with open(f) as reader:
         names = reader.keys()
         same = reader._pytorch_same_objects()
@@ -410,10 +478,16 @@ def load_numpy(f, *, mmap=True, flat=True):
             _same_objects_once(same, got)
         else:
             got = reader.read_numpy(names, copy=not mmap)
+        meta = reader._pytorch_meta()
         if not flat:
             for name, layout, size, is_coalesced, parts, _ in reader._pytorch_sparse():
                 got[name] = {"layout": layout, "size": tuple(size),
                              **({} if is_coalesced is None else {"is_coalesced": is_coalesced}),
                              **{p.rsplit(".", 1)[-1]: got[p] for p in parts}}
+            for entry, m in zip(meta, _numpy_meta_tensors(meta)):
+                got[entry[0]] = m
             return reader._pytorch_structure(got.__getitem__, str)  # torch objects by name
-        return {name: got[name] for name in names}
+        ordered = {name: got[name] for name in names}
+        if meta:
+            ordered = _with_meta_tensors(reader, ordered, meta, [], _numpy_meta_tensors(meta))
+        return ordered
