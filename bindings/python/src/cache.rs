@@ -33,12 +33,17 @@ fn options(
     pause_at: Option<&str>,
     max_entries: Option<usize>,
 ) -> PyResult<CacheOptions> {
-    if !(timeout.is_finite() && timeout > 0.0) {
+    // A positive number of seconds a `Duration` holds (about 584 billion years).
+    let Some(lock_timeout) = (timeout > 0.0)
+        .then(|| Duration::try_from_secs_f64(timeout).ok())
+        .flatten()
+    else {
         return Err(Error::invalid(format!(
-            "lock_timeout must be positive seconds, not {timeout}"
+            "lock_timeout must be positive seconds (at most {}), not {timeout}",
+            Duration::MAX.as_secs()
         )))
         .or_raise();
-    }
+    };
     let pause_at = match pause_at {
         None => None,
         Some("reserved") => Some(PutStage::Reserved),
@@ -51,7 +56,7 @@ fn options(
     };
     Ok(CacheOptions {
         max_entries,
-        lock_timeout: Duration::from_secs_f64(timeout),
+        lock_timeout,
         pause_at,
         ..CacheOptions::default()
     })
@@ -133,13 +138,14 @@ impl CacheHandle {
         ttl: Option<f64>,
     ) -> PyResult<usize> {
         let cache = self.cache()?;
+        // Positive seconds; more than a `Duration` holds (about 584 billion years)
+        // is as good as never.
         let ttl = ttl
-            .map(|t| {
-                Duration::try_from_secs_f64(t).map_err(|_| {
-                    PyValueError::new_err(format!(
-                        "ttl must be a finite number of seconds, not {t}"
-                    ))
-                })
+            .map(|t| match t > 0.0 {
+                true => Ok(Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX)),
+                false => Err(PyValueError::new_err(format!(
+                    "ttl must be positive seconds, not {t}"
+                ))),
             })
             .transpose()?;
         let (held, parsed) = Held::from_spec(spec)?;

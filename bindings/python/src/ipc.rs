@@ -816,12 +816,15 @@ impl CudaBuffer {
 // ------------------------------------------------------------------ server
 
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
-    if value.is_finite() && value > 0.0 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        Err(PyValueError::new_err(format!(
-            "{what} must be positive seconds, not {value}"
-        )))
+    match (value > 0.0)
+        .then(|| Duration::try_from_secs_f64(value).ok())
+        .flatten()
+    {
+        Some(duration) => Ok(duration),
+        None => Err(PyValueError::new_err(format!(
+            "{what} must be positive seconds (at most {}), not {value}",
+            Duration::MAX.as_secs()
+        ))),
     }
 }
 

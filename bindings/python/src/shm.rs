@@ -132,13 +132,14 @@ unsafe fn write_to(
             available: segment.len() as u64,
         });
     }
-    // The array may itself live in this segment (`put(get())`): copy what overlaps
-    // out first, before anything is written, so no write clobbers it.
+    // The array may itself live in this segment's memory (`put(get())`, through this
+    // handle or another of the same name): copy what overlaps out first, before
+    // anything is written, so no write clobbers it.
     let pieces: Vec<Cow<'_, [u8]>> = encoded
         .pieces()
         .into_iter()
         .map(|piece| -> Cow<'_, [u8]> {
-            if overlaps(piece, segment) {
+            if segment.shares_memory_with(piece) {
                 Cow::Owned(piece.to_vec())
             } else {
                 Cow::Borrowed(piece)
@@ -245,19 +246,6 @@ unsafe fn copy_in(py: Python<'_>, segment: &Segment, at: usize, data: &[u8]) -> 
             None => Ok(()),
         }
     })
-}
-
-/// True when `bytes` shares memory with `segment`'s map.
-fn overlaps(bytes: &[u8], segment: &Segment) -> bool {
-    let (start, end) = (
-        bytes.as_ptr() as usize,
-        bytes.as_ptr() as usize + bytes.len(),
-    );
-    let (base, limit) = (
-        segment.as_ptr() as usize,
-        segment.as_ptr() as usize + segment.len(),
-    );
-    !bytes.is_empty() && start < limit && base < end
 }
 
 fn read_only(segment: &Segment) -> Error {

@@ -205,6 +205,24 @@ def test_put_too_large_raises_memory_error_and_writes_nothing(name):
         assert st.put(np.zeros((200 - 64) // 8)) == 200
 
 
+def test_put_of_a_view_through_another_handle_of_the_same_segment(name):
+    """A second handle of one name maps the segment at another address: a view taken
+    through it is the segment's memory all the same, copied out before the write
+    (small, and large enough for the parallel copy, source just past the target)."""
+    arr = (np.arange(4096) % 251 + 1).astype(np.uint8)
+    with SharedTensor(name, create=True, size=1 << 16) as w, SharedTensor(name) as r:
+        w.put(arr)
+        w.put(r.get(), alignment=256)
+        np.testing.assert_array_equal(w.get(), arr)
+        np.testing.assert_array_equal(r.get(), arr)
+    unlink(name)
+    big = (np.arange(6 << 20) % 251 + 1).astype(np.uint8)
+    with SharedTensor(name, create=True, size=(6 << 20) + 4096) as w, SharedTensor(name) as r:
+        w.put(big)
+        w.put(r.get()[8:])
+        np.testing.assert_array_equal(w.get(), big[8:])
+
+
 def test_put_of_a_view_of_the_same_segment(name):
     arr = np.arange(1000, dtype=np.float64)
     with SharedTensor(name, create=True, size=1 << 15) as st:

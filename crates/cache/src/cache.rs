@@ -719,18 +719,31 @@ impl Shared {
             .fold(0u64, u64::saturating_add)
     }
 
+    /// Evicts the least recently used entry that no reader pins; false when there is
+    /// none. A pinned entry is passed over: evicting it would free neither its block
+    /// nor its slot until its readers let go, and would lose it from the cache.
     fn evict_lru(&self) -> bool {
-        let Some(tail) = self.valid_slot(self.region.get32(h::LRU_TAIL)) else {
-            return false;
-        };
-        let key = self.key_of(tail);
-        let bucket = self
-            .lookup(&key)
-            .filter(|&(_, s)| s == tail)
-            .map(|(b, _)| b);
-        self.remove(tail, bucket);
-        self.region.add64(h::EVICTIONS, 1);
-        true
+        let r = &self.region;
+        let mut at = r.get32(h::LRU_TAIL);
+        // At most one step per slot: a corrupted list that loops ends here.
+        for _ in 0..self.layout.max_entries {
+            let Some(slot) = self.valid_slot(at) else {
+                return false;
+            };
+            let sl = self.layout.slot(slot);
+            if r.get32(sl + e::PIN_COUNT) == 0 {
+                let key = self.key_of(slot);
+                let bucket = self
+                    .lookup(&key)
+                    .filter(|&(_, s)| s == slot)
+                    .map(|(b, _)| b);
+                self.remove(slot, bucket);
+                r.add64(h::EVICTIONS, 1);
+                return true;
+            }
+            at = r.get32(sl + e::LRU_PREV);
+        }
+        false
     }
 
     /// A block of `size` bytes and a free slot, evicting (expired entries first, then

@@ -210,6 +210,55 @@ fn pinned_memory_cannot_be_evicted_until_released() {
     c.check_consistency().unwrap();
 }
 
+/// Eviction passes over the entries readers pin: evicting one would free neither its
+/// block nor its slot while the reader holds it, and would lose it from the cache.
+#[test]
+fn eviction_passes_over_entries_readers_pin() {
+    let f = cache(256 << 10, Some(16));
+    let c = &f.0;
+    let quarter = c.layout().data_size / 4 - 4096;
+    for k in ["a", "b", "c"] {
+        c.put(k, &vec![k.as_bytes()[0]; quarter], None).unwrap();
+    }
+    let pin = c.get("a").unwrap().unwrap();
+    // `a`, pinned, is the least recently used again.
+    drop(c.get("b").unwrap());
+    drop(c.get("c").unwrap());
+    c.put("d", &vec![b'd'; quarter], None).unwrap();
+    c.put("e", &vec![b'e'; quarter], None).unwrap();
+    assert_eq!(c.stats().unwrap().evictions, 1);
+    assert!(c.contains("a").unwrap(), "the pinned entry was evicted");
+    assert!(
+        !c.contains("b").unwrap(),
+        "the next least recently used stays"
+    );
+    assert_eq!(pin[0], b'a');
+    c.check_consistency().unwrap();
+}
+
+/// Every entry slot pinned by a reader: a put fails with `NoSpace` and evicts nothing.
+#[test]
+fn a_put_without_a_slot_beside_pinned_entries_evicts_nothing() {
+    let f = cache(1 << 20, Some(4));
+    let c = &f.0;
+    let pins: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|k| {
+            c.put(k, &[1, 2, 3], None).unwrap();
+            c.get(k).unwrap().unwrap()
+        })
+        .collect();
+    let err = c.put("e", &[4], None).unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert!(err.to_string().contains("slot"), "{err}");
+    assert_eq!(c.stats().unwrap().evictions, 0);
+    assert_eq!(c.len().unwrap(), 4);
+    drop(pins);
+    c.put("e", &[4], None).unwrap();
+    assert_eq!(c.stats().unwrap().evictions, 1);
+    c.check_consistency().unwrap();
+}
+
 #[test]
 fn a_put_that_cannot_fit_beside_pinned_memory_evicts_nothing() {
     let f = cache(256 << 10, Some(16));

@@ -3,7 +3,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tensorwire_core::{Bytes, Error, Owner, Result};
 
@@ -44,6 +44,35 @@ impl Default for CreateOptions {
     }
 }
 
+/// One mapping of a shared-memory object in this process.
+struct Mapping {
+    /// The object: `(st_dev, st_ino)` of its descriptor.
+    object: (u64, u64),
+    base: usize,
+    len: usize,
+}
+
+/// Every [`Segment`] mapped in this process, so that a write can tell whether its
+/// source lies in another mapping of the same object (a second handle of one name
+/// maps it at another address).
+static MAPPINGS: Mutex<Vec<Mapping>> = Mutex::new(Vec::new());
+
+fn mappings() -> std::sync::MutexGuard<'static, Vec<Mapping>> {
+    MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `(st_dev, st_ino)` of `fd`: which object it is.
+fn object_of(fd: &OwnedFd) -> Result<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `fd` is an open descriptor and `st` room for one `stat`.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    // SAFETY: `fstat` succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
 /// A mapped shared-memory object.
 ///
 /// The mapping is `MAP_SHARED`: every process that maps the same object sees the same
@@ -57,6 +86,8 @@ pub struct Segment {
     fd: OwnedFd,
     name: Option<String>,
     access: Access,
+    /// `(st_dev, st_ino)` of the object.
+    object: (u64, u64),
 }
 
 // SAFETY: the mapping is owned by this value and unmapped only in `Drop`; the raw
@@ -209,6 +240,7 @@ impl Segment {
     }
 
     fn map(fd: OwnedFd, len: usize, access: Access, name: Option<String>) -> Result<Segment> {
+        let object = object_of(&fd)?;
         let prot = match access {
             Access::ReadOnly => libc::PROT_READ,
             Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
@@ -228,13 +260,36 @@ impl Segment {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error().into());
         }
+        mappings().push(Mapping {
+            object,
+            base: base as usize,
+            len,
+        });
         Ok(Segment {
             base: base.cast(),
             len,
             fd,
             name,
             access,
+            object,
         })
+    }
+
+    /// True when `bytes` lies, even in part, in memory of this segment's object: in
+    /// this mapping or in another mapping of the same object in this process (a
+    /// second handle of the same name). A write into the segment must copy such a
+    /// source out first; another process's mappings cannot be a source here.
+    pub fn shares_memory_with(&self, bytes: &[u8]) -> bool {
+        if bytes.is_empty() {
+            return false;
+        }
+        let (start, end) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
+        mappings()
+            .iter()
+            .any(|m| m.object == self.object && start < m.base + m.len && m.base < end)
     }
 
     /// The name the segment was created or opened by (`None` for a memfd).
@@ -362,6 +417,8 @@ impl Owner for Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        let base = self.base as usize;
+        mappings().retain(|m| m.base != base);
         // SAFETY: `base`/`len` are exactly the mapping made in `map`, unmapped once
         // here; no `Bytes` over it remains (they hold an `Arc` to this value).
         unsafe { libc::munmap(self.base.cast(), self.len) };
@@ -559,6 +616,33 @@ mod tests {
         assert_eq!(&other.as_slice()[9_990..9_992], b"01");
         let gone = Segment::open(&name, Access::ReadOnly).unwrap_err();
         assert!(matches!(gone.root(), Error::Io(e) if e.kind() == io::ErrorKind::NotFound));
+    }
+
+    #[test]
+    fn memory_of_the_same_object_is_known_through_every_mapping() {
+        let name = unique("alias");
+        let seg = Segment::create(&name, 8192, &CreateOptions::default()).unwrap();
+        let second = Segment::open(&name, Access::ReadWrite).unwrap();
+        let elsewhere = Segment::create(&unique("other"), 8192, &CreateOptions::default());
+        let elsewhere = elsewhere.unwrap();
+        Segment::unlink(&name).unwrap();
+        // Another mapping of the same object, at another address, is its memory too.
+        assert_ne!(seg.as_ptr(), second.as_ptr());
+        assert!(seg.shares_memory_with(&second.as_slice()[100..200]));
+        assert!(second.shares_memory_with(&seg.as_slice()[8191..]));
+        assert!(seg.shares_memory_with(&seg.as_slice()[..1]));
+        // Another object's memory, ordinary memory and nothing at all are not.
+        assert!(!seg.shares_memory_with(elsewhere.as_slice()));
+        assert!(!seg.shares_memory_with(&[1u8, 2, 3]));
+        assert!(!seg.shares_memory_with(&second.as_slice()[..0]));
+        // A memfd is its own object.
+        let memfd = Segment::memfd("alias", 4096).unwrap();
+        assert!(!seg.shares_memory_with(memfd.as_slice()));
+        assert!(memfd.shares_memory_with(memfd.as_slice()));
+        // Gone once unmapped.
+        let (at, len) = (second.as_ptr() as usize, second.len());
+        drop(second);
+        assert!(!mappings().iter().any(|m| m.base == at && m.len == len));
     }
 
     #[test]

@@ -175,7 +175,8 @@ class TensorCache:
     def put(self, key: str, tensor: Any, ttl: Optional[float] = None,
             quantize: Optional[str] = None) -> int:
         """Store ``tensor`` under ``key`` (≤ 128 bytes of UTF-8), replacing what was
-        there; ``ttl`` in seconds (None: no expiry); ``quantize`` one of "qint8",
+        there; ``ttl`` in seconds (None, 0, a negative number or infinity: no expiry, as
+        with tenso); ``quantize`` one of "qint8",
         "quint8", "qint4", "quint4" to store a per-tensor quantized copy. Returns the
         bytes stored. ``MemoryError`` when the value cannot fit even after evicting
         (larger than the pool, or the pool is held by readers' views)."""
@@ -186,8 +187,10 @@ class TensorCache:
             value = QuantizedTensor.quantize(value, quantize)
         if ttl is not None:
             ttl = float(ttl)
-            if not ttl > 0:
-                raise ValueError(f"ttl must be positive seconds or None, not {ttl}")
+            if ttl != ttl:
+                raise ValueError("ttl must be seconds or None, not nan")
+            if ttl <= 0 or ttl == float("inf"):
+                ttl = None  # as tenso: no expiry
         return self._h.put(key, _spec(value, False), ttl)
 
     def get(self, key: str, copy: bool = False, device: Optional[str] = None):
@@ -243,8 +246,12 @@ class TensorCache:
         self._h.close()
 
     def unlink(self) -> None:
-        """Remove the pool's name; attached processes keep working."""
-        self._h.unlink()
+        """Remove the pool's name; attached processes keep working. A name already
+        gone (unlinked before, by this or another handle) is no error, as with tenso."""
+        try:
+            self._h.unlink()
+        except FileNotFoundError:
+            pass
 
     @property
     def closed(self) -> bool:
