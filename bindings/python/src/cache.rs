@@ -172,15 +172,6 @@ impl CacheHandle {
         }
     }
 
-    /// Registers this process now (in a forked child, so inherited views stay
-    /// pinned); a closed handle does nothing.
-    fn _after_fork(&self) -> PyResult<()> {
-        match self.cache() {
-            Ok(cache) => cache.register_process().or_raise(),
-            Err(_) => Ok(()),
-        }
-    }
-
     /// Removes `key`.
     fn delete(&self, key: &str) -> PyResult<bool> {
         self.cache()?.delete(key).or_raise()
@@ -286,4 +277,25 @@ impl CacheHandle {
     fn __repr__(&self) -> String {
         format!("CacheHandle({:?})", self.name)
     }
+}
+
+/// The fork hooks of every cache this process holds a handle or a view of (also of
+/// closed handles whose views live): `tensorwire.cache` registers them with
+/// `os.register_at_fork`. Before the fork, a registry slot for the child pins every
+/// entry this process views; the child takes it over at once. They never raise.
+#[pyfunction]
+pub fn cache_prepare_fork() {
+    tensorwire::cache::prepare_fork();
+}
+
+/// See [`cache_prepare_fork`]: in the parent after the fork.
+#[pyfunction]
+pub fn cache_parent_after_fork() {
+    tensorwire::cache::parent_after_fork();
+}
+
+/// See [`cache_prepare_fork`]: in the child after the fork.
+#[pyfunction]
+pub fn cache_child_after_fork() {
+    tensorwire::cache::child_after_fork();
 }

@@ -171,6 +171,40 @@ def test_a_view_inherited_through_fork_stays_pinned_in_the_child(cache):
     cache.check()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("closed", [False, True])
+def test_views_inherited_through_fork_are_pinned_for_the_child_before_it_runs(closed):
+    """The parent drops its view right after the fork, and another handle rewrites the
+    entry (same size: in place, were nobody pinning it) before the child has run a
+    line: the child's view is unchanged all the same, also for a view whose handle was
+    closed before the fork (the view keeps the pool mapped and pinned)."""
+    with TensorCache(1 << 20) as owner:
+        writer = TensorCache(name=owner.name, create=False)
+        owner.put("k", np.ones(1000))
+        source = TensorCache(name=owner.name, create=False)
+        view = source.get("k")
+        if closed:
+            source.close()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(go_w)
+                os.read(go_r, 1)
+                os._exit(0 if np.all(view == 1.0) else 1)
+            finally:
+                os._exit(2)
+        os.close(go_r)
+        del view
+        writer.put("k", np.full(1000, 2.0))
+        os.write(go_w, b"x")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's view changed"
+        np.testing.assert_array_equal(owner.get("k"), np.full(1000, 2.0))
+        owner.check()
+        writer.close()
+
+
 def test_lru_eviction_order():
     with TensorCache(256 << 10, max_entries=4) as c:
         for k in "abcd":

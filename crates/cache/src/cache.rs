@@ -1,7 +1,7 @@
 //! The cache: operations over one segment, each under the robust lock.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tensorwire_core::{Bytes, Error, Owner, Result};
@@ -146,6 +146,76 @@ struct Me {
     /// number when it was pinned (how a forked child knows an inherited view's entry
     /// is still the one it viewed).
     pins: HashMap<u32, (u32, u64)>,
+    /// A registry slot [`prepare_fork`] took, under this process's id, for the child
+    /// about to be forked, with the pins of `pins` set for it: the child takes it
+    /// over ([`Shared::register`]) if it still holds that id. `None` in the parent
+    /// once the fork is done.
+    for_child: Option<(usize, [u64; 2])>,
+}
+
+impl Me {
+    fn new() -> Me {
+        Me {
+            pid: 0,
+            slot: 0,
+            pins: HashMap::new(),
+            for_child: None,
+        }
+    }
+}
+
+/// The shared state of every cache handle alive in this process, and of the views
+/// that outlive their handle: what the fork hooks walk.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// `shared`, tracked in [`LIVE`].
+fn tracked(shared: Shared) -> Arc<Shared> {
+    let shared = Arc::new(shared);
+    let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(&shared));
+    shared
+}
+
+/// Every cache state alive in this process.
+fn live() -> Vec<Arc<Shared>> {
+    let live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    live.iter().filter_map(Weak::upgrade).collect()
+}
+
+/// Call just before `fork` (Python does, from `os.register_at_fork`). For each cache
+/// this process holds views of, it takes a registry slot for the child under this
+/// process's id and pins every viewed entry for it, so the views the child inherits
+/// stay as they are even if this process drops its own before the child runs. Then
+/// call [`parent_after_fork`] in the parent and [`child_after_fork`] in the child.
+/// Failures (a lock timeout, a full registry) are not reported: the child then
+/// registers late, as without this call.
+pub fn prepare_fork() {
+    for shared in live() {
+        let _ = shared.reserve_for_child();
+    }
+}
+
+/// Call in the parent right after `fork` (see [`prepare_fork`]): the slots taken for
+/// the child are the child's now (they stay registered under this process's id until
+/// the child takes them over, or this process exits).
+pub fn parent_after_fork() {
+    for shared in live() {
+        shared
+            .me
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .for_child = None;
+    }
+}
+
+/// Call in the child right after `fork`: registers it with every cache it holds a
+/// handle or a view of (taking over the slots [`prepare_fork`] took), so the views it
+/// inherited are pinned for it at once.
+pub fn child_after_fork() {
+    for shared in live() {
+        let _ = shared.locked(|_| Ok(()));
+    }
 }
 
 pub(crate) struct Shared {
@@ -253,18 +323,14 @@ impl TensorCache {
             mutex,
             name,
             options,
-            me: Mutex::new(Me {
-                pid: 0,
-                slot: 0,
-                pins: HashMap::new(),
-            }),
+            me: Mutex::new(Me::new()),
         };
         shared.reset_tables();
         // Publish: attachers wait for the magic before reading anything else.
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         shared.region.write_bytes(h::MAGIC, MAGIC);
         let cache = TensorCache {
-            shared: Arc::new(shared),
+            shared: tracked(shared),
         };
         cache.shared.locked(|_| Ok(()))?;
         Ok(cache)
@@ -301,17 +367,13 @@ impl TensorCache {
         // initialized the mutex at this offset before writing the magic.
         let mutex = unsafe { RobustMutex::attach(segment, h::MUTEX)? };
         let cache = TensorCache {
-            shared: Arc::new(Shared {
+            shared: tracked(Shared {
                 region,
                 layout,
                 mutex,
                 name: name.to_owned(),
                 options,
-                me: Mutex::new(Me {
-                    pid: 0,
-                    slot: 0,
-                    pins: HashMap::new(),
-                }),
+                me: Mutex::new(Me::new()),
             }),
         };
         cache.shared.locked(|_| Ok(()))?;
@@ -373,10 +435,10 @@ impl TensorCache {
         Shared::get(&self.shared, key.as_bytes())
     }
 
-    /// Registers the calling process now rather than at its next operation. Call it in
-    /// a child right after `fork` (Python does, from `os.register_at_fork`): the views
-    /// the child inherited are then pinned for it at once, and stay valid when the
-    /// parent drops its own.
+    /// Registers the calling process now rather than at its next operation. Around a
+    /// `fork`, use [`prepare_fork`], [`parent_after_fork`] and [`child_after_fork`]
+    /// instead: they cover every cache of the process, and pin the child's inherited
+    /// views before the parent can drop its own.
     pub fn register_process(&self) -> Result<()> {
         self.shared.locked(|_| Ok(()))
     }
@@ -578,24 +640,31 @@ impl Shared {
             return Ok(me.slot);
         }
         let id = ProcessId::current();
-        let slot = match self.claim_process_slot(id) {
-            Some(slot) => slot,
-            None => {
-                // Make room by dropping processes that died without detaching.
-                self.recover();
-                self.claim_process_slot(id).ok_or(Error::LimitExceeded {
-                    what: "processes attached to the cache",
-                    limit: self.layout.max_processes as u64,
-                    found: self.layout.max_processes as u64 + 1,
-                })?
+        // A slot the parent took for this child before the fork, still under the
+        // parent's id (not freed by a repair since): this process takes it over, and
+        // the pins set in it are already this process's.
+        let reserved = me.for_child.take().filter(|&(slot, words)| {
+            let off = self.layout.process(slot);
+            [self.region.get64(off), self.region.get64(off + 8)] == words
+        });
+        let slot = match reserved {
+            Some((slot, _)) => {
+                let [pid, start] = id.to_words();
+                let off = self.layout.process(slot);
+                self.region.set64(off + 8, start);
+                self.region.set64(off, pid);
+                slot
             }
+            None => self.new_process_slot(id)?,
         };
         me.pid = pid;
         me.slot = slot;
-        // In a forked child, the views inherited from the parent are pinned by the
-        // parent's bit only, which the parent may drop at any time: pin them for this
-        // process too, each while its entry is still the one viewed (same sequence
-        // number, not freed); a view whose entry already changed cannot be saved.
+        // In a forked child whose slot was not taken before the fork, the views
+        // inherited from the parent are pinned by the parent's bit only, which the
+        // parent may drop at any time: pin them for this process too, each while its
+        // entry is still the one viewed (same sequence number, not freed); a view
+        // whose entry already changed cannot be saved. (Where the slot was taken
+        // before the fork, its bits are set already.)
         me.pins.retain(|&entry, &mut (_, seq)| {
             let sl = self.layout.slot(entry);
             let state = self.region.get8(sl + e::STATE);
@@ -607,6 +676,44 @@ impl Shared {
             same
         });
         Ok(slot)
+    }
+
+    /// A free registry slot claimed for `id`, making room by dropping processes that
+    /// died without detaching. Lock held.
+    fn new_process_slot(&self, id: ProcessId) -> Result<usize> {
+        if let Some(slot) = self.claim_process_slot(id) {
+            return Ok(slot);
+        }
+        self.recover();
+        self.claim_process_slot(id).ok_or(Error::LimitExceeded {
+            what: "processes attached to the cache",
+            limit: self.layout.max_processes as u64,
+            found: self.layout.max_processes as u64 + 1,
+        })
+    }
+
+    /// [`prepare_fork`] for this cache: when this process pins entries, a registry
+    /// slot under its own id for the child, with every pinned entry pinned for it.
+    fn reserve_for_child(&self) -> Result<()> {
+        {
+            let me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
+            if me.pid != std::process::id() || me.pins.is_empty() {
+                return Ok(());
+            }
+        }
+        self.locked(|_| {
+            let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
+            if me.pins.is_empty() {
+                return Ok(());
+            }
+            let id = ProcessId::current();
+            let slot = self.new_process_slot(id)?;
+            for &entry in me.pins.keys() {
+                self.set_pin_bit(entry, slot);
+            }
+            me.for_child = Some((slot, id.to_words()));
+            Ok(())
+        })
     }
 
     /// Sets process slot `me`'s bit in entry `slot`'s pin bitmap, counting the
@@ -887,6 +994,11 @@ impl Shared {
                         .ok_or_else(|| Error::invalid("fill used twice"))?;
                     return match filler(buf).and_then(|n| check_written(n, len)) {
                         Ok(n) => {
+                            // A new value: a new sequence number (how a forked child
+                            // registering late knows a view it inherited changed).
+                            let seq = r.get64(h::PUT_SEQ).wrapping_add(1);
+                            r.set64(h::PUT_SEQ, seq);
+                            r.set64(sl + e::SEQ, seq);
                             self.finish_entry(slot, n, ttl_ns);
                             r.set8(sl + e::STATE, READY);
                             self.touch(slot);

@@ -29,6 +29,7 @@ mod region;
 mod tables;
 
 pub use crate::cache::{
-    CacheOptions, CacheStats, EntryInfo, PutStage, TensorCache, INFO_HEAD_BYTES,
+    child_after_fork, parent_after_fork, prepare_fork, CacheOptions, CacheStats, EntryInfo,
+    PutStage, TensorCache, INFO_HEAD_BYTES,
 };
 pub use crate::layout::{Layout, MAX_KEY_BYTES, MAX_PROCESSES};

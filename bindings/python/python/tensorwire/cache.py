@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import re
-import weakref
 from typing import Any, List, Optional
 
 import numpy as np
@@ -47,21 +46,14 @@ from .packet import _FACTORIES, QuantizedTensor, _spec
 
 __all__ = ["TensorCache"]
 
-# Handles open in this process: a forked child registers with each at once, so the
-# views it inherited are pinned for it before the parent can drop its own.
-_open_caches: "weakref.WeakSet[TensorCache]" = weakref.WeakSet()
-
-
-def _register_after_fork():
-    for cache in list(_open_caches):
-        try:
-            cache._h._after_fork()
-        except Exception:  # a broken pool fails again, clearly, on first use
-            pass
-
-
+# Views inherited through fork stay pinned in the child: before the fork, each cache
+# this process views (through open or closed handles) gets a registry slot for the
+# child with every viewed entry pinned in it, and the child takes the slots over at
+# once; so the parent may drop its views right after the fork.
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_register_after_fork)
+    os.register_at_fork(before=_native.cache_prepare_fork,
+                        after_in_parent=_native.cache_parent_after_fork,
+                        after_in_child=_native.cache_child_after_fork)
 
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
@@ -165,7 +157,6 @@ class TensorCache:
                 raise ValueError("name is required when create=False")
             self._h = _native.CacheHandle.attach(name, timeout, _pause_at)
         self._owns = bool(create)
-        _open_caches.add(self)
 
     @property
     def name(self) -> str:
