@@ -323,9 +323,20 @@ def test_submodules_have_the_package_signatures(tmp_path):
     from tensorwire.formats import torch as fpt
 
     assert list(inspect.signature(fnp.save_file).parameters) == ["tensor_dict", "filename", "metadata"]
-    assert list(inspect.signature(fnp.load_file).parameters) == ["filename"]
+    assert list(inspect.signature(fnp.load_file).parameters) == ["filename", "backend"]
     assert list(inspect.signature(fpt.save_file).parameters) == ["tensors", "filename", "metadata"]
-    assert list(inspect.signature(fpt.load_file).parameters) == ["filename", "device"]
+    assert list(inspect.signature(fpt.load_file).parameters) == ["filename", "device", "backend"]
+    try:  # where the package is installed, the very same parameter names
+        import safetensors.numpy as pnp
+        import safetensors.torch as ppt
+    except ImportError:
+        pass
+    else:
+        for ours, theirs in [(fnp.load_file, pnp.load_file), (fnp.save_file, pnp.save_file),
+                             (fpt.load_file, ppt.load_file), (fpt.save_file, ppt.save_file),
+                             (fpt.load_model, ppt.load_model)]:
+            assert (list(inspect.signature(ours).parameters)
+                    == list(inspect.signature(theirs).parameters)), ours.__name__
     tensors = {"w": sample(np.dtype("float32"), (3, 2)), "b": sample(np.dtype("int16"), (4,))}
     path = tmp_path / "m.safetensors"
     assert fnp.save_file(tensors, path, metadata={"k": "v"}) is None  # as the package
@@ -334,6 +345,87 @@ def test_submodules_have_the_package_signatures(tmp_path):
         assert sorted(got) == ["b", "w"]
         for k, v in tensors.items():
             np.testing.assert_array_equal(got[k], v)
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_the_pread_backend_gives_tensors_of_their_own(tmp_path, framework):
+    """backend="pread" (the package's positional reads): tensors that own their
+    memory, equal to the mapped ones; an unknown backend is the package's error."""
+    if framework == "pt":
+        torch = pytest.importorskip("torch")
+    path = tmp_path / "m.safetensors"
+    formats.save_file({"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, path)
+    with formats.safe_open(path, framework, backend="pread") as f, \
+            formats.safe_open(path, framework) as mapped:
+        for got, want in [(f.get_tensor("w"), mapped.get_tensor("w")),
+                          (f.get_slice("w")[1:, ::2], mapped.get_slice("w")[1:, ::2]),
+                          (f.get_tensors()["w"], mapped.get_tensors()["w"])]:
+            if framework == "np":
+                assert got.flags.owndata or got.base is None or not np.shares_memory(
+                    got, want)
+                np.testing.assert_array_equal(got, want)
+            else:
+                assert got.untyped_storage().data_ptr() != want.untyped_storage().data_ptr()
+                assert torch.equal(got, want)
+    loaded = formats.load_file(path, framework, backend="pread")["w"]
+    assert loaded.sum() == 66
+    for bad in ("io_uring", None):
+        with pytest.raises(formats.SafetensorError, match="backend"):
+            formats.safe_open(path, framework, backend=bad)
+
+
+def test_a_bad_torch_device_fails_at_open_with_the_packages_error(tmp_path):
+    pytest.importorskip("torch")
+    path = tmp_path / "m.safetensors"
+    formats.save_file({"w": np.ones(2, np.float32)}, path)
+    for device in ("bogus", "CPU", -1):
+        with pytest.raises(formats.SafetensorError, match="device"):
+            formats.safe_open(path, "pt", device=device)
+        with pytest.raises(formats.SafetensorError, match="device"):
+            formats.torch.load_file(path, device=device)
+    with formats.safe_open(path, "pt", device=None) as f:
+        assert f.get_tensor("w").device.type == "cpu"
+
+
+def test_torch_subclasses_and_ml_dtypes_e8m0_are_written_as_the_package_writes_them(
+        tmp_path):
+    """A torch tensor of any subclass (a library's own Parameter) goes through torch
+    (bf16, float8 and requires_grad included), and an ml_dtypes float8_e8m0fnu array
+    is F8_E8M0: the package's bytes."""
+    torch = pytest.importorskip("torch")
+
+    class MyParameter(torch.nn.Parameter):
+        pass
+
+    class MyTensor(torch.Tensor):
+        pass
+
+    tensors = {
+        "p": MyParameter(torch.arange(4, dtype=torch.float32)),
+        "bf": torch.arange(3, dtype=torch.bfloat16).as_subclass(MyTensor),
+        "f8": torch.ones(2).to(torch.float8_e4m3fn).as_subclass(MyTensor),
+    }
+    data = formats.save(tensors)
+    got = formats.torch.load(data)
+    for k, v in tensors.items():
+        assert torch.equal(got[k].view(torch.uint8), v.detach().view(torch.uint8)), k
+    try:
+        from safetensors.torch import save as package_save
+    except ImportError:
+        pass
+    else:
+        assert data == package_save({k: torch.Tensor(v.detach()) for k, v in tensors.items()})
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    scales = np.array([1.0, 2.0, 0.5], dtype=ml_dtypes.float8_e8m0fnu)
+    data = formats.save({"s": scales})
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    assert header["s"]["dtype"] == "F8_E8M0" and header["s"]["shape"] == [3]
+    assert data[-3:] == scales.view(np.uint8).tobytes()
+    try:
+        from safetensors.numpy import save as package_np_save
+    except ImportError:
+        return
+    assert data == package_np_save({"s": scales})
 
 
 def test_get_tensors_in_file_order():

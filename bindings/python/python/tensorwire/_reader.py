@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from . import _native, _staging
 from ._types import Tensor, TensorMetadata
 
@@ -150,6 +152,13 @@ class Reader(_native.Reader):
 
     def __repr__(self):
         return _native.Reader.__repr__(self)
+
+
+def _is_torch_tensor(value):
+    """True for a torch tensor, of any subclass (``nn.Parameter``, a library's own),
+    without importing torch: a process that has not imported it holds none."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def _on_cpu(device):

@@ -194,7 +194,9 @@ def torch_to_bytes(tensor):
     shape = list(t.shape)
     if shape_scale != 1:
         if not shape:
-            raise TypeError(f"a 0-d {tensor.dtype} tensor has no safetensors shape")
+            # The package's SafetensorError (which UnsupportedError is).
+            raise UnsupportedError(f"a 0-d {tensor.dtype} tensor has no safetensors shape "
+                                   "(F4 counts single values along the last dimension)")
         shape[-1] *= shape_scale
     return torch_dst_bytes(t), name, shape
 

@@ -42,6 +42,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _native
+from ._reader import _is_torch_tensor
 from .packet import _FACTORIES, QuantizedTensor, _spec
 
 __all__ = ["TensorCache"]
@@ -77,8 +78,7 @@ def _to_storable(tensor):
     arrays (after ``detach``); anything with ``__array__`` becomes an array."""
     if isinstance(tensor, (np.ndarray, dict, QuantizedTensor)) or hasattr(tensor, "tocoo"):
         return tensor
-    mod = type(tensor).__module__
-    if mod.startswith("torch"):
+    if _is_torch_tensor(tensor):
         import torch
 
         t = tensor.detach().resolve_conj().resolve_neg()

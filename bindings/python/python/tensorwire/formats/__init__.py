@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native, _staging
-from .._reader import Reader, _logical_name, _on_cpu, _torch_interop
+from .._reader import Reader, _is_torch_tensor, _logical_name, _on_cpu, _torch_interop
 
 TensorwireError = _native.TensorwireError
 #: The package's error class: here, the base of tensorwire's errors.
@@ -96,29 +96,63 @@ def _framework(framework):
         "package's load_file(filename, device), use tensorwire.formats.torch.load_file)")
 
 
-class _Loader:
-    """Reads tensors of one reader for one framework and device."""
+# The package's storage backends: "mmap" serves views of the mapped file, "pread"
+# tensors of their own (here: copies read from the map).
+_BACKENDS = ("mmap", "pread")
 
-    def __init__(self, reader, framework, device):
+
+def _torch_device(device):
+    """``device`` as torch takes it (an int is a CUDA device index, None the CPU), or
+    an ``InvalidArgumentError`` (the package's ``SafetensorError``) at open, not
+    torch's ``RuntimeError`` at the first read."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise _native.InvalidArgumentError(f"device index {device} is negative")
+        return f"cuda:{device}"
+    import torch
+
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise _native.InvalidArgumentError(f"invalid device {device!r}: {e}") from None
+    return device
+
+
+class _Loader:
+    """Reads tensors of one reader for one framework, device and backend."""
+
+    def __init__(self, reader, framework, device, backend="mmap"):
         self.reader = reader
         self.framework = _framework(framework)
-        self.device = device
-        if self.framework == "np" and not _on_cpu(device):
+        if backend not in _BACKENDS:
             raise _native.InvalidArgumentError(
-                f"numpy arrays live on the CPU, not on {device!r}")
+                f"backend {backend!r} is not supported: use 'mmap' or 'pread'")
+        # "pread": tensors that own their memory, as the package's pread gives them.
+        self.copy = backend == "pread"
+        if self.framework == "np":
+            if not _on_cpu(device):
+                raise _native.InvalidArgumentError(
+                    f"numpy arrays live on the CPU, not on {device!r}")
+            self.device = device
+        else:
+            self.device = _torch_device(device)
 
     def tensor(self, name):
         if self.framework == "np":
-            return self.reader.read_numpy(name)
+            return self.reader.read_numpy(name, copy=self.copy)
         # Over a caller's read-only buffer read_torch copies (torch has no read-only
         # tensors); over a file's private map it shares.
-        return self.reader.read_torch(name, device=self.device)
+        return self.reader.read_torch(name, device=self.device, copy=self.copy)
 
     def from_view(self, view):
         """A slice of a CPU view in this framework, on this device (to a CUDA device
-        through the pinned buffers, as whole tensors go)."""
+        through the pinned buffers, as whole tensors go); a copy for "pread"."""
         if self.framework == "np" or _on_cpu(self.device):
-            return view
+            if not self.copy:
+                return view
+            return view.copy() if self.framework == "np" else view.clone()
         return _staging.to_device(_torch_interop(), view, self.device)
 
     def whole(self, name):
@@ -131,8 +165,8 @@ class _Loader:
         """Every tensor, in the order their data lies in the file (as the package)."""
         names = self.reader._sorted_by_offset(self.reader.keys())
         if self.framework == "np":
-            return self.reader.read_numpy(names)
-        return self.reader.read_torch(names, device=self.device)
+            return self.reader.read_numpy(names, copy=self.copy)
+        return self.reader.read_torch(names, device=self.device, copy=self.copy)
 
 
 class safe_open:
@@ -141,19 +175,21 @@ class safe_open:
     Args:
         filename: the file (any format tensorwire reads).
         framework: ``"np"`` for numpy arrays, ``"pt"`` for torch tensors.
-        device: where torch tensors go (``"cpu"``, ``"cuda:0"``, ...).
+        device: where torch tensors go (``"cpu"``, ``"cuda:0"``, ``0``, ...).
+        backend: ``"mmap"`` (views of the mapped file) or ``"pread"`` (tensors that
+            own their memory), as the package takes it.
     """
 
     _reader = None  # until the file is open (a repr of a failed open then works)
 
-    def __init__(self, filename, framework="np", device="cpu"):
+    def __init__(self, filename, framework="np", device="cpu", *, backend="mmap"):
         self._reader = Reader(filename)
         try:
-            self._loader = _Loader(self._reader, framework, device)
+            self._loader = _Loader(self._reader, framework, device, backend)
         except BaseException:
             self._reader.close()
             raise
-        if self._loader.framework == "np":
+        if self._loader.framework == "np" and not self._loader.copy:
             # A loader calls this once per tensor: skip the Python frames.
             self.get_tensor = self._reader.read_numpy
 
@@ -310,11 +346,12 @@ _LAYOUT_NAMES = {
 }
 
 
-def load_file(filename, framework="np", device="cpu"):
+def load_file(filename, framework="np", device="cpu", *, backend="mmap"):
     """Every tensor of a file as ``{name: tensor}``, in file order (zero-copy views of
-    the map for numpy, and for torch on the CPU)."""
+    the map for numpy, and for torch on the CPU; with ``backend="pread"`` tensors of
+    their own)."""
     with Reader(filename) as reader:
-        return _Loader(reader, framework, device).all()
+        return _Loader(reader, framework, device, backend).all()
 
 
 def load(data, framework="np", device="cpu"):
@@ -330,9 +367,13 @@ def _entries(tensors):
         raise TypeError("tensors must be a dict {name: array or tensor}")
     entries = []
     for name, value in tensors.items():
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray) and value.dtype.name == "float8_e8m0fnu":
+            # ml_dtypes' MX block scales: safetensors' F8_E8M0, one byte each.
+            entries.append((name, value.view(np.uint8), "safetensors:F8_E8M0",
+                            list(value.shape)))
+        elif isinstance(value, np.ndarray):
             entries.append((name, value, None, None))
-        elif type(value).__module__.partition(".")[0] == "torch":
+        elif _is_torch_tensor(value):
             raw, dtype, shape = _torch_interop().torch_to_bytes(value)
             entries.append((name, raw, dtype, list(shape)))
         else:

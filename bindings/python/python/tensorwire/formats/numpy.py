@@ -31,6 +31,7 @@ def load(data):
     return _load(data, framework="np")
 
 
-def load_file(filename):
-    """``{name: numpy array}`` from a file, in file order (zero-copy views)."""
-    return _load_file(filename, framework="np")
+def load_file(filename, *, backend="mmap"):
+    """``{name: numpy array}`` from a file, in file order (zero-copy views; arrays of
+    their own with ``backend="pread"``)."""
+    return _load_file(filename, framework="np", backend=backend)

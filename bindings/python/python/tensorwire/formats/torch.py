@@ -58,12 +58,11 @@ def load(data):
     return _load(data, framework="pt")
 
 
-def load_file(filename, device="cpu"):
+def load_file(filename, device="cpu", *, backend="mmap"):
     """``{name: torch tensor}`` from a file, in file order, on ``device`` (zero-copy
-    on the CPU). ``device`` may be an int (a CUDA device index), as in the package."""
-    if isinstance(device, int):
-        device = f"cuda:{device}"
-    return _load_file(filename, framework="pt", device=device)
+    on the CPU; tensors of their own with ``backend="pread"``). ``device`` may be an
+    int (a CUDA device index), as in the package."""
+    return _load_file(filename, framework="pt", device=device, backend=backend)
 
 
 class SharedTensorsError(_native.InvalidArgumentError, RuntimeError):
@@ -127,14 +126,14 @@ def save_model(model, filename, metadata=None, force_contiguous=False):
     save_file(state, filename, metadata)
 
 
-def load_model(model, filename, strict=True, device="cpu"):
+def load_model(model, filename, strict=True, device="cpu", *, backend="mmap"):
     """Loads a file ``save_model`` wrote (or any file of the model's tensors) into
     ``model``; tied tensors the file holds once are filled through the one it has.
 
     Returns ``(missing, unexpected)``: names of the model the file lacks (a set) and
     names in the file the model lacks (a list). With ``strict``, either raises a
     RuntimeError, as ``model.load_state_dict`` does."""
-    state = load_file(filename, device=device)
+    state = load_file(filename, device=device, backend=backend)
     tied = _tied_names(model.state_dict(), preferred=state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing, unexpected = set(missing), list(unexpected)
