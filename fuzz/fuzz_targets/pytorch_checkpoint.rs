@@ -1,6 +1,7 @@
 //! Opens arbitrary bytes as a PyTorch checkpoint (ZIP or legacy) and, when it opens,
 //! reads every tensor through every path: `info`, `record`, `view`, `strided`, its
-//! whole storage (`storage_bytes`), `verify` and the nested object (`structure`).
+//! whole storage (`storage_bytes`), `verify` and the nested object (`structure`);
+//! meta tensors (no data) must not be listed or viewable.
 //! Any call may return an error; none may panic, hang or allocate beyond the small
 //! limits below. Opening with the metadata read positionally (as `tensorwire::open`
 //! does) must give the same tensors as opening the image alone.
@@ -109,9 +110,37 @@ fuzz_target!(|data: &[u8]| {
         );
     }
 
+    // Meta tensors (no data) are not listed, cannot be viewed, come in checkpoint
+    // order and name only earlier entries as the same object.
+    let meta = reader.meta_tensors();
+    for (at, m) in meta.iter().enumerate() {
+        assert!(
+            !names.contains(&m.name),
+            "meta tensor `{}` is also listed",
+            m.name
+        );
+        assert!(
+            reader.view(&m.name).is_err(),
+            "meta tensor `{}` viewed",
+            m.name
+        );
+        assert!(m.position <= names.len(), "meta position {}", m.position);
+        assert!(at == 0 || meta[at - 1].position <= m.position, "meta order");
+        if let Some(first) = m.same_as {
+            assert!(first < at && meta[first].tensor == m.tensor, "meta same_as");
+        }
+        assert_eq!(m.tensor.strides.len(), m.tensor.shape.ndim());
+    }
+
     // The nested object names exactly the listed tensors, in order, less the parts
-    // of quantized tensors (their scales and zero points).
+    // of quantized tensors (their scales and zero points), and the meta tensors.
     if let Ok(tree) = reader.structure() {
+        let meta_leaves: Vec<_> = tree.meta_names().into_iter().cloned().collect();
+        let meta_names: Vec<_> = meta.iter().map(|m| m.name.clone()).collect();
+        assert_eq!(
+            meta_leaves, meta_names,
+            "the structure's meta tensors differ"
+        );
         let leaves: Vec<_> = tree.tensor_names().into_iter().cloned().collect();
         let parts = reader.quantization_parts();
         let names: Vec<_> = names
