@@ -75,14 +75,21 @@ impl ShardedSource {
         let mut places = Vec::with_capacity(index.tensors().len());
         for (name, shard) in index.tensors() {
             let (shard_name, source) = &shards[*shard];
-            let at = source.position(name).map_err(|_| {
-                Error::malformed(
-                    0,
-                    format!(
-                        "the shard index puts `{name}` in `{shard_name}`, which has no such tensor"
+            let at = source.position(name).map_err(|e| {
+                // A name the shard holds but cannot serve (a PyTorch shard's tensor on
+                // the meta device, which has no data) says so; a missing one is the
+                // index's fault.
+                let e = match e.root() {
+                    Error::Unsupported { .. } => e,
+                    _ => Error::malformed(
+                        0,
+                        format!(
+                            "the shard index puts `{name}` in `{shard_name}`, which has no \
+                             such tensor"
+                        ),
                     ),
-                )
-                .with_path(path)
+                };
+                e.with_path(path)
             })?;
             places.push((*shard, at));
         }

@@ -187,3 +187,36 @@ fn refuses_broken_and_hostile_indexes() {
     };
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
 }
+
+/// A PyTorch shard's tensor on the meta device has no data to serve: an index that
+/// lists it is `Unsupported` saying so (not malformed, as a name the shard lacks).
+#[test]
+fn an_index_listing_a_meta_tensor_says_it_has_no_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = "pytorch_model-00001-of-00001.bin";
+    std::fs::copy(
+        fixtures().join("../pytorch/meta_tensors.pt"),
+        dir.path().join(shard),
+    )
+    .unwrap();
+    let path = dir.path().join("pytorch_model.bin.index.json");
+    let index = |names: &[&str]| {
+        let map: Vec<String> = names
+            .iter()
+            .map(|n| format!("\"{n}\": \"{shard}\""))
+            .collect();
+        format!("{{\"weight_map\": {{{}}}}}", map.join(", "))
+    };
+    std::fs::write(&path, index(&["b", "nested.real"])).unwrap();
+    let src = tensorwire::open(&path).unwrap();
+    assert_eq!(src.tensors().len(), 2);
+    std::fs::write(&path, index(&["b", "w"])).unwrap();
+    let Err(err) = tensorwire::open(&path) else {
+        panic!("an index listing a meta tensor opened");
+    };
+    assert!(
+        matches!(err.root(), Error::Unsupported { .. }) && err.to_string().contains("meta device"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("index.json"), "{err}");
+}
