@@ -205,6 +205,26 @@ def test_views_inherited_through_fork_are_pinned_for_the_child_before_it_runs(cl
         writer.close()
 
 
+def test_views_outliving_their_handles_do_not_fill_the_registry():
+    """A helper that attaches per call and returns a view: 300 such views (more than
+    the registry's 256 slots) share this process's one registration, so another
+    process still attaches."""
+    def load(name, key):
+        with TensorCache(name=name, create=False) as c:
+            return c.get(key)
+
+    with TensorCache("4MB") as owner:
+        owner.put("k", np.arange(10))
+        views = [load(owner.name, "k") for _ in range(300)]
+        assert owner.stats["processes"] == 1
+        code = ("from tensorwire.cache import TensorCache; "
+                f"print(TensorCache(name={owner.name!r}, create=False).stats['processes'])")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "2"
+        assert all(np.array_equal(v, np.arange(10)) for v in views)
+
+
 def test_lru_eviction_order():
     with TensorCache(256 << 10, max_entries=4) as c:
         for k in "abcd":

@@ -121,7 +121,8 @@ pub struct CacheStats {
     pub expirations: u64,
     /// Times the cache was repaired after a process died holding the lock.
     pub recoveries: u64,
-    /// Live processes (handles) attached now.
+    /// Live processes attached now (one registration per process and pool, however
+    /// many handles it has).
     pub processes: u64,
 }
 
@@ -137,10 +138,15 @@ impl CacheStats {
     }
 }
 
-/// This handle's registration and the pins it holds.
+/// This process's registration with one pool and the pins it holds: one for all the
+/// handles of the pool in the process ([`registration`]), so views that outlive their
+/// handle do not each keep a registry slot.
 struct Me {
     pid: u32,
     slot: usize,
+    /// The handles ([`Shared`]s) of the pool alive in this process; the slot is freed
+    /// when the last goes.
+    handles: usize,
     /// Local reference counts of pinned entry slots (the shared bitmap has one bit per
     /// process, so many views of one entry cost one bit), with each entry's sequence
     /// number when it was pinned (how a forked child knows an inherited view's entry
@@ -158,10 +164,36 @@ impl Me {
         Me {
             pid: 0,
             slot: 0,
+            handles: 0,
             pins: HashMap::new(),
             for_child: None,
         }
     }
+}
+
+/// Each pool's registration in this process, by the segment's object id.
+static REGISTRATIONS: Mutex<Vec<((u64, u64), Weak<Mutex<Me>>)>> = Mutex::new(Vec::new());
+
+/// This process's registration with the pool whose segment is the object `id`
+/// ([`Segment::object_id`]), shared with every other handle of the pool here, counting
+/// the new handle.
+fn registration(id: (u64, u64)) -> Arc<Mutex<Me>> {
+    let mut all = REGISTRATIONS.lock().unwrap_or_else(PoisonError::into_inner);
+    all.retain(|(_, w)| w.strong_count() > 0);
+    let me = match all
+        .iter()
+        .find(|(k, _)| *k == id)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        Some(me) => me,
+        None => {
+            let me = Arc::new(Mutex::new(Me::new()));
+            all.push((id, Arc::downgrade(&me)));
+            me
+        }
+    };
+    me.lock().unwrap_or_else(PoisonError::into_inner).handles += 1;
+    me
 }
 
 /// The shared state of every cache handle alive in this process, and of the views
@@ -224,7 +256,7 @@ pub(crate) struct Shared {
     mutex: RobustMutex,
     name: String,
     options: CacheOptions,
-    me: Mutex<Me>,
+    me: Arc<Mutex<Me>>,
 }
 
 /// A shared-memory tensor cache many processes attach to by name.
@@ -314,6 +346,7 @@ impl TensorCache {
                 _ => region.set64(off, value),
             }
         }
+        let object = segment.object_id();
         // SAFETY: the segment was just created exclusively; no other process can have
         // found it yet (the magic, written last, is not there).
         let mutex = unsafe { RobustMutex::initialize(segment, h::MUTEX)? };
@@ -323,7 +356,7 @@ impl TensorCache {
             mutex,
             name,
             options,
-            me: Mutex::new(Me::new()),
+            me: registration(object),
         };
         shared.reset_tables();
         // Publish: attachers wait for the magic before reading anything else.
@@ -363,6 +396,7 @@ impl TensorCache {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         let region = Region::new(Arc::clone(&segment))
             .ok_or_else(|| Error::invalid("cache segment is read-only"))?;
+        let object = segment.object_id();
         // SAFETY: the header checked out (magic, version, geometry), so the creator
         // initialized the mutex at this offset before writing the magic.
         let mutex = unsafe { RobustMutex::attach(segment, h::MUTEX)? };
@@ -373,7 +407,7 @@ impl TensorCache {
                 mutex,
                 name: name.to_owned(),
                 options,
-                me: Mutex::new(Me::new()),
+                me: registration(object),
             }),
         };
         cache.shared.locked(|_| Ok(()))?;
@@ -703,7 +737,8 @@ impl Shared {
         }
         self.locked(|_| {
             let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
-            if me.pins.is_empty() {
+            // Another handle of the pool took it already (one registration for all).
+            if me.pins.is_empty() || me.for_child.is_some() {
                 return Ok(());
             }
             let id = ProcessId::current();
@@ -1219,15 +1254,27 @@ impl Drop for Pinned {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Detach: free this handle's registry slot (its pins are all gone: every
-        // pinned view holds an `Arc` to this value).
-        let me = self.me.lock().map(|m| (m.pid, m.slot)).unwrap_or((0, 0));
-        if me.0 == std::process::id() {
-            if let Ok(mut guard) = self.mutex.lock(Some(self.options.lock_timeout)) {
-                if self.repair_if_needed(&mut guard).is_ok() {
-                    let off = self.layout.process(me.1);
+        // The last handle of the pool in this process detaches: frees the process's
+        // registry slot (its pins are all gone: every pinned view holds an `Arc` to
+        // its handle).
+        let last = {
+            let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
+            me.handles = me.handles.saturating_sub(1);
+            me.handles == 0 && me.pid == std::process::id()
+        };
+        if !last {
+            return;
+        }
+        if let Ok(mut guard) = self.mutex.lock(Some(self.options.lock_timeout)) {
+            if self.repair_if_needed(&mut guard).is_ok() {
+                // Under the lock, as `register` takes it: a handle opened meanwhile
+                // keeps the slot.
+                let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
+                if me.handles == 0 && me.pid == std::process::id() {
+                    let off = self.layout.process(me.slot);
                     self.region.set64(off, 0);
                     self.region.set64(off + 8, 0);
+                    me.pid = 0;
                 }
             }
         }

@@ -323,9 +323,36 @@ fn a_second_handle_attaches_by_name() {
     assert_eq!(&*other.get("shared").unwrap().unwrap(), b"hello");
     other.put("back", b"world", None).unwrap();
     assert_eq!(&*f.0.get("back").unwrap().unwrap(), b"world");
-    assert_eq!(f.0.stats().unwrap().processes, 2);
+    // One registration per process and pool, whatever its handles.
+    assert_eq!(f.0.stats().unwrap().processes, 1);
     drop(other);
     assert_eq!(f.0.stats().unwrap().processes, 1);
+}
+
+/// Handles opened and dropped one after another, each leaving a view alive, share the
+/// process's one registry slot: 300 of them (more than the registry's 256 slots) do
+/// not lock other processes out, and their pins hold until the views go.
+#[test]
+fn views_outliving_their_handles_share_one_registry_slot() {
+    let f = cache(1 << 20, None);
+    f.0.put("k", b"value", None).unwrap();
+    let name = f.0.name().to_owned();
+    let views: Vec<_> = (0..300)
+        .map(|_| {
+            let handle = TensorCache::attach(&name, CacheOptions::default()).unwrap();
+            handle.get("k").unwrap().unwrap()
+        })
+        .collect();
+    assert_eq!(f.0.stats().unwrap().processes, 1);
+    assert!(f.0.delete("k").unwrap());
+    assert!(
+        f.0.stats().unwrap().pinned_bytes > 0,
+        "the views pin the value"
+    );
+    assert!(views.iter().all(|v| &v[..] == b"value"));
+    drop(views);
+    assert_eq!(f.0.stats().unwrap().pinned_bytes, 0);
+    f.0.check_consistency().unwrap();
 }
 
 /// Overwrites segment bytes behind the cache's back, as a corruption would.

@@ -292,6 +292,12 @@ impl Segment {
             .any(|m| m.object == self.object && start < m.base + m.len && m.base < end)
     }
 
+    /// Which object this is, `(st_dev, st_ino)`: the same for every mapping of one
+    /// segment in this process (two handles of one name), different for others.
+    pub fn object_id(&self) -> (u64, u64) {
+        self.object
+    }
+
     /// The name the segment was created or opened by (`None` for a memfd).
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
