@@ -171,8 +171,11 @@ impl Me {
     }
 }
 
-/// Each pool's registration in this process, by the segment's object id.
-static REGISTRATIONS: Mutex<Vec<((u64, u64), Weak<Mutex<Me>>)>> = Mutex::new(Vec::new());
+/// A pool's registration in this process, by its segment's object id.
+type Registration = ((u64, u64), Weak<Mutex<Me>>);
+
+/// Each pool's registration in this process.
+static REGISTRATIONS: Mutex<Vec<Registration>> = Mutex::new(Vec::new());
 
 /// This process's registration with the pool whose segment is the object `id`
 /// ([`Segment::object_id`]), shared with every other handle of the pool here, counting
