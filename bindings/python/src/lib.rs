@@ -38,6 +38,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reader::Reader>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(arrays::copy_pairs_py, m)?)?;
+    m.add_function(wrap_pyfunction!(reader::raw_torch_dims, m)?)?;
+    m.add_function(wrap_pyfunction!(reader::float4_pairs_as_values, m)?)?;
     m.add_function(wrap_pyfunction!(writer::convert, m)?)?;
     m.add_function(wrap_pyfunction!(formats::safetensors_save, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dumps, m)?)?;

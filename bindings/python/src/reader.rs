@@ -195,18 +195,25 @@ struct TorchType<'a> {
 /// The shape of the torch tensor a raw type's bytes make (of logical shape `dims`):
 /// one byte per value for F8_E8M0, and for F4 (two values per byte, the first in the
 /// low nibble) pairs along an even last dimension; `None` for F4 whose last
-/// dimension does not pair up (read as its bytes).
-fn raw_torch_dims(name: &str, dims: &[u64]) -> Option<Vec<u64>> {
+/// dimension does not pair up (read as its bytes), and for other types. Python's
+/// `_torch.torch_type` asks here too (`_native.raw_torch_dims`): one rule for every
+/// read path.
+#[pyfunction]
+pub fn raw_torch_dims(name: &str, dims: Vec<u64>) -> Option<Vec<u64>> {
     match name {
-        "safetensors:F8_E8M0" | "zt:f8_e8m0" => Some(dims.to_vec()),
-        "safetensors:F4" | "zt:f4_e2m1" => match dims.split_last() {
-            Some((&last, outer)) if last % 2 == 0 => {
-                Some(outer.iter().copied().chain([last / 2]).collect())
-            }
-            _ => None,
-        },
+        "safetensors:F8_E8M0" | "zt:f8_e8m0" => Some(dims),
+        "safetensors:F4" | "zt:f4_e2m1" => {
+            tensorwire::formats::safetensors::float4_values_as_pairs(&dims)
+        }
         _ => None,
     }
+}
+
+/// The logical shape (single values) of torch `float4_e2m1fn_x2` pairs of shape
+/// `pairs`, as safetensors' F4 counts it; `None` for 0-d pairs.
+#[pyfunction]
+pub fn float4_pairs_as_values(pairs: Vec<u64>) -> PyResult<Option<Vec<u64>>> {
+    tensorwire::formats::safetensors::float4_pairs_as_values(&pairs).or_raise()
 }
 
 /// The numpy dtype built in that holds `dtype`'s elements bit for bit: `dtype`
@@ -1080,7 +1087,8 @@ impl Reader {
         if let (Some(raw), None, false) = (&raw_type, torch_only, copy || to_copy) {
             // A raw type torch has a dtype for (F8_E8M0, F4, their `.zt` types), read
             // as a uint8 array of torch's shape for `view(dtype)`, zero-copy.
-            if let (Some(torch_dims), None) = (raw_torch_dims(raw.name, &raw.dims), &info.encoding)
+            if let (Some(torch_dims), None) =
+                (raw_torch_dims(raw.name, raw.dims.to_vec()), &info.encoding)
             {
                 let view = src.view_at(at).or_raise()?;
                 if view.zero_copy && lendable_as(&view.bytes, info, lend) {

@@ -292,6 +292,18 @@ pub fn float4_pairs_as_values(pairs: &[u64]) -> Result<Option<Vec<u64>>> {
     Ok(Some(outer.iter().copied().chain([values]).collect()))
 }
 
+/// The shape of torch's `float4_e2m1fn_x2` pairs holding F4 values of shape `values`
+/// (the inverse of [`float4_pairs_as_values`]): the last dimension halved; `None`
+/// when it is odd, or for a 0-d tensor (no pairs: such values are read as bytes).
+pub fn float4_values_as_pairs(values: &[u64]) -> Option<Vec<u64>> {
+    match values.split_last() {
+        Some((&last, outer)) if last % 2 == 0 => {
+            Some(outer.iter().copied().chain([last / 2]).collect())
+        }
+        _ => None,
+    }
+}
+
 /// The logical shape in a raw-type tensor's `safetensors.shape` attribute (see
 /// [`StDType::raw_listing`]), `None` when it has no such list; a list that is not
 /// of dimensions is `InvalidArgument`.

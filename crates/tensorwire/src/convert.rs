@@ -7,7 +7,7 @@ use tensorwire_core::progress::within_tensor;
 use tensorwire_core::{
     Bytes, DType, Error, Layout, Result, Shape, TensorInfo, TensorSource, Value, SOURCE_LAYOUT_KEY,
 };
-use tensorwire_formats::safetensors::StDType;
+use tensorwire_formats::safetensors::{float4_values_as_pairs, StDType};
 use tensorwire_zt::{
     ByteType, Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter,
 };
@@ -269,18 +269,14 @@ fn f4_as_torch_pairs(
     info: &TensorInfo,
 ) -> Result<(Shape, Bytes, BTreeMap<String, Value>)> {
     let logical = &zt.object(&info.name)?.shape;
-    let mut pairs = logical.dims().to_vec();
-    match pairs.last_mut() {
-        Some(last) if *last % 2 == 0 => *last /= 2,
-        _ => {
-            return Err(Error::unsupported(format!(
-                "converting f4_e2m1 tensor `{}` of shape {logical} to .zt 1.x, which stores \
-                 one value per byte: it goes there as torch's float4_e2m1fn_x2 pairs along \
-                 the last dimension, which must be even (keep version 2 for this one)",
-                info.name
-            )))
-        }
-    }
+    let pairs = float4_values_as_pairs(logical.dims()).ok_or_else(|| {
+        Error::unsupported(format!(
+            "converting f4_e2m1 tensor `{}` of shape {logical} to .zt 1.x, which stores \
+             one value per byte: it goes there as torch's float4_e2m1fn_x2 pairs along \
+             the last dimension, which must be even (keep version 2 for this one)",
+            info.name
+        ))
+    })?;
     let mut attributes = info.attributes.clone().into_map();
     attributes.insert(
         SOURCE_LAYOUT_KEY.to_owned(),

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import torch
 
+from . import _native
 from ._native import UnsupportedError
 
 # tensorwire dtype name -> torch dtype (those this torch build has).
@@ -88,8 +89,9 @@ def torch_type(name, shape):
         raise UnsupportedError(f"this torch build has no dtype for {name} tensors")
     dt = RAW_TO_TORCH.get(name)
     if name in _PACKED:  # two values per byte, and per float4_e2m1fn_x2 element
-        if dt is not None and shape and shape[-1] % 2 == 0:
-            return dt, tuple(shape[:-1]) + (shape[-1] // 2,)
+        pairs = None if dt is None else _native.raw_torch_dims(name, list(shape))
+        if pairs is not None:
+            return dt, tuple(pairs)
         # The bytes (a .zt tensor of an odd count has a spare high nibble).
         return torch.uint8, ((math.prod(shape) + 1) // 2,)
     if dt is None:

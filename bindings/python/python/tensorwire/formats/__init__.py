@@ -306,7 +306,7 @@ class TensorSlice:
             return None
         dims = list(dims)
         if layout == "pytorch:float4_e2m1fn_x2" and dims:
-            dims[-1] *= 2  # F4 counts single values; torch counts pairs
+            dims = _native.float4_pairs_as_values(dims)  # F4 counts single values
         return named, dims
 
     def __getitem__(self, index):
