@@ -1044,6 +1044,24 @@ impl Reader {
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
+    /// `(safetensors dtype name, logical shape)` of a tensor held as the bytes of a
+    /// safetensors raw type (`F4`, `F6_*`, `F8_E8M0`): as its file lists it, or as a
+    /// `.zt` tensor converted from such a file records it, where the recorded shape
+    /// counts the bytes. `None` for any other tensor.
+    fn _raw_safetensors_type(
+        &self,
+        name: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(&'static str, Vec<u64>)>> {
+        let src = self.src()?;
+        let info = src.info_at(self.position_of_any(src, name)?).or_raise()?;
+        let raw = info
+            .source_layout_name()
+            .and_then(|layout| layout.strip_prefix("safetensors:"))
+            .and_then(StDType::from_name)
+            .filter(|t| t.dtype().is_none());
+        Ok(raw.and_then(|t| Some((t.name(), t.fitting_recorded_shape(info)?))))
+    }
+
     /// `(dtype name, shape)` of a dense tensor.
     fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(String, Vec<u64>)> {
         let src = self.src()?;

@@ -389,6 +389,38 @@ def test_get_slice_follows_read_torch_s_rules(tmp_path):
             ("U8", [3])
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_get_slice_names_float6_converted_to_zt_as_the_source(tmp_path, version):
+    """A safetensors F6_* tensor (read as raw bytes) converted to .zt keeps its
+    listing: get_slice names its type and logical shape as over the source file;
+    a recorded shape that does not count the bytes is not taken."""
+    import json
+    import struct
+
+    from tensorwire import formats
+
+    header = json.dumps({"f6": {"dtype": "F6_E3M2", "shape": [2, 4],
+                                "data_offsets": [0, 6]}}).encode()
+    header += b" " * (-len(header) % 8)
+    src = tmp_path / "f6.safetensors"
+    src.write_bytes(struct.pack("<Q", len(header)) + header + bytes(range(6)))
+    out = str(tmp_path / "f6.zt")
+    tensorwire.convert(str(src), out, zt_version=version)
+    for path in (str(src), out):
+        with formats.safe_open(path, "np") as f:
+            part = f.get_slice("f6")
+            assert (part.get_dtype(), part.get_shape()) == ("F6_E3M2", [2, 4]), path
+            assert part[:].tobytes() == bytes(range(6))
+    # A .zt tensor recording a shape its bytes do not hold: its own listing.
+    bad = str(tmp_path / "bad.zt")
+    with tensorwire.Writer(bad, version=version) as w:
+        w.write_numpy("f6", np.arange(6, dtype=np.uint8), attributes={
+            "tensorwire.layout": "safetensors:F6_E3M2", "safetensors.dtype": "F6_E3M2",
+            "safetensors.shape": [3, 4]})
+    with formats.safe_open(bad, "np") as f:
+        assert (f.get_slice("f6").get_dtype(), f.get_slice("f6").get_shape()) == ("U8", [6])
+
+
 def test_byte_types_read_the_same_through_a_shard_index(tmp_path):
     """f8_e8m0 and f4_e2m1 tensors of version 2 shards, read through an index: the
     same metadata, numpy and torch tensors as from the shard itself."""

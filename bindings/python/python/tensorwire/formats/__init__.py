@@ -255,34 +255,22 @@ class TensorSlice:
 
     def get_shape(self):
         """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
-        raw bytes, their logical shape, as the package reports it; for a PyTorch
-        checkpoint's dtypes numpy lacks, torch's shape, with a float4_e2m1fn_x2
-        tensor's last dimension counting single values, as it has once converted to
-        safetensors ``F4``)."""
-        # Only a tensor listed as a raw safetensors type has a logical shape (the
-        # attribute its reader sets). Another file's attributes are its writer's: a
-        # `.zt` tensor's `safetensors.shape` is data, not the shape of what indexing
-        # gives, and may be anything.
-        named = self._named_type()
+        raw bytes, their logical shape, as the package reports it, also once converted
+        to ``.zt``; for a PyTorch checkpoint's dtypes numpy lacks, torch's shape, with
+        a float4_e2m1fn_x2 tensor's last dimension counting single values, as it has
+        once converted to safetensors ``F4``)."""
+        # A logical shape recorded in a `.zt` tensor's `safetensors.shape` is its
+        # writer's word: taken only where it counts the tensor's bytes (the native
+        # side checks), else the listed shape.
+        named = self._named_type() or self._loader.reader._raw_safetensors_type(self._name)
         if named is not None:
-            return named[1]
-        fmt = self._meta.format
-        if not fmt.startswith("safetensors:"):
-            return list(self._meta.shape)
-        logical = (self._meta.attributes or {}).get("safetensors.shape")
-        if logical is None:
-            return list(self._meta.shape)
-        if not (isinstance(logical, list)
-                and all(type(d) is int and d >= 0 for d in logical)):
-            raise _native.MalformedError(
-                f"tensor `{self._name}`: its safetensors.shape attribute is {logical!r:.80}, "
-                "not a list of dimensions")
-        return list(logical)
+            return list(named[1])
+        return list(self._meta.shape)
 
     def get_dtype(self):
         """The safetensors dtype name (``"F32"``, ``"BF16"``, ...; a PyTorch
         checkpoint's complex32, which safetensors lacks, is ``"complex32"``)."""
-        named = self._named_type()
+        named = self._named_type() or self._loader.reader._raw_safetensors_type(self._name)
         if named is not None:
             return named[0]
         fmt = self._meta.format
