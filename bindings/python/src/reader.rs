@@ -893,7 +893,7 @@ impl Reader {
                 let t = &m.tensor;
                 (
                     m.name.to_string(),
-                    t.dtype.torch_name(),
+                    t.dtype_name,
                     t.shape.dims().to_vec(),
                     t.strides.to_vec(),
                     t.requires_grad,

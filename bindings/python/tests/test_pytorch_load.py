@@ -1327,3 +1327,24 @@ def test_meta_tensors_load_as_torch_loads_them(name):
         with open(path, "rb") as f:
             from_bytes = pytorch.load(f.read())
         assert from_bytes["w"].device.type == "meta" and from_bytes["tied"] is from_bytes["w"]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_meta_tensors_of_dtypes_tensorwire_lacks_load_as_torch_loads_them(tmp_path):
+    """A tensor without data may have any torch dtype, one tensorwire neither has nor
+    holds too (uint4, bits8): torch.load reads such a file, and so does pytorch.load;
+    load_numpy names the dtype."""
+    names = [n for n in ("uint4", "int1", "bits8", "bits16") if hasattr(torch, n)]
+    state = {n: torch.empty(2, 3, dtype=getattr(torch, n), device="meta") for n in names}
+    state["real"] = torch.arange(3)
+    path = tmp_path / "odd_meta.pt"
+    torch.save(state, path)
+    want = torch.load(path, weights_only=True)
+    got = pytorch.load(str(path))
+    assert list(got) == list(want)
+    for n in names:
+        assert (got[n].device.type, got[n].dtype, got[n].shape) == ("meta", want[n].dtype,
+                                                                   want[n].shape), n
+    assert torch.equal(got["real"], want["real"])
+    arrays = pytorch.load_numpy(str(path))
+    assert arrays[names[0]] == pytorch.MetaTensor(names[0], (2, 3), (3, 1), False, False)

@@ -89,7 +89,7 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
                 out,
                 "  {}: {} {}",
                 table_cell(&m.name, MAX_NAME_WIDTH),
-                m.tensor.dtype.torch_name().trim_start_matches("torch."),
+                m.tensor.dtype_name.trim_start_matches("torch."),
                 m.tensor.shape
             )?;
         }
@@ -260,7 +260,7 @@ fn document(path: &Path, src: &dyn TensorSource) -> J {
             .map(|m| {
                 json!({
                     "name": &*m.name,
-                    "dtype": m.tensor.dtype.torch_name().trim_start_matches("torch."),
+                    "dtype": m.tensor.dtype_name.trim_start_matches("torch."),
                     "shape": m.tensor.shape.dims(),
                     "stride": &m.tensor.strides[..],
                     "requires_grad": m.tensor.requires_grad,

@@ -948,7 +948,7 @@ fn meta_tensors_are_listed_apart_and_not_converted() {
         let o = tw([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
         assert_exit(&o, 2);
         assert!(
-            stderr(&o).contains("meta device (`w` and 9 more)"),
+            stderr(&o).contains("meta device (`w` and 9 more names)"),
             "{}",
             stderr(&o)
         );

@@ -423,14 +423,15 @@ fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result
 /// The same check for a meta tensor.
 fn check_meta_requires_grad(meta: &MetaTensor, what: &str, offset: u64) -> Result<()> {
     let differentiable = match meta.dtype {
-        TensorDType::Tensorwire(dtype) => differentiable(Some(dtype)),
-        TensorDType::TorchOnly(_) => true,
+        Some(TensorDType::Tensorwire(dtype)) => differentiable(Some(dtype)),
+        Some(TensorDType::TorchOnly(_)) => true,
+        None => false, // integer, bit and quantized types
     };
     if meta.requires_grad && !differentiable {
         return Err(bad_args(
             what,
             offset,
-            format!("a {} tensor requiring grad", meta.dtype.torch_name()),
+            format!("a {} tensor requiring grad", meta.dtype_name),
         ));
     }
     Ok(())
@@ -442,13 +443,16 @@ fn check_meta_requires_grad(meta: &MetaTensor, what: &str, offset: u64) -> Resul
 fn dtype_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<TensorDType> {
     match arena.get(id) {
         Obj::Global(Global::Dtype(dtype)) => Ok(TensorDType::Tensorwire(*dtype)),
-        Obj::Global(Global::TorchConstant(name)) => TorchOnlyDType::from_torch_name(name)
-            .map(TensorDType::TorchOnly)
-            .ok_or_else(|| {
-                Error::unsupported(format!(
-                    "tensors of {name}, which tensorwire has no dtype for"
-                ))
-            }),
+        // The quantization schemes are torch constants too, but no dtypes.
+        Obj::Global(Global::TorchConstant(name)) if !name.starts_with("torch.per_") => {
+            TorchOnlyDType::from_torch_name(name)
+                .map(TensorDType::TorchOnly)
+                .ok_or_else(|| {
+                    Error::unsupported(format!(
+                        "tensors of {name}, which tensorwire has no dtype for"
+                    ))
+                })
+        }
         _ => Err(bad_args(what, offset, "the dtype argument is not a dtype")),
     }
 }
@@ -578,8 +582,19 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             let [dtype, size, stride, requires_grad] = argv else {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
-            let dtype = dtype_arg(arena, *dtype, what, offset)?;
-            let mut meta = MetaTensor::from_rebuild(arena, dtype, *size, *stride, offset)?;
+            // A tensor without data may have any torch dtype, one tensorwire lacks too.
+            let (dtype, dtype_name) = match arena.get(*dtype) {
+                Obj::Global(Global::TorchConstant(name)) if !name.starts_with("torch.per_") => (
+                    TorchOnlyDType::from_torch_name(name).map(TensorDType::TorchOnly),
+                    *name,
+                ),
+                _ => {
+                    let dtype = dtype_arg(arena, *dtype, what, offset)?;
+                    (Some(dtype), dtype.torch_name())
+                }
+            };
+            let mut meta =
+                MetaTensor::from_rebuild(arena, dtype, dtype_name, *size, *stride, offset)?;
             meta.requires_grad = requires_grad_arg(arena, *requires_grad, what, offset)?;
             check_meta_requires_grad(&meta, what, offset)?;
             Ok(Obj::Meta(Box::new(meta)))
@@ -1633,16 +1648,30 @@ mod tests {
     fn meta_tensors_are_built_with_their_dtype_sizes_and_strides() {
         // (3, 4) strides (1, 3): a transpose; not requiring grad.
         let m = meta_tensor("float32", b"K\x03K\x04\x86K\x01K\x03\x86\x89", None).unwrap();
-        assert_eq!(m.dtype, TensorDType::Tensorwire(DType::F32));
+        assert_eq!(m.dtype, Some(TensorDType::Tensorwire(DType::F32)));
+        assert_eq!(m.dtype_name, "torch.float32");
         assert_eq!((m.shape.dims(), &m.strides[..]), (&[3, 4][..], &[1, 3][..]));
         assert!(!m.requires_grad && !m.parameter);
         // torch-only dtypes keep torch's sizes (no holder dimension: there is no data).
         let m = meta_tensor("complex32", b"K\x02\x85K\x01\x85\x88", None).unwrap();
-        assert_eq!(m.dtype.torch_name(), "torch.complex32");
+        assert_eq!(m.dtype_name, "torch.complex32");
+        assert_eq!(
+            m.dtype,
+            Some(TensorDType::TorchOnly(TorchOnlyDType::Complex32))
+        );
         assert_eq!((m.shape.dims(), m.requires_grad), (&[2][..], true));
         // 0-d, and an nn.Parameter around one (its flag wins).
         let m = meta_tensor("bfloat16", b"))\x89", Some(true)).unwrap();
         assert!(m.shape.dims().is_empty() && m.parameter && m.requires_grad);
+        // A dtype tensorwire neither has nor holds: a tensor without data has it all
+        // the same, by name.
+        for name in ["uint4", "int1", "bits8", "qint8", "quint4x2", "bcomplex32"] {
+            let m = meta_tensor(name, b"K\x02\x85K\x01\x85\x89", None).unwrap();
+            assert_eq!(
+                (m.dtype, m.dtype_name),
+                (None, &*format!("torch.{name}").leak())
+            );
+        }
         // Empty: any strides.
         let huge_stride = b"K\x00K\x07\x86\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7fK\x01\x86\x89";
         assert!(meta_tensor("float64", huge_stride, None).is_ok());
@@ -1675,7 +1704,18 @@ mod tests {
                 None,
                 "extent",
             ),
-            ("qint8", b"K\x02\x85K\x01\x85\x89", None, "torch.qint8"),
+            (
+                "per_tensor_affine",
+                b"K\x02\x85K\x01\x85\x89",
+                None,
+                "not a dtype",
+            ),
+            (
+                "uint4",
+                b"K\x02\x85K\x01\x85\x88",
+                None,
+                "torch.uint4 tensor requiring grad",
+            ),
             (
                 "float32",
                 b"J\xff\xff\xff\xff\x85K\x01\x85\x89",

@@ -62,8 +62,9 @@ pub struct PtReader {
     attributes: BTreeMap<String, Value>,
     /// The sparse tensors, by name (their parts are tensors of `index`).
     sparse: Vec<(Arc<str>, SparseTensor)>,
-    /// The meta tensors (not in `index`: they hold no data).
+    /// The meta tensors (not in `index`: they hold no data), and their names.
     meta: Vec<MetaEntry>,
+    meta_names: std::collections::HashSet<Arc<str>>,
     little_endian: bool,
     limits: Limits,
     /// The ZIP container (ZIP files only: `None` is a legacy checkpoint).
@@ -166,7 +167,11 @@ impl PersistentLoad for AnyStorage {
 }
 
 /// Fails unless every tensor leaf of `node` is a tensor of `index`.
-fn check_leaves(node: &Node, index: &TensorIndex, meta: &[MetaEntry]) -> Result<()> {
+fn check_leaves(
+    node: &Node,
+    index: &TensorIndex,
+    meta_names: &std::collections::HashSet<Arc<str>>,
+) -> Result<()> {
     let changed = |name: &str| {
         Error::malformed(
             0,
@@ -177,7 +182,7 @@ fn check_leaves(node: &Node, index: &TensorIndex, meta: &[MetaEntry]) -> Result<
         index.position(name).map_err(|_| changed(name))?;
     }
     for name in node.meta_names() {
-        if !meta.iter().any(|m| m.name == *name) {
+        if !meta_names.contains(name) {
             return Err(changed(name));
         }
     }
@@ -484,6 +489,7 @@ impl PtReader {
                 .into_iter()
                 .map(|(name, sparse, _)| (name, sparse.clone()))
                 .collect(),
+            meta_names: meta.iter().map(|m| Arc::clone(&m.name)).collect(),
             meta,
             little_endian,
             limits: *limits,
@@ -511,7 +517,7 @@ impl PtReader {
             None => legacy::parse(&self.input, &limits, self.limits.max_metadata_bytes)?.object,
         };
         let tree = structure(&object.arena, object.root, self.limits.max_depth)?;
-        check_leaves(&tree, &self.index, &self.meta)?;
+        check_leaves(&tree, &self.index, &self.meta_names)?;
         Ok(tree)
     }
 
@@ -744,7 +750,7 @@ impl TensorSource for PtReader {
 
     fn position(&self, name: &str) -> Result<usize> {
         self.index.position(name).map_err(|e| {
-            if self.meta.iter().any(|m| &*m.name == name) {
+            if self.meta_names.contains(name) {
                 Error::unsupported(format!(
                     "reading tensor `{name}`, which is on torch's meta device: it has a \
                      dtype and shape but no data (tensorwire.pytorch.load gives it as a \

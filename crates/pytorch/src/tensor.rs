@@ -186,8 +186,12 @@ impl TensorDType {
 /// [`PtReader::meta_tensors`](crate::PtReader::meta_tensors) has it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetaTensor {
-    /// torch's dtype.
-    pub dtype: TensorDType,
+    /// torch's dtype where tensorwire has (or holds) it; `None` for the torch dtypes
+    /// it neither has nor holds (`torch.uint4`, `torch.bits8`, ...), which a tensor
+    /// without data may have all the same.
+    pub dtype: Option<TensorDType>,
+    /// torch's name of the dtype (`torch.float32`, `torch.uint4`).
+    pub dtype_name: &'static str,
     /// Sizes.
     pub shape: Shape,
     /// Strides, in elements.
@@ -204,7 +208,8 @@ impl MetaTensor {
     /// fits torch's `int64` (as `torch.empty_strided` needs).
     pub(crate) fn from_rebuild(
         arena: &Arena,
-        dtype: TensorDType,
+        dtype: Option<TensorDType>,
+        dtype_name: &'static str,
         size: Id,
         stride: Id,
         offset: u64,
@@ -234,12 +239,21 @@ impl MetaTensor {
                 extent = extent.checked_add(reach).ok_or_else(overflow)?;
             }
         }
+        let element_size = match dtype {
+            Some(dtype) => dtype.element_size(),
+            None => match dtype_name {
+                "torch.qint32" | "torch.bcomplex32" => 4,
+                "torch.bits16" => 2,
+                _ => 1, // the sub-byte and 8-bit types, one byte per element
+            },
+        };
         extent
-            .checked_mul(dtype.element_size())
+            .checked_mul(element_size)
             .filter(|&bytes| bytes <= i64::MAX as u64)
             .ok_or_else(overflow)?;
         Ok(MetaTensor {
             dtype,
+            dtype_name,
             shape,
             strides,
             requires_grad: false,

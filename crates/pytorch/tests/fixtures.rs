@@ -192,7 +192,7 @@ fn check_meta_tensors(path: &Path, reader: &PtReader, want: &Json) {
         assert_eq!(&*m.name, name, "{label}");
         let t = &m.tensor;
         assert_eq!(
-            t.dtype.torch_name(),
+            t.dtype_name,
             format!("torch.{}", w["dtype"].as_str().unwrap()),
             "{label} {name}"
         );

@@ -218,7 +218,7 @@ fn refuse_meta_tensors(source: &dyn TensorSource) -> Result<()> {
             first.name,
             match rest.len() {
                 0 => String::new(),
-                n => format!(" and {n} more"),
+                n => format!(" and {n} more names"),
             }
         ))),
     }
