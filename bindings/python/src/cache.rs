@@ -279,23 +279,25 @@ impl CacheHandle {
     }
 }
 
-/// The fork hooks of every cache this process holds a handle or a view of (also of
-/// closed handles whose views live): `tensorwire.cache` registers them with
-/// `os.register_at_fork`. Before the fork, a registry slot for the child pins every
-/// entry this process views; the child takes it over at once. They never raise.
+/// The fork hooks (`tensorwire.cache` registers them with `os.register_at_fork`):
+/// before the fork, for every cache this process holds a handle or a view of (also
+/// of closed handles whose views live), a registry slot for the child pins every
+/// entry this process views, and the process-local locks of the cache and
+/// shared-memory code are held across the fork; the child takes the slots over at
+/// once. They never raise.
 #[pyfunction]
-pub fn cache_prepare_fork() {
+pub fn prepare_fork() {
     tensorwire::cache::prepare_fork();
 }
 
-/// See [`cache_prepare_fork`]: in the parent after the fork.
+/// See [`prepare_fork`]: in the parent after the fork.
 #[pyfunction]
-pub fn cache_parent_after_fork() {
+pub fn parent_after_fork() {
     tensorwire::cache::parent_after_fork();
 }
 
-/// See [`cache_prepare_fork`]: in the child after the fork.
+/// See [`prepare_fork`]: in the child after the fork.
 #[pyfunction]
-pub fn cache_child_after_fork() {
+pub fn child_after_fork() {
     tensorwire::cache::child_after_fork();
 }

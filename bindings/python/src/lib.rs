@@ -51,9 +51,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shm::ShmSegment>()?;
     m.add_class::<shm::ShmMapping>()?;
     m.add_class::<cache::CacheHandle>()?;
-    m.add_function(wrap_pyfunction!(cache::cache_prepare_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(cache::cache_parent_after_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(cache::cache_child_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::prepare_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::parent_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::child_after_fork, m)?)?;
     ipc::register(m)?;
     Ok(())
 }

@@ -225,6 +225,49 @@ def test_views_outliving_their_handles_do_not_fill_the_registry():
         assert all(np.array_equal(v, np.arange(10)) for v in views)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forks_while_another_thread_opens_handles_never_hang_the_child():
+    """A thread opens and closes handles (their bookkeeping takes process-local locks,
+    without the GIL) while the main thread forks: the locks are held across each fork,
+    so no child finds one locked for ever by a thread it does not have."""
+    import threading
+
+    with TensorCache(1 << 16) as owner:
+        owner.put("k", np.ones(4))
+        views = []
+        for _ in range(50):
+            with TensorCache(name=owner.name, create=False) as c:
+                views.append(c.get("k"))
+        stop = threading.Event()
+
+        def opener():
+            while not stop.is_set():
+                TensorCache(name=owner.name, create=False).close()
+
+        thread = threading.Thread(target=opener)
+        thread.start()
+        try:
+            for _ in range(150):
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0 if np.all(views[0] == 1.0) else 1)
+                deadline = time.monotonic() + 10
+                while True:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        assert os.waitstatus_to_exitcode(status) == 0
+                        break
+                    if time.monotonic() > deadline:
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        pytest.fail("a forked child hung")
+                    time.sleep(0.001)
+        finally:
+            stop.set()
+            thread.join()
+        owner.check()
+
+
 def test_lru_eviction_order():
     with TensorCache(256 << 10, max_entries=4) as c:
         for k in "abcd":

@@ -1,14 +1,18 @@
 //! The cache: operations over one segment, each under the robust lock.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tensorwire_core::{Bytes, Error, Owner, Result};
 use tensorwire_packet::{packet_info, PacketInfo, PacketLimits};
 use tensorwire_shm::{Access, CreateOptions, LockGuard, ProcessId, RobustMutex, Segment};
 
-use crate::layout::{e, h, Layout, BLOCK_ALIGN, HEADER_SIZE, MAGIC, MAX_KEY_BYTES, MAX_PROCESSES};
+use crate::layout::{
+    e, h, Layout, BLOCK_ALIGN, CHILD_CLAIM_DEADLINE, HEADER_SIZE, MAGIC, MAX_KEY_BYTES,
+    MAX_PROCESSES,
+};
 use crate::region::Region;
 
 /// Slot states.
@@ -157,6 +161,10 @@ struct Me {
     /// over ([`Shared::register`]) if it still holds that id. `None` in the parent
     /// once the fork is done.
     for_child: Option<(usize, [u64; 2])>,
+    /// Slots taken for children forked earlier that have not taken them over yet
+    /// (slot, this process's id words): at most [`MAX_PENDING_CHILD_SLOTS`], so
+    /// forks that fail (their slots wait out their deadline) take few.
+    pending_children: Vec<(usize, [u64; 2])>,
 }
 
 impl Me {
@@ -167,6 +175,7 @@ impl Me {
             handles: 0,
             pins: HashMap::new(),
             for_child: None,
+            pending_children: Vec::new(),
         }
     }
 }
@@ -199,12 +208,21 @@ fn registration(id: (u64, u64)) -> Arc<Mutex<Me>> {
     me
 }
 
+/// How long a registry slot claimed for a child about to be forked waits for the
+/// child to take it over.
+const CHILD_CLAIM_WINDOW: Duration = Duration::from_secs(30);
+
+/// Most slots a process keeps claimed for children that have not taken them over;
+/// a fork beyond them leaves its child to register late.
+const MAX_PENDING_CHILD_SLOTS: usize = 8;
+
 /// The shared state of every cache handle alive in this process, and of the views
 /// that outlive their handle: what the fork hooks walk.
 static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 
 /// `shared`, tracked in [`LIVE`].
 fn tracked(shared: Shared) -> Arc<Shared> {
+    install_fork_handlers();
     let shared = Arc::new(shared);
     let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
     live.retain(|w| w.strong_count() > 0);
@@ -218,13 +236,87 @@ fn live() -> Vec<Arc<Shared>> {
     live.iter().filter_map(Weak::upgrade).collect()
 }
 
+/// The process-local locks a child needs, held by the forking thread across `fork`
+/// so that no other thread holds one at that moment (the child would find it locked
+/// for ever: a thread that held it does not exist there).
+struct ForkGuards {
+    // Fields drop in order: each pool's registration, then the registrations, then
+    // the handle list (the reverse of taking them), then what the first borrow.
+    _me: Vec<MutexGuard<'static, Me>>,
+    _registrations: MutexGuard<'static, Vec<Registration>>,
+    _live: MutexGuard<'static, Vec<Weak<Shared>>>,
+    /// Keeps every mutex of `_me` alive while its guard lives.
+    _pools: Vec<Arc<Mutex<Me>>>,
+}
+
+thread_local! {
+    static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare handler: takes [`ForkGuards`], the handle list, the
+/// registrations, then each pool's registration (the order every other path takes
+/// them in). It runs inside `fork` itself, after every Python-level hook: no Python
+/// code runs (so no other thread takes the GIL) between it and the fork, and the
+/// threads that may hold these locks hold them briefly, never waiting on the GIL.
+extern "C" fn hold_locks_for_fork() {
+    let live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    let registrations = REGISTRATIONS.lock().unwrap_or_else(PoisonError::into_inner);
+    let pools: Vec<Arc<Mutex<Me>>> = registrations
+        .iter()
+        .filter_map(|(_, w)| w.upgrade())
+        .collect();
+    let me = pools
+        .iter()
+        .map(|pool| {
+            let guard = pool.lock().unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: the guard borrows the mutex inside `pool`, an `Arc` that the same
+            // `ForkGuards` keeps in `_pools` and drops after the guard (field order);
+            // the guard never leaves this thread (a thread-local holds it).
+            unsafe { std::mem::transmute::<MutexGuard<'_, Me>, MutexGuard<'static, Me>>(guard) }
+        })
+        .collect();
+    let guards = ForkGuards {
+        _me: me,
+        _registrations: registrations,
+        _live: live,
+        _pools: pools,
+    };
+    FORK_GUARDS.with(|held| *held.borrow_mut() = Some(guards));
+}
+
+/// `pthread_atfork` parent and child handler: lets go of what
+/// [`hold_locks_for_fork`] took (in the child, the one thread is the forking one's
+/// copy, which holds them).
+extern "C" fn release_locks_after_fork() {
+    FORK_GUARDS.with(|held| drop(held.borrow_mut().take()));
+}
+
+/// Installs the `pthread_atfork` handlers once, when the first cache is opened.
+fn install_fork_handlers() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions that never unwind (they only
+        // lock and unlock mutexes, recovering poisoned ones) and live for the whole
+        // program; registering them has no other precondition.
+        unsafe {
+            libc::pthread_atfork(
+                Some(hold_locks_for_fork),
+                Some(release_locks_after_fork),
+                Some(release_locks_after_fork),
+            );
+        }
+    });
+}
+
 /// Call just before `fork` (Python does, from `os.register_at_fork`). For each cache
 /// this process holds views of, it takes a registry slot for the child under this
 /// process's id and pins every viewed entry for it, so the views the child inherits
-/// stay as they are even if this process drops its own before the child runs. Then
-/// call [`parent_after_fork`] in the parent and [`child_after_fork`] in the child.
+/// stay as they are even if this process drops its own before the child runs (the
+/// child has 30 s to take the slot over; after, a repair frees it). Then call
+/// [`parent_after_fork`] in the parent and [`child_after_fork`] in the child.
 /// Failures (a lock timeout, a full registry) are not reported: the child then
-/// registers late, as without this call.
+/// registers late, as without this call. (The process-local locks are held across
+/// any `fork` by `pthread_atfork` handlers, with or without this call.)
 pub fn prepare_fork() {
     for shared in live() {
         let _ = shared.reserve_for_child();
@@ -233,7 +325,7 @@ pub fn prepare_fork() {
 
 /// Call in the parent right after `fork` (see [`prepare_fork`]): the slots taken for
 /// the child are the child's now (they stay registered under this process's id until
-/// the child takes them over, or this process exits).
+/// the child takes them over, or their deadline passes).
 pub fn parent_after_fork() {
     for shared in live() {
         shared
@@ -279,7 +371,7 @@ pub struct TensorCache {
     shared: Arc<Shared>,
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     // SAFETY: an all-zero timespec is valid and is overwritten by clock_gettime.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: a valid clock id and out-pointer. CLOCK_MONOTONIC is system-wide, so
@@ -591,11 +683,13 @@ impl TensorCache {
                     pinned += r.get64(l.slot(slot) + e::ALLOC_SIZE);
                 }
             }
+            let now = now_ns();
             let processes = (0..l.max_processes)
-                .filter_map(|p| {
+                .filter(|&p| {
                     ProcessId::from_words([r.get64(l.process(p)), r.get64(l.process(p) + 8)])
+                        .is_some()
+                        && !s.registered_dead(p, now)
                 })
-                .filter(ProcessId::is_alive)
                 .count() as u64;
             let used = r.get64(h::USED_BYTES);
             // Entries past their TTL stay indexed until a put purges them; like `len`,
@@ -633,7 +727,12 @@ impl Shared {
     /// repair was interrupted), with this handle registered. `f` gets this handle's
     /// registry slot.
     pub(crate) fn locked<T>(&self, f: impl FnOnce(usize) -> Result<T>) -> Result<T> {
-        let mut guard = self.mutex.lock(Some(self.options.lock_timeout))?;
+        self.locked_within(self.options.lock_timeout, f)
+    }
+
+    /// [`Shared::locked`], waiting at most `timeout` for the lock.
+    fn locked_within<T>(&self, timeout: Duration, f: impl FnOnce(usize) -> Result<T>) -> Result<T> {
+        let mut guard = self.mutex.lock(Some(timeout))?;
         self.repair_if_needed(&mut guard)?;
         let me = self.register()?;
         f(me)
@@ -682,7 +781,10 @@ impl Shared {
         // the pins set in it are already this process's.
         let reserved = me.for_child.take().filter(|&(slot, words)| {
             let off = self.layout.process(slot);
+            let deadline = self.region.get64(off + CHILD_CLAIM_DEADLINE);
             [self.region.get64(off), self.region.get64(off + 8)] == words
+                && deadline != 0
+                && now_ns() <= deadline
         });
         let slot = match reserved {
             Some((slot, _)) => {
@@ -690,12 +792,15 @@ impl Shared {
                 let off = self.layout.process(slot);
                 self.region.set64(off + 8, start);
                 self.region.set64(off, pid);
+                self.region.set64(off + CHILD_CLAIM_DEADLINE, 0);
                 slot
             }
             None => self.new_process_slot(id)?,
         };
         me.pid = pid;
         me.slot = slot;
+        // The parent's children are not this process's.
+        me.pending_children.clear();
         // In a forked child whose slot was not taken before the fork, the views
         // inherited from the parent are pinned by the parent's bit only, which the
         // parent may drop at any time: pin them for this process too, each while its
@@ -738,18 +843,37 @@ impl Shared {
                 return Ok(());
             }
         }
-        self.locked(|_| {
+        // A fork waits this long at most per pool (another process holding the lock
+        // longer leaves the child to register late).
+        let timeout = self.options.lock_timeout.min(Duration::from_millis(500));
+        self.locked_within(timeout, |_| {
             let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
             // Another handle of the pool took it already (one registration for all).
             if me.pins.is_empty() || me.for_child.is_some() {
                 return Ok(());
             }
             let id = ProcessId::current();
+            // Children that took their slots over (or whose slots expired) are done.
+            let now = now_ns();
+            me.pending_children.retain(|&(slot, words)| {
+                let off = self.layout.process(slot);
+                [self.region.get64(off), self.region.get64(off + 8)] == words
+                    && now <= self.region.get64(off + CHILD_CLAIM_DEADLINE)
+            });
+            if me.pending_children.len() >= MAX_PENDING_CHILD_SLOTS {
+                return Ok(());
+            }
             let slot = self.new_process_slot(id)?;
+            // The child has until then to take it over; after, a repair drops it
+            // with its pins (a fork that failed leaks nothing for long).
+            let deadline = now.saturating_add(CHILD_CLAIM_WINDOW.as_nanos() as u64);
+            self.region
+                .set64(self.layout.process(slot) + CHILD_CLAIM_DEADLINE, deadline);
             for &entry in me.pins.keys() {
                 self.set_pin_bit(entry, slot);
             }
             me.for_child = Some((slot, id.to_words()));
+            me.pending_children.push((slot, id.to_words()));
             Ok(())
         })
     }
@@ -769,11 +893,21 @@ impl Shared {
     /// True when a process in the registry is no longer alive (one `/proc` lookup
     /// per registered process). Lock held.
     fn any_registered_process_dead(&self) -> bool {
+        let now = now_ns();
+        (0..self.layout.max_processes).any(|p| self.registered_dead(p, now))
+    }
+
+    /// True when registry slot `p` holds a process that died, or a slot claimed for a
+    /// forked child that did not take it over in time (the fork failed, or the child
+    /// died first). Lock held.
+    pub(crate) fn registered_dead(&self, p: usize, now: u64) -> bool {
         let r = &self.region;
-        (0..self.layout.max_processes).any(|p| {
-            let off = self.layout.process(p);
-            ProcessId::from_words([r.get64(off), r.get64(off + 8)]).is_some_and(|id| !id.is_alive())
-        })
+        let off = self.layout.process(p);
+        let Some(id) = ProcessId::from_words([r.get64(off), r.get64(off + 8)]) else {
+            return false;
+        };
+        let deadline = r.get64(off + CHILD_CLAIM_DEADLINE);
+        !id.is_alive() || (deadline != 0 && now > deadline)
     }
 
     fn claim_process_slot(&self, id: ProcessId) -> Option<usize> {
@@ -781,8 +915,10 @@ impl Shared {
         let slot =
             (0..self.layout.max_processes).find(|&p| r.get64(self.layout.process(p)) == 0)?;
         let [pid, start] = id.to_words();
-        r.set64(self.layout.process(slot) + 8, start);
-        r.set64(self.layout.process(slot), pid);
+        let off = self.layout.process(slot);
+        r.set64(off + CHILD_CLAIM_DEADLINE, 0);
+        r.set64(off + 8, start);
+        r.set64(off, pid);
         Some(slot)
     }
 

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! 0        header (4096 bytes): magic, version, geometry, counters, LRU ends, mutex
-//! 4096     process registry: max_processes × 32 bytes (pid, start time)
+//! 4096     process registry: max_processes × 32 bytes (pid, start time, the deadline
+//!          of a slot claimed for a child about to be forked, 8 reserved)
 //! …        key index: index_capacity × u32 (open addressing, linear probing)
 //! …        free-extent table: (max_entries + 2) × 16 bytes (offset, length), sorted
 //! …        entry table: max_entries × 256-byte slots
@@ -23,6 +24,10 @@ pub const HEADER_SIZE: usize = 4096;
 pub const SLOT_SIZE: usize = 256;
 /// Bytes of one process-registry slot.
 pub const PROCESS_SLOT_SIZE: usize = 32;
+/// Where a process-registry slot claimed for a child about to be forked holds the
+/// time (`CLOCK_MONOTONIC` ns) until which the child may take it over; 0 in any other
+/// slot. Past it, the slot counts as a dead process's.
+pub const CHILD_CLAIM_DEADLINE: usize = 16;
 /// Alignment (and size granule) of value blocks in the data region.
 pub const BLOCK_ALIGN: usize = 64;
 /// Longest key, in bytes of UTF-8.

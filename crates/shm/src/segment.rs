@@ -61,6 +61,42 @@ fn mappings() -> std::sync::MutexGuard<'static, Vec<Mapping>> {
     MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+thread_local! {
+    /// [`MAPPINGS`] held across a `fork` by the forking thread.
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Vec<Mapping>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare handler: holds [`MAPPINGS`] across the fork, so that no
+/// other thread holds it at that moment (it would stay locked for ever in the child).
+/// It runs inside `fork` itself, after every Python-level hook.
+extern "C" fn hold_mappings_for_fork() {
+    let guard = mappings();
+    FORK_GUARD.with(|held| *held.borrow_mut() = Some(guard));
+}
+
+/// `pthread_atfork` parent and child handler: lets [`MAPPINGS`] go.
+extern "C" fn release_mappings_after_fork() {
+    FORK_GUARD.with(|held| drop(held.borrow_mut().take()));
+}
+
+/// Installs the `pthread_atfork` handlers once, at the first mapping.
+fn install_fork_handlers() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions that never unwind (they lock
+        // and unlock one mutex, recovering it if poisoned) and live for the whole
+        // program; registering them has no other precondition.
+        unsafe {
+            libc::pthread_atfork(
+                Some(hold_mappings_for_fork),
+                Some(release_mappings_after_fork),
+                Some(release_mappings_after_fork),
+            );
+        }
+    });
+}
+
 /// `(st_dev, st_ino)` of `fd`: which object it is.
 fn object_of(fd: &OwnedFd) -> Result<(u64, u64)> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
@@ -240,6 +276,7 @@ impl Segment {
     }
 
     fn map(fd: OwnedFd, len: usize, access: Access, name: Option<String>) -> Result<Segment> {
+        install_fork_handlers();
         let object = object_of(&fd)?;
         let prot = match access {
             Access::ReadOnly => libc::PROT_READ,

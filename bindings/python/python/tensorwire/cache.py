@@ -50,11 +50,14 @@ __all__ = ["TensorCache"]
 # Views inherited through fork stay pinned in the child: before the fork, each cache
 # this process views (through open or closed handles) gets a registry slot for the
 # child with every viewed entry pinned in it, and the child takes the slots over at
-# once; so the parent may drop its views right after the fork.
+# once; so the parent may drop its views right after the fork. The process-local
+# locks of the cache and shared-memory code are held across the fork, so a child
+# never finds one locked by a thread it does not have. (`import tensorwire` imports
+# this module, so the hooks are there for SharedTensor alone too.)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_native.cache_prepare_fork,
-                        after_in_parent=_native.cache_parent_after_fork,
-                        after_in_child=_native.cache_child_after_fork)
+    os.register_at_fork(before=_native.prepare_fork,
+                        after_in_parent=_native.parent_after_fork,
+                        after_in_child=_native.child_after_fork)
 
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
