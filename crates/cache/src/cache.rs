@@ -160,11 +160,22 @@ struct Me {
     /// about to be forked, with the pins of `pins` set for it: the child takes it
     /// over ([`Shared::register`]) if it still holds that id. `None` in the parent
     /// once the fork is done.
-    for_child: Option<(usize, [u64; 2])>,
+    for_child: Option<ChildSlot>,
     /// Slots taken for children forked earlier that have not taken them over yet
     /// (slot, this process's id words): at most [`MAX_PENDING_CHILD_SLOTS`], so
     /// forks that fail (their slots wait out their deadline) take few.
     pending_children: Vec<(usize, [u64; 2])>,
+}
+
+/// A registry slot [`prepare_fork`] claimed for the child about to be forked.
+struct ChildSlot {
+    slot: usize,
+    /// This (the parent) process's id words, which the slot holds until the child
+    /// takes it over.
+    words: [u64; 2],
+    /// The entries pinned in it: the parent's pins then. A view dropped between then
+    /// and the fork is not the child's, and its bit is cleared at the takeover.
+    entries: Vec<u32>,
 }
 
 impl Me {
@@ -318,8 +329,15 @@ fn install_fork_handlers() {
 /// registers late, as without this call. (The process-local locks are held across
 /// any `fork` by `pthread_atfork` handlers, with or without this call.)
 pub fn prepare_fork() {
+    // Half a second in all, however many pools: another process holding a pool's lock
+    // longer leaves the child to register late with that one.
+    let budget = std::time::Instant::now() + Duration::from_millis(500);
     for shared in live() {
-        let _ = shared.reserve_for_child();
+        let left = budget.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = shared.reserve_for_child(left);
     }
 }
 
@@ -341,7 +359,9 @@ pub fn parent_after_fork() {
 /// inherited are pinned for it at once.
 pub fn child_after_fork() {
     for shared in live() {
-        let _ = shared.locked(|_| Ok(()));
+        // Not waiting long for a lock another process holds: the slot waits for this
+        // child until its deadline, and the child's next cache operation takes it over.
+        let _ = shared.locked_within(Duration::from_millis(100), |_| Ok(()));
     }
 }
 
@@ -374,8 +394,9 @@ pub struct TensorCache {
 pub(crate) fn now_ns() -> u64 {
     // SAFETY: an all-zero timespec is valid and is overwritten by clock_gettime.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid clock id and out-pointer. CLOCK_MONOTONIC is system-wide, so
-    // times written by one process compare with another's.
+    // SAFETY: a valid clock id and out-pointer. CLOCK_MONOTONIC is system-wide
+    // (within one time namespace), so times written by one process compare with
+    // another's.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
@@ -779,21 +800,28 @@ impl Shared {
         // A slot the parent took for this child before the fork, still under the
         // parent's id (not freed by a repair since): this process takes it over, and
         // the pins set in it are already this process's.
-        let reserved = me.for_child.take().filter(|&(slot, words)| {
-            let off = self.layout.process(slot);
+        let reserved = me.for_child.take().filter(|child| {
+            let off = self.layout.process(child.slot);
             let deadline = self.region.get64(off + CHILD_CLAIM_DEADLINE);
-            [self.region.get64(off), self.region.get64(off + 8)] == words
+            [self.region.get64(off), self.region.get64(off + 8)] == child.words
                 && deadline != 0
                 && now_ns() <= deadline
         });
         let slot = match reserved {
-            Some((slot, _)) => {
+            Some(child) => {
                 let [pid, start] = id.to_words();
-                let off = self.layout.process(slot);
+                let off = self.layout.process(child.slot);
                 self.region.set64(off + 8, start);
                 self.region.set64(off, pid);
                 self.region.set64(off + CHILD_CLAIM_DEADLINE, 0);
-                slot
+                // Entries pinned for the child whose views went before the fork: no
+                // view of this process holds them.
+                for entry in child.entries {
+                    if !me.pins.contains_key(&entry) {
+                        self.clear_pin_bit(entry, child.slot);
+                    }
+                }
+                child.slot
             }
             None => self.new_process_slot(id)?,
         };
@@ -836,17 +864,14 @@ impl Shared {
 
     /// [`prepare_fork`] for this cache: when this process pins entries, a registry
     /// slot under its own id for the child, with every pinned entry pinned for it.
-    fn reserve_for_child(&self) -> Result<()> {
+    fn reserve_for_child(&self, timeout: Duration) -> Result<()> {
         {
             let me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
             if me.pid != std::process::id() || me.pins.is_empty() {
                 return Ok(());
             }
         }
-        // A fork waits this long at most per pool (another process holding the lock
-        // longer leaves the child to register late).
-        let timeout = self.options.lock_timeout.min(Duration::from_millis(500));
-        self.locked_within(timeout, |_| {
+        self.locked_within(timeout.min(self.options.lock_timeout), |_| {
             let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
             // Another handle of the pool took it already (one registration for all).
             if me.pins.is_empty() || me.for_child.is_some() {
@@ -869,10 +894,15 @@ impl Shared {
             let deadline = now.saturating_add(CHILD_CLAIM_WINDOW.as_nanos() as u64);
             self.region
                 .set64(self.layout.process(slot) + CHILD_CLAIM_DEADLINE, deadline);
-            for &entry in me.pins.keys() {
+            let entries: Vec<u32> = me.pins.keys().copied().collect();
+            for &entry in &entries {
                 self.set_pin_bit(entry, slot);
             }
-            me.for_child = Some((slot, id.to_words()));
+            me.for_child = Some(ChildSlot {
+                slot,
+                words: id.to_words(),
+                entries,
+            });
             me.pending_children.push((slot, id.to_words()));
             Ok(())
         })
@@ -887,6 +917,21 @@ impl Shared {
         if before & bit == 0 {
             let c = self.region.get32(sl + e::PIN_COUNT);
             self.region.set32(sl + e::PIN_COUNT, c.saturating_add(1));
+        }
+    }
+
+    /// Clears process slot `me`'s bit in entry `slot`'s pin bitmap, uncounting it, and
+    /// frees a retired entry no one pins any more. Lock held.
+    fn clear_pin_bit(&self, slot: u32, me: usize) {
+        let sl = self.layout.slot(slot);
+        let bit = 1u64 << (me % 64);
+        let before = self.region.and64(sl + e::PINS + me / 64 * 8, !bit);
+        if before & bit != 0 {
+            let c = self.region.get32(sl + e::PIN_COUNT).saturating_sub(1);
+            self.region.set32(sl + e::PIN_COUNT, c);
+            if c == 0 && self.region.get8(sl + e::STATE) == RETIRED {
+                self.free_slot(slot);
+            }
         }
     }
 
@@ -906,8 +951,12 @@ impl Shared {
         let Some(id) = ProcessId::from_words([r.get64(off), r.get64(off + 8)]) else {
             return false;
         };
-        let deadline = r.get64(off + CHILD_CLAIM_DEADLINE);
-        !id.is_alive() || (deadline != 0 && now > deadline)
+        // A slot waiting for a forked child is the child's until its deadline, even
+        // if the parent, whose id it holds meanwhile, has exited.
+        match r.get64(off + CHILD_CLAIM_DEADLINE) {
+            0 => !id.is_alive(),
+            deadline => now > deadline,
+        }
     }
 
     fn claim_process_slot(&self, id: ProcessId) -> Option<usize> {
@@ -1339,16 +1388,7 @@ impl Shared {
             }
             local.pins.remove(&slot);
             drop(local);
-            let sl = self.layout.slot(slot);
-            let bit = 1u64 << (me % 64);
-            let before = self.region.and64(sl + e::PINS + me / 64 * 8, !bit);
-            if before & bit != 0 {
-                let c = self.region.get32(sl + e::PIN_COUNT).saturating_sub(1);
-                self.region.set32(sl + e::PIN_COUNT, c);
-                if c == 0 && self.region.get8(sl + e::STATE) == RETIRED {
-                    self.free_slot(slot);
-                }
-            }
+            self.clear_pin_bit(slot, me);
             Ok(())
         });
     }

@@ -26,6 +26,7 @@ fn cache() -> Fixture {
 fn fork_hooks() {
     // One test, run in order: the hooks see every cache of the process.
     a_forked_child_keeps_its_views_when_the_parent_drops_its_own();
+    a_view_dropped_just_before_the_fork_leaves_no_pin_in_the_child();
     forks_that_fail_leave_few_slots_claimed();
 }
 
@@ -73,6 +74,66 @@ fn a_forked_child_keeps_its_views_when_the_parent_drops_its_own() {
         libc::close(go[1]);
     }
     c.check_consistency().unwrap();
+}
+
+/// A view dropped after `prepare_fork` pinned it for the child but before the fork
+/// (other Python hooks run in between, and other threads with them): the child
+/// holds no view of it, so its takeover clears that pin.
+fn a_view_dropped_just_before_the_fork_leaves_no_pin_in_the_child() {
+    let f = cache();
+    let c = &f.0;
+    c.put("gone", &[3u8; 4096], None).unwrap();
+    c.put("kept", &[4u8; 4096], None).unwrap();
+    let gone = c.get("gone").unwrap().unwrap();
+    let kept = c.get("kept").unwrap().unwrap();
+    let (mut up, mut down) = ([0i32; 2], [0i32; 2]);
+    // SAFETY: fresh arrays of two descriptors for pipe(2) to fill.
+    assert_eq!(unsafe { libc::pipe(up.as_mut_ptr()) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::pipe(down.as_mut_ptr()) }, 0);
+    prepare_fork();
+    drop(gone);
+    // SAFETY: as in the test above: the child calls the hook, talks over the pipes
+    // and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        child_after_fork();
+        let mut byte = 0u8;
+        // SAFETY: one byte to and from locals over the pipes.
+        unsafe {
+            libc::write(up[1], [0u8].as_ptr().cast(), 1);
+            libc::read(down[0], (&mut byte as *mut u8).cast(), 1);
+        }
+        let same = kept.iter().all(|&b| b == 4);
+        // SAFETY: leaving the forked child without running the parent's destructors.
+        unsafe { libc::_exit(if same { 0 } else { 1 }) };
+    }
+    parent_after_fork();
+    let mut byte = 0u8;
+    // SAFETY: one byte into a local: the child has taken its slot over.
+    unsafe { libc::read(up[0], (&mut byte as *mut u8).cast(), 1) };
+    drop(kept);
+    // With the child alive: `gone`'s block is no one's now; `kept` is the child's.
+    assert!(c.delete("gone").unwrap());
+    assert_eq!(c.stats().unwrap().pinned_bytes, 0, "a pin no view holds");
+    assert!(c.delete("kept").unwrap());
+    assert!(
+        c.stats().unwrap().pinned_bytes > 0,
+        "the child's view lost its pin"
+    );
+    c.check_consistency().unwrap();
+    let mut status = 0;
+    // SAFETY: one byte from a local to the child; then waiting for it.
+    unsafe {
+        libc::write(down[1], [0u8].as_ptr().cast(), 1);
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+    }
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child's view changed");
+    for fd in up.into_iter().chain(down) {
+        // SAFETY: closing the descriptors pipe(2) opened.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// `prepare_fork` and `parent_after_fork` with no child between them (a fork that
