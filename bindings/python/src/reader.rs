@@ -119,6 +119,30 @@ fn pytorch(src: &dyn TensorSource) -> PyResult<&tensorwire::pytorch::PtReader> {
         })
 }
 
+/// A meta tensor as `Reader._pytorch_meta` gives it: (name, torch dtype name, sizes,
+/// strides, requires_grad, parameter, position, same_as).
+type MetaRow = (
+    String,
+    &'static str,
+    Vec<u64>,
+    Vec<u64>,
+    bool,
+    bool,
+    usize,
+    Option<usize>,
+);
+
+/// A sparse tensor as `Reader._pytorch_sparse` gives it: (name, layout, size,
+/// is_coalesced, part names, parameter).
+type SparseRow = (
+    String,
+    &'static str,
+    Vec<u64>,
+    Option<bool>,
+    Vec<String>,
+    Option<bool>,
+);
+
 /// The info of the dense tensor at `at`.
 fn dense_info(src: &dyn TensorSource, at: usize) -> PyResult<&TensorInfo> {
     let info = src.info_at(at).or_raise()?;
@@ -871,21 +895,7 @@ impl Reader {
     /// requires_grad, parameter, position, same_as)`, where `position` counts the
     /// `keys()` before it and `same_as` is the index of the earlier entry that is the
     /// same object (or `None`).
-    #[allow(clippy::type_complexity)]
-    fn _pytorch_meta(
-        &self,
-    ) -> PyResult<
-        Vec<(
-            String,
-            &'static str,
-            Vec<u64>,
-            Vec<u64>,
-            bool,
-            bool,
-            usize,
-            Option<usize>,
-        )>,
-    > {
+    fn _pytorch_meta(&self) -> PyResult<Vec<MetaRow>> {
         Ok(pytorch(self.src()?)?
             .meta_tensors()
             .iter()
@@ -910,19 +920,7 @@ impl Reader {
     /// torch's name (`"torch.sparse_coo"`), `is_coalesced` is `None` unless saved, the
     /// parts (tensors of `keys()`) come in the order `_rebuild_sparse_tensor` takes
     /// them, and `parameter` is `None`, or for an `nn.Parameter` its `requires_grad`.
-    #[allow(clippy::type_complexity)]
-    fn _pytorch_sparse(
-        &self,
-    ) -> PyResult<
-        Vec<(
-            String,
-            &'static str,
-            Vec<u64>,
-            Option<bool>,
-            Vec<String>,
-            Option<bool>,
-        )>,
-    > {
+    fn _pytorch_sparse(&self) -> PyResult<Vec<SparseRow>> {
         Ok(pytorch(self.src()?)?
             .sparse_tensors()
             .iter()

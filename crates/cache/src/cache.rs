@@ -305,18 +305,7 @@ extern "C" fn release_locks_after_fork() {
 /// Installs the `pthread_atfork` handlers once, when the first cache is opened.
 fn install_fork_handlers() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        // SAFETY: the handlers are `extern "C"` functions that never unwind (they only
-        // lock and unlock mutexes, recovering poisoned ones) and live for the whole
-        // program; registering them has no other precondition.
-        unsafe {
-            libc::pthread_atfork(
-                Some(hold_locks_for_fork),
-                Some(release_locks_after_fork),
-                Some(release_locks_after_fork),
-            );
-        }
-    });
+    tensorwire_shm::hold_across_fork(&INSTALLED, hold_locks_for_fork, release_locks_after_fork);
 }
 
 /// Call just before `fork` (Python does, from `os.register_at_fork`). For each cache

@@ -27,4 +27,4 @@ mod segment;
 pub use crate::mutex::{LockGuard, RobustMutex, MUTEX_SIZE};
 pub use crate::name::{check_name, MAX_NAME_BYTES};
 pub use crate::process::ProcessId;
-pub use crate::segment::{Access, CreateOptions, Segment};
+pub use crate::segment::{hold_across_fork, Access, CreateOptions, Segment};

@@ -83,16 +83,29 @@ extern "C" fn release_mappings_after_fork() {
 /// Installs the `pthread_atfork` handlers once, at the first mapping.
 fn install_fork_handlers() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        // SAFETY: the handlers are `extern "C"` functions that never unwind (they lock
-        // and unlock one mutex, recovering it if poisoned) and live for the whole
-        // program; registering them has no other precondition.
+    hold_across_fork(
+        &INSTALLED,
+        hold_mappings_for_fork,
+        release_mappings_after_fork,
+    );
+}
+
+/// Registers, once per `once`, `hold` as a `pthread_atfork` prepare handler and
+/// `release` as its parent and child handler: for process-local locks a forked child
+/// needs, which `hold` takes (keeping the guards in a thread-local) and `release`
+/// lets go. Both must never unwind (they are called from C) and should only lock and
+/// unlock, recovering poisoned locks.
+pub fn hold_across_fork(
+    once: &'static std::sync::Once,
+    hold: extern "C" fn(),
+    release: extern "C" fn(),
+) {
+    once.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions that live for the whole
+        // program and, by this function's contract, never unwind; registering them
+        // has no other precondition.
         unsafe {
-            libc::pthread_atfork(
-                Some(hold_mappings_for_fork),
-                Some(release_mappings_after_fork),
-                Some(release_mappings_after_fork),
-            );
+            libc::pthread_atfork(Some(hold), Some(release), Some(release));
         }
     });
 }
