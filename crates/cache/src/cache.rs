@@ -173,9 +173,17 @@ struct ChildSlot {
     /// This (the parent) process's id words, which the slot holds until the child
     /// takes it over.
     words: [u64; 2],
-    /// The entries pinned in it: the parent's pins then. A view dropped between then
-    /// and the fork is not the child's, and its bit is cleared at the takeover.
-    entries: Vec<u32>,
+    /// The deadline written in the slot (a later reservation of the same slot index
+    /// has another).
+    deadline: u64,
+    /// The entries pinned in it: the parent's views, kept up to date by `pin` and
+    /// `unpin` until the fork (other hooks and threads run between the hook and the
+    /// fork), so the child's slot pins exactly the views it inherits.
+    entries: std::collections::HashSet<u32>,
+    /// The process the slot is for: `None` until the fork, then the child's pid
+    /// (set by the `pthread_atfork` child handler); only that process takes it over,
+    /// not a grandchild forked before it did.
+    claimant: Option<u32>,
 }
 
 impl Me {
@@ -295,17 +303,49 @@ extern "C" fn hold_locks_for_fork() {
     FORK_GUARDS.with(|held| *held.borrow_mut() = Some(guards));
 }
 
-/// `pthread_atfork` parent and child handler: lets go of what
-/// [`hold_locks_for_fork`] took (in the child, the one thread is the forking one's
-/// copy, which holds them).
-extern "C" fn release_locks_after_fork() {
-    FORK_GUARDS.with(|held| drop(held.borrow_mut().take()));
+/// `pthread_atfork` parent handler: the slots reserved for the child are the child's
+/// now (they stay under this process's id until the child takes them over, or their
+/// deadline passes), so later views of this process are not pinned in them; then
+/// lets go of what [`hold_locks_for_fork`] took.
+extern "C" fn release_locks_in_parent() {
+    FORK_GUARDS.with(|held| {
+        if let Some(mut guards) = held.borrow_mut().take() {
+            for me in &mut guards._me {
+                if me.for_child.as_ref().is_some_and(|c| c.claimant.is_none()) {
+                    me.for_child = None;
+                }
+            }
+        }
+    });
+}
+
+/// `pthread_atfork` child handler (the one thread is the forking one's copy, which
+/// holds the locks): a slot reserved for this child is marked as this process's, one
+/// its parent was still to take over is dropped (it is the parent's); then lets go.
+extern "C" fn release_locks_in_child() {
+    let pid = std::process::id();
+    FORK_GUARDS.with(|held| {
+        if let Some(mut guards) = held.borrow_mut().take() {
+            for me in &mut guards._me {
+                match me.for_child.as_mut() {
+                    Some(child) if child.claimant.is_none() => child.claimant = Some(pid),
+                    Some(_) => me.for_child = None,
+                    None => {}
+                }
+            }
+        }
+    });
 }
 
 /// Installs the `pthread_atfork` handlers once, when the first cache is opened.
 fn install_fork_handlers() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
-    tensorwire_shm::hold_across_fork(&INSTALLED, hold_locks_for_fork, release_locks_after_fork);
+    tensorwire_shm::hold_across_fork(
+        &INSTALLED,
+        hold_locks_for_fork,
+        release_locks_in_parent,
+        release_locks_in_child,
+    );
 }
 
 /// Call just before `fork` (Python does, from `os.register_at_fork`). For each cache
@@ -334,12 +374,14 @@ pub fn prepare_fork() {
 /// the child are the child's now (they stay registered under this process's id until
 /// the child takes them over, or their deadline passes).
 pub fn parent_after_fork() {
+    // The `pthread_atfork` parent handler has done it at the fork itself (so no view
+    // this process takes after the fork is pinned in the child's slot); this is for
+    // a `prepare_fork` that no `fork` followed.
     for shared in live() {
-        shared
-            .me
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .for_child = None;
+        let mut me = shared.me.lock().unwrap_or_else(PoisonError::into_inner);
+        if me.for_child.as_ref().is_some_and(|c| c.claimant.is_none()) {
+            me.for_child = None;
+        }
     }
 }
 
@@ -791,10 +833,10 @@ impl Shared {
         // the pins set in it are already this process's.
         let reserved = me.for_child.take().filter(|child| {
             let off = self.layout.process(child.slot);
-            let deadline = self.region.get64(off + CHILD_CLAIM_DEADLINE);
-            [self.region.get64(off), self.region.get64(off + 8)] == child.words
-                && deadline != 0
-                && now_ns() <= deadline
+            child.claimant == Some(pid)
+                && [self.region.get64(off), self.region.get64(off + 8)] == child.words
+                && self.region.get64(off + CHILD_CLAIM_DEADLINE) == child.deadline
+                && now_ns() <= child.deadline
         });
         let slot = match reserved {
             Some(child) => {
@@ -856,7 +898,9 @@ impl Shared {
     fn reserve_for_child(&self, timeout: Duration) -> Result<()> {
         {
             let me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
-            if me.pid != std::process::id() || me.pins.is_empty() {
+            // A child that has not taken its own slot over yet does so first (its
+            // `locked` below registers it); with nothing pinned, nothing to do.
+            if me.pins.is_empty() {
                 return Ok(());
             }
         }
@@ -883,14 +927,16 @@ impl Shared {
             let deadline = now.saturating_add(CHILD_CLAIM_WINDOW.as_nanos() as u64);
             self.region
                 .set64(self.layout.process(slot) + CHILD_CLAIM_DEADLINE, deadline);
-            let entries: Vec<u32> = me.pins.keys().copied().collect();
+            let entries: std::collections::HashSet<u32> = me.pins.keys().copied().collect();
             for &entry in &entries {
                 self.set_pin_bit(entry, slot);
             }
             me.for_child = Some(ChildSlot {
                 slot,
                 words: id.to_words(),
+                deadline,
                 entries,
+                claimant: None,
             });
             me.pending_children.push((slot, id.to_words()));
             Ok(())
@@ -1361,6 +1407,12 @@ impl Shared {
         if *count == 1 {
             self.set_pin_bit(slot, me);
         }
+        // A view taken between `prepare_fork` and the fork: the child inherits it.
+        if let Some(child) = local.for_child.as_mut() {
+            if child.claimant.is_none() && child.entries.insert(slot) {
+                self.set_pin_bit(slot, child.slot);
+            }
+        }
     }
 
     fn unpin(&self, slot: u32) {
@@ -1376,8 +1428,18 @@ impl Shared {
                 return Ok(());
             }
             local.pins.remove(&slot);
+            // Gone before the fork: the child will not have it either.
+            let mut child = None;
+            if let Some(c) = local.for_child.as_mut() {
+                if c.claimant.is_none() && c.entries.remove(&slot) {
+                    child = Some(c.slot);
+                }
+            }
             drop(local);
             self.clear_pin_bit(slot, me);
+            if let Some(child_slot) = child {
+                self.clear_pin_bit(slot, child_slot);
+            }
             Ok(())
         });
     }

@@ -87,25 +87,27 @@ fn install_fork_handlers() {
         &INSTALLED,
         hold_mappings_for_fork,
         release_mappings_after_fork,
+        release_mappings_after_fork,
     );
 }
 
 /// Registers, once per `once`, `hold` as a `pthread_atfork` prepare handler and
-/// `release` as its parent and child handler: for process-local locks a forked child
-/// needs, which `hold` takes (keeping the guards in a thread-local) and `release`
-/// lets go. Both must never unwind (they are called from C) and should only lock and
-/// unlock, recovering poisoned locks.
+/// `in_parent`/`in_child` as its parent and child handlers: for process-local locks
+/// a forked child needs, which `hold` takes (keeping the guards in a thread-local)
+/// and the others let go. None may unwind (they are called from C); they should only
+/// lock, update what the locks guard and unlock, recovering poisoned locks.
 pub fn hold_across_fork(
     once: &'static std::sync::Once,
     hold: extern "C" fn(),
-    release: extern "C" fn(),
+    in_parent: extern "C" fn(),
+    in_child: extern "C" fn(),
 ) {
     once.call_once(|| {
         // SAFETY: the handlers are `extern "C"` functions that live for the whole
         // program and, by this function's contract, never unwind; registering them
         // has no other precondition.
         unsafe {
-            libc::pthread_atfork(Some(hold), Some(release), Some(release));
+            libc::pthread_atfork(Some(hold), Some(in_parent), Some(in_child));
         }
     });
 }
