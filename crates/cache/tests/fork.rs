@@ -25,22 +25,31 @@ fn cache() -> Fixture {
 #[test]
 fn fork_hooks() {
     // One test, run in order: the hooks see every cache of the process.
-    a_forked_child_keeps_its_views_when_the_parent_drops_its_own();
+    a_forked_child_keeps_its_views_when_the_parent_drops_its_own(false);
+    a_forked_child_keeps_its_views_when_the_parent_drops_its_own(true);
     a_view_dropped_just_before_the_fork_leaves_no_pin_in_the_child();
     forks_that_fail_leave_few_slots_claimed();
 }
 
 /// The parent drops its view and rewrites the entry in place right after the fork,
-/// before the child has run: the child's inherited view is unchanged.
-fn a_forked_child_keeps_its_views_when_the_parent_drops_its_own() {
+/// before the child has run: the child's inherited view is unchanged. Also for a view
+/// taken between `prepare_fork` and the fork (`in_window`: other hooks and threads
+/// run there).
+fn a_forked_child_keeps_its_views_when_the_parent_drops_its_own(in_window: bool) {
     let f = cache();
     let c = &f.0;
     c.put("k", &[1u8; 4096], None).unwrap();
-    let view = c.get("k").unwrap().unwrap();
     let mut go = [0i32; 2];
     // SAFETY: a fresh array of two descriptors for pipe(2) to fill.
     assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    let early = (!in_window).then(|| c.get("k").unwrap().unwrap());
+    if in_window {
+        // Something must be viewed for `prepare_fork` to reserve a slot at all.
+        c.put("other", &[9u8; 64], None).unwrap();
+    }
+    let other = in_window.then(|| c.get("other").unwrap().unwrap());
     prepare_fork();
+    let view = early.unwrap_or_else(|| c.get("k").unwrap().unwrap());
     // SAFETY: the child only calls the after-fork hook, reads a pipe, compares bytes
     // it inherited and leaves with `_exit`, as a forked child of a threaded process
     // may; the parent carries on as usual.
@@ -57,6 +66,7 @@ fn a_forked_child_keeps_its_views_when_the_parent_drops_its_own() {
     }
     parent_after_fork();
     drop(view);
+    drop(other);
     // Same size, and the parent no longer pins it: in place, were the child not
     // pinning it already.
     c.put("k", &[2u8; 4096], None).unwrap();
