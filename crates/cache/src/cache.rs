@@ -162,9 +162,9 @@ struct Me {
     /// once the fork is done.
     for_child: Option<ChildSlot>,
     /// Slots taken for children forked earlier that have not taken them over yet
-    /// (slot, this process's id words): at most [`MAX_PENDING_CHILD_SLOTS`], so
-    /// forks that fail (their slots wait out their deadline) take few.
-    pending_children: Vec<(usize, [u64; 2])>,
+    /// (slot, deadline): at most [`MAX_PENDING_CHILD_SLOTS`], so forks that fail
+    /// (their slots wait out their deadline) take few.
+    pending_children: Vec<(usize, u64)>,
 }
 
 /// A registry slot [`prepare_fork`] claimed for the child about to be forked.
@@ -187,6 +187,19 @@ struct ChildSlot {
 }
 
 impl Me {
+    /// Forgets a slot reserved for a child: the fork is done (or never came), so
+    /// this process's later views are not pinned in it. A slot this process was
+    /// itself forked for (a claimant) stays, to be taken over.
+    fn forget_reserved_child(&mut self) {
+        if self
+            .for_child
+            .as_ref()
+            .is_some_and(|c| c.claimant.is_none())
+        {
+            self.for_child = None;
+        }
+    }
+
     fn new() -> Me {
         Me {
             pid: 0,
@@ -311,9 +324,7 @@ extern "C" fn release_locks_in_parent() {
     FORK_GUARDS.with(|held| {
         if let Some(mut guards) = held.borrow_mut().take() {
             for me in &mut guards._me {
-                if me.for_child.as_ref().is_some_and(|c| c.claimant.is_none()) {
-                    me.for_child = None;
-                }
+                me.forget_reserved_child();
             }
         }
     });
@@ -378,10 +389,11 @@ pub fn parent_after_fork() {
     // this process takes after the fork is pinned in the child's slot); this is for
     // a `prepare_fork` that no `fork` followed.
     for shared in live() {
-        let mut me = shared.me.lock().unwrap_or_else(PoisonError::into_inner);
-        if me.for_child.as_ref().is_some_and(|c| c.claimant.is_none()) {
-            me.for_child = None;
-        }
+        shared
+            .me
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .forget_reserved_child();
     }
 }
 
@@ -738,8 +750,7 @@ impl TensorCache {
             let now = now_ns();
             let processes = (0..l.max_processes)
                 .filter(|&p| {
-                    ProcessId::from_words([r.get64(l.process(p)), r.get64(l.process(p) + 8)])
-                        .is_some()
+                    ProcessId::from_words(s.registered_words(p)).is_some()
                         && !s.registered_dead(p, now)
                 })
                 .count() as u64;
@@ -831,20 +842,14 @@ impl Shared {
         // A slot the parent took for this child before the fork, still under the
         // parent's id (not freed by a repair since): this process takes it over, and
         // the pins set in it are already this process's.
+        let now = now_ns();
         let reserved = me.for_child.take().filter(|child| {
-            let off = self.layout.process(child.slot);
             child.claimant == Some(pid)
-                && [self.region.get64(off), self.region.get64(off + 8)] == child.words
-                && self.region.get64(off + CHILD_CLAIM_DEADLINE) == child.deadline
-                && now_ns() <= child.deadline
+                && self.waits_for_child(child.slot, child.words, child.deadline, now)
         });
         let slot = match reserved {
             Some(child) => {
-                let [pid, start] = id.to_words();
-                let off = self.layout.process(child.slot);
-                self.region.set64(off + 8, start);
-                self.region.set64(off, pid);
-                self.region.set64(off + CHILD_CLAIM_DEADLINE, 0);
+                self.write_registered(child.slot, id.to_words());
                 // Entries pinned for the child whose views went before the fork: no
                 // view of this process holds them.
                 for entry in child.entries {
@@ -913,11 +918,9 @@ impl Shared {
             let id = ProcessId::current();
             // Children that took their slots over (or whose slots expired) are done.
             let now = now_ns();
-            me.pending_children.retain(|&(slot, words)| {
-                let off = self.layout.process(slot);
-                [self.region.get64(off), self.region.get64(off + 8)] == words
-                    && now <= self.region.get64(off + CHILD_CLAIM_DEADLINE)
-            });
+            let words = id.to_words();
+            me.pending_children
+                .retain(|&(slot, deadline)| self.waits_for_child(slot, words, deadline, now));
             if me.pending_children.len() >= MAX_PENDING_CHILD_SLOTS {
                 return Ok(());
             }
@@ -938,7 +941,7 @@ impl Shared {
                 entries,
                 claimant: None,
             });
-            me.pending_children.push((slot, id.to_words()));
+            me.pending_children.push((slot, deadline));
             Ok(())
         })
     }
@@ -981,14 +984,15 @@ impl Shared {
     /// forked child that did not take it over in time (the fork failed, or the child
     /// died first). Lock held.
     pub(crate) fn registered_dead(&self, p: usize, now: u64) -> bool {
-        let r = &self.region;
-        let off = self.layout.process(p);
-        let Some(id) = ProcessId::from_words([r.get64(off), r.get64(off + 8)]) else {
+        let Some(id) = ProcessId::from_words(self.registered_words(p)) else {
             return false;
         };
         // A slot waiting for a forked child is the child's until its deadline, even
         // if the parent, whose id it holds meanwhile, has exited.
-        match r.get64(off + CHILD_CLAIM_DEADLINE) {
+        match self
+            .region
+            .get64(self.layout.process(p) + CHILD_CLAIM_DEADLINE)
+        {
             0 => !id.is_alive(),
             deadline => now > deadline,
         }
@@ -998,12 +1002,32 @@ impl Shared {
         let r = &self.region;
         let slot =
             (0..self.layout.max_processes).find(|&p| r.get64(self.layout.process(p)) == 0)?;
-        let [pid, start] = id.to_words();
-        let off = self.layout.process(slot);
-        r.set64(off + CHILD_CLAIM_DEADLINE, 0);
-        r.set64(off + 8, start);
-        r.set64(off, pid);
+        self.write_registered(slot, id.to_words());
         Some(slot)
+    }
+
+    /// The id words (pid, start time) registry slot `p` holds; zeros when free.
+    pub(crate) fn registered_words(&self, p: usize) -> [u64; 2] {
+        let off = self.layout.process(p);
+        [self.region.get64(off), self.region.get64(off + 8)]
+    }
+
+    /// Registry slot `p` holds `words` (zeros: free), with no child-claim deadline.
+    pub(crate) fn write_registered(&self, p: usize, [pid, start]: [u64; 2]) {
+        let off = self.layout.process(p);
+        self.region.set64(off + CHILD_CLAIM_DEADLINE, 0);
+        self.region.set64(off + 8, start);
+        self.region.set64(off, pid);
+    }
+
+    /// Whether registry slot `slot`, claimed for a forked child under the id `words`
+    /// with `deadline`, still waits for that child at `now` (not taken over, not
+    /// freed and claimed again since, deadline not passed).
+    fn waits_for_child(&self, slot: usize, words: [u64; 2], deadline: u64, now: u64) -> bool {
+        let off = self.layout.process(slot);
+        self.registered_words(slot) == words
+            && self.region.get64(off + CHILD_CLAIM_DEADLINE) == deadline
+            && now <= deadline
     }
 
     /// Empty tables: all slots free, no index entries, one free extent. Creator only
@@ -1252,11 +1276,6 @@ impl Shared {
                         .ok_or_else(|| Error::invalid("fill used twice"))?;
                     return match filler(buf).and_then(|n| check_written(n, len)) {
                         Ok(n) => {
-                            // A new value: a new sequence number (how a forked child
-                            // registering late knows a view it inherited changed).
-                            let seq = r.get64(h::PUT_SEQ).wrapping_add(1);
-                            r.set64(h::PUT_SEQ, seq);
-                            r.set64(sl + e::SEQ, seq);
                             self.finish_entry(slot, n, ttl_ns);
                             r.set8(sl + e::STATE, READY);
                             self.touch(slot);
@@ -1327,9 +1346,6 @@ impl Shared {
             };
             let old = self.lookup(key);
             self.finish_entry(slot, n, ttl_ns);
-            let seq = r.get64(h::PUT_SEQ).wrapping_add(1);
-            r.set64(h::PUT_SEQ, seq);
-            r.set64(sl + e::SEQ, seq);
             r.set8(sl + e::STATE, READY);
             self.pause(PutStage::Publishing);
             if let Some((bucket, old_slot)) = old {
@@ -1351,9 +1367,16 @@ impl Shared {
         }
     }
 
+    /// Records a value just written into `slot`: its length, times and a new sequence
+    /// number (every value, rewritten in place too, has its own: how a forked child
+    /// registering late knows a view it inherited changed, and a repair which of two
+    /// slots of one key is newer).
     fn finish_entry(&self, slot: u32, value_len: usize, ttl_ns: Option<u64>) {
         let r = &self.region;
         let sl = self.layout.slot(slot);
+        let seq = r.get64(h::PUT_SEQ).wrapping_add(1);
+        r.set64(h::PUT_SEQ, seq);
+        r.set64(sl + e::SEQ, seq);
         let now = now_ns();
         r.set64(sl + e::VALUE_LEN, value_len as u64);
         r.set64(sl + e::CREATED_NS, now);
@@ -1501,9 +1524,7 @@ impl Drop for Shared {
                 // keeps the slot.
                 let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
                 if me.handles == 0 && me.pid == std::process::id() {
-                    let off = self.layout.process(me.slot);
-                    self.region.set64(off, 0);
-                    self.region.set64(off + 8, 0);
+                    self.write_registered(me.slot, [0, 0]);
                     me.pid = 0;
                 }
             }

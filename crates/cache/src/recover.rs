@@ -22,7 +22,7 @@ use tensorwire_core::{Error, Result};
 use tensorwire_shm::ProcessId;
 
 use crate::cache::{Shared, FREE, NONE, READY, RETIRED, WRITING};
-use crate::layout::{e, h, BLOCK_ALIGN, CHILD_CLAIM_DEADLINE, MAX_KEY_BYTES};
+use crate::layout::{e, h, BLOCK_ALIGN, MAX_KEY_BYTES};
 
 impl Shared {
     /// Rebuilds everything derived from the entry slots. Lock held.
@@ -35,15 +35,11 @@ impl Shared {
         let now = crate::cache::now_ns();
         let mut dead = vec![false; l.max_processes];
         for (p, is_dead) in dead.iter_mut().enumerate() {
-            let off = l.process(p);
-            let words = [r.get64(off), r.get64(off + 8)];
-            match ProcessId::from_words(words) {
+            match ProcessId::from_words(self.registered_words(p)) {
                 Some(_) if !self.registered_dead(p, now) => {}
                 Some(_) => {
                     *is_dead = true;
-                    r.set64(off, 0);
-                    r.set64(off + 8, 0);
-                    r.set64(off + CHILD_CLAIM_DEADLINE, 0);
+                    self.write_registered(p, [0, 0]);
                 }
                 None => *is_dead = true,
             }
