@@ -91,21 +91,30 @@ pub fn column_major_strides(dims: &[u64]) -> Vec<u64> {
 /// Bytes from a strided tensor's first element to one past its last: `(Σ (size−1) ·
 /// stride + 1) · element size`, or 0 for a tensor with no elements.
 pub fn extent_bytes(dtype: DType, dims: &[u64], strides: &[u64]) -> Result<u64> {
+    let elem = element_size(dtype)? as u64;
+    extent_elements(dims, strides)?
+        .checked_mul(elem)
+        .ok_or(Error::Overflow {
+            what: "strided tensor extent",
+        })
+}
+
+/// Elements from a strided tensor's first element to one past its last: `Σ (size−1)
+/// · stride + 1`, or 0 for a tensor with no elements (for element sizes that are no
+/// [`DType`]'s, such as torch's).
+pub fn extent_elements(dims: &[u64], strides: &[u64]) -> Result<u64> {
     let overflow = || Error::Overflow {
         what: "strided tensor extent",
     };
     if dims.contains(&0) {
         return Ok(0);
     }
-    let elem = element_size(dtype)? as u64;
     let mut last = 0u64;
     for (&size, &stride) in dims.iter().zip(strides) {
         let reach = (size - 1).checked_mul(stride).ok_or_else(overflow)?;
         last = last.checked_add(reach).ok_or_else(overflow)?;
     }
-    last.checked_add(1)
-        .and_then(|n| n.checked_mul(elem))
-        .ok_or_else(overflow)
+    last.checked_add(1).ok_or_else(overflow)
 }
 
 fn element_size(dtype: DType) -> Result<usize> {

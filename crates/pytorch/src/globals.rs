@@ -408,13 +408,43 @@ fn differentiable(dtype: Option<DType>) -> bool {
 
 /// A tensor requiring grad must be [`differentiable`] (and not quantized).
 fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result<()> {
-    // The torch-only dtypes are all floating point or complex.
-    let differentiable = differentiable(Some(record.dtype)) || record.torch_only.is_some();
-    if record.requires_grad && (!differentiable || record.quantization.is_some()) {
+    let dtype = record.torch_only.map_or(
+        TensorDType::Tensorwire(record.dtype),
+        TensorDType::TorchOnly,
+    );
+    check_grad(
+        record.requires_grad,
+        grad_allowed(Some(dtype)) && record.quantization.is_none(),
+        torch_dtype_name(record.dtype),
+        what,
+        offset,
+    )
+}
+
+/// Whether torch lets a tensor of `dtype` require grad: the floating-point and
+/// complex dtypes (every torch-only one is one); not the integer, bit and quantized
+/// types (`None`: one tensorwire neither has nor holds).
+fn grad_allowed(dtype: Option<TensorDType>) -> bool {
+    match dtype {
+        Some(TensorDType::Tensorwire(dtype)) => differentiable(Some(dtype)),
+        Some(TensorDType::TorchOnly(_)) => true,
+        None => false,
+    }
+}
+
+/// Fails when a tensor requires grad where torch would not let it (`allowed`).
+fn check_grad(
+    requires_grad: bool,
+    allowed: bool,
+    dtype_name: &str,
+    what: &str,
+    offset: u64,
+) -> Result<()> {
+    if requires_grad && !allowed {
         return Err(bad_args(
             what,
             offset,
-            format!("a {} tensor requiring grad", torch_dtype_name(record.dtype)),
+            format!("a {dtype_name} tensor requiring grad"),
         ));
     }
     Ok(())
@@ -422,37 +452,45 @@ fn check_requires_grad(record: &TensorRecord, what: &str, offset: u64) -> Result
 
 /// The same check for a meta tensor.
 fn check_meta_requires_grad(meta: &MetaTensor, what: &str, offset: u64) -> Result<()> {
-    let differentiable = match meta.dtype {
-        Some(TensorDType::Tensorwire(dtype)) => differentiable(Some(dtype)),
-        Some(TensorDType::TorchOnly(_)) => true,
-        None => false, // integer, bit and quantized types
-    };
-    if meta.requires_grad && !differentiable {
-        return Err(bad_args(
-            what,
-            offset,
-            format!("a {} tensor requiring grad", meta.dtype_name),
-        ));
-    }
-    Ok(())
+    check_grad(
+        meta.requires_grad,
+        grad_allowed(meta.dtype),
+        meta.dtype_name,
+        what,
+        offset,
+    )
 }
 
-/// A dtype argument (`_rebuild_tensor_v3`, `_rebuild_meta_tensor_no_storage`): one
-/// tensorwire has, or one only torch has; any other torch dtype (`torch.qint8`,
-/// `torch.int4`) is [`Error::Unsupported`].
+/// A dtype argument (`_rebuild_tensor_v3`): one tensorwire has, or one only torch
+/// has; any other torch dtype (`torch.qint8`, `torch.int4`) is [`Error::Unsupported`].
 fn dtype_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<TensorDType> {
+    match torch_dtype_arg(arena, id, what, offset)? {
+        (Some(dtype), _) => Ok(dtype),
+        (None, name) => Err(Error::unsupported(format!(
+            "tensors of {name}, which tensorwire has no dtype for"
+        ))),
+    }
+}
+
+/// A dtype argument as torch names it, with the [`TensorDType`] where tensorwire has
+/// or holds it (`None` for `torch.qint8`, `torch.int4` and the like, which a tensor
+/// without data may have, `_rebuild_meta_tensor_no_storage`).
+fn torch_dtype_arg(
+    arena: &Arena,
+    id: Id,
+    what: &str,
+    offset: u64,
+) -> Result<(Option<TensorDType>, &'static str)> {
     match arena.get(id) {
-        Obj::Global(Global::Dtype(dtype)) => Ok(TensorDType::Tensorwire(*dtype)),
+        Obj::Global(Global::Dtype(dtype)) => Ok((
+            Some(TensorDType::Tensorwire(*dtype)),
+            torch_dtype_name(*dtype),
+        )),
         // The quantization schemes are torch constants too, but no dtypes.
-        Obj::Global(Global::TorchConstant(name)) if !name.starts_with("torch.per_") => {
-            TorchOnlyDType::from_torch_name(name)
-                .map(TensorDType::TorchOnly)
-                .ok_or_else(|| {
-                    Error::unsupported(format!(
-                        "tensors of {name}, which tensorwire has no dtype for"
-                    ))
-                })
-        }
+        Obj::Global(Global::TorchConstant(name)) if !name.starts_with("torch.per_") => Ok((
+            TorchOnlyDType::from_torch_name(name).map(TensorDType::TorchOnly),
+            name,
+        )),
         _ => Err(bad_args(what, offset, "the dtype argument is not a dtype")),
     }
 }
@@ -583,16 +621,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 return Err(bad_args(what, offset, format!("{} arguments", argv.len())));
             };
             // A tensor without data may have any torch dtype, one tensorwire lacks too.
-            let (dtype, dtype_name) = match arena.get(*dtype) {
-                Obj::Global(Global::TorchConstant(name)) if !name.starts_with("torch.per_") => (
-                    TorchOnlyDType::from_torch_name(name).map(TensorDType::TorchOnly),
-                    *name,
-                ),
-                _ => {
-                    let dtype = dtype_arg(arena, *dtype, what, offset)?;
-                    (Some(dtype), dtype.torch_name())
-                }
-            };
+            let (dtype, dtype_name) = torch_dtype_arg(arena, *dtype, what, offset)?;
             let mut meta =
                 MetaTensor::from_rebuild(arena, dtype, dtype_name, *size, *stride, offset)?;
             meta.requires_grad = requires_grad_arg(arena, *requires_grad, what, offset)?;

@@ -159,14 +159,6 @@ pub enum TensorDType {
 }
 
 impl TensorDType {
-    /// torch's name for it (`torch.float32`, `torch.complex32`).
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            TensorDType::Tensorwire(dtype) => crate::globals::torch_dtype_name(dtype),
-            TensorDType::TorchOnly(torch_only) => torch_only.torch_name(),
-        }
-    }
-
     /// Bytes per element, as torch counts them (a complex32 is 4).
     pub fn element_size(self) -> u64 {
         match self {
@@ -226,19 +218,11 @@ impl MetaTensor {
                 ),
             ));
         }
-        // The bytes its strides reach: 0 when empty, else 1 + Σ (size − 1) × stride
-        // elements.
         let overflow = || Error::Overflow {
             what: "meta tensor extent (in bytes, which must fit i64)",
         };
-        let mut extent = 0u64;
-        if shape.dims().iter().all(|&d| d > 0) {
-            extent = 1;
-            for (&size, &stride) in shape.dims().iter().zip(&strides) {
-                let reach = (size - 1).checked_mul(stride).ok_or_else(overflow)?;
-                extent = extent.checked_add(reach).ok_or_else(overflow)?;
-            }
-        }
+        let extent = tensorwire_core::strided::extent_elements(shape.dims(), &strides)
+            .map_err(|_| overflow())?;
         let element_size = match dtype {
             Some(dtype) => dtype.element_size(),
             None => match dtype_name {
@@ -290,11 +274,7 @@ impl TorchOnlyDType {
 
     /// torch's name, without `torch.` (`complex32`).
     pub fn name(self) -> &'static str {
-        match self {
-            TorchOnlyDType::Float8E8M0Fnu => "float8_e8m0fnu",
-            TorchOnlyDType::Float4E2M1FnX2 => "float4_e2m1fn_x2",
-            TorchOnlyDType::Complex32 => "complex32",
-        }
+        &self.torch_name()["torch.".len()..]
     }
 
     /// torch's full name (`torch.complex32`).
