@@ -33,11 +33,7 @@ fn options(
     pause_at: Option<&str>,
     max_entries: Option<usize>,
 ) -> PyResult<CacheOptions> {
-    // A positive number of seconds a `Duration` holds (about 584 billion years).
-    let Some(lock_timeout) = (timeout > 0.0)
-        .then(|| Duration::try_from_secs_f64(timeout).ok())
-        .flatten()
-    else {
+    let Some(lock_timeout) = crate::values::positive_seconds(timeout) else {
         return Err(Error::invalid(format!(
             "lock_timeout must be positive seconds (at most {}), not {timeout}",
             Duration::MAX.as_secs()

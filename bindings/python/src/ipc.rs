@@ -816,16 +816,12 @@ impl CudaBuffer {
 // ------------------------------------------------------------------ server
 
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
-    match (value > 0.0)
-        .then(|| Duration::try_from_secs_f64(value).ok())
-        .flatten()
-    {
-        Some(duration) => Ok(duration),
-        None => Err(PyValueError::new_err(format!(
+    crate::values::positive_seconds(value).ok_or_else(|| {
+        PyValueError::new_err(format!(
             "{what} must be positive seconds (at most {}), not {value}",
             Duration::MAX.as_secs()
-        ))),
-    }
+        ))
+    })
 }
 
 /// A server: endpoints behind a Unix socket (`tensorwire.ipc.Server` wraps it).

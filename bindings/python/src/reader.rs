@@ -197,15 +197,24 @@ fn torch_type<'a>(src: &'a dyn TensorSource, info: &'a TensorInfo) -> Option<Tor
     if !TORCH_RAW_TYPES.contains(&name) {
         return None;
     }
-    // Only a logical shape that counts the bytes (a safetensors file's always does;
-    // a `.zt` file's attribute is its writer's word).
-    let raw_type = StDType::from_name(name.strip_prefix("safetensors:")?)?;
-    let dims = raw_type.fitting_recorded_shape(info)?.into();
+    let (_, dims) = raw_safetensors_listing(info)?;
     Some(TorchType {
         name,
-        dims,
+        dims: dims.into(),
         torch_only: None,
     })
+}
+
+/// The safetensors raw type (`F4`, `F6_*`, `F8_E8M0`) whose bytes a tensor holds, as
+/// its file lists it or as a `.zt` tensor converted from such a file records it, with
+/// its logical shape: only a recorded shape that counts the bytes (a safetensors
+/// file's always does; a `.zt` file's attribute is its writer's word).
+fn raw_safetensors_listing(info: &TensorInfo) -> Option<(StDType, Vec<u64>)> {
+    let raw = StDType::from_name(info.source_layout_name()?.strip_prefix("safetensors:")?)?;
+    if raw.dtype().is_some() {
+        return None; // a type tensorwire has: its listing is the tensor's own
+    }
+    Some((raw, raw.fitting_recorded_shape(info)?))
 }
 
 /// What [`torch_type`] finds: the type's name for the Python side, the torch (or
@@ -224,10 +233,15 @@ struct TorchType<'a> {
 /// read path.
 #[pyfunction]
 pub fn raw_torch_dims(name: &str, dims: Vec<u64>) -> Option<Vec<u64>> {
+    torch_dims_of_raw(name, &dims)
+}
+
+/// [`raw_torch_dims`] over borrowed dims (the read path's).
+fn torch_dims_of_raw(name: &str, dims: &[u64]) -> Option<Vec<u64>> {
     match name {
-        "safetensors:F8_E8M0" | "zt:f8_e8m0" => Some(dims),
+        "safetensors:F8_E8M0" | "zt:f8_e8m0" => Some(dims.to_vec()),
         "safetensors:F4" | "zt:f4_e2m1" => {
-            tensorwire::formats::safetensors::float4_values_as_pairs(&dims)
+            tensorwire::formats::safetensors::float4_values_as_pairs(dims)
         }
         _ => None,
     }
@@ -1052,12 +1066,7 @@ impl Reader {
     ) -> PyResult<Option<(&'static str, Vec<u64>)>> {
         let src = self.src()?;
         let info = src.info_at(self.position_of_any(src, name)?).or_raise()?;
-        let raw = info
-            .source_layout_name()
-            .and_then(|layout| layout.strip_prefix("safetensors:"))
-            .and_then(StDType::from_name)
-            .filter(|t| t.dtype().is_none());
-        Ok(raw.and_then(|t| Some((t.name(), t.fitting_recorded_shape(info)?))))
+        Ok(raw_safetensors_listing(info).map(|(raw, dims)| (raw.name(), dims)))
     }
 
     /// `(dtype name, shape)` of a dense tensor.
@@ -1104,7 +1113,7 @@ impl Reader {
             // A raw type torch has a dtype for (F8_E8M0, F4, their `.zt` types), read
             // as a uint8 array of torch's shape for `view(dtype)`, zero-copy.
             if let (Some(torch_dims), None) =
-                (raw_torch_dims(raw.name, raw.dims.to_vec()), &info.encoding)
+                (torch_dims_of_raw(raw.name, &raw.dims), &info.encoding)
             {
                 let view = src.view_at(at).or_raise()?;
                 if view.zero_copy && lendable_as(&view.bytes, info, lend) {

@@ -227,3 +227,12 @@ pub fn map_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<BTreeMap<S
     }
     Ok(Some(map))
 }
+
+/// `secs` seconds as a `Duration`, for an argument that must be positive seconds
+/// (a timeout): `None` for zero, a negative number, NaN or more than a `Duration`
+/// holds (about 584 billion years); the caller says which argument it was.
+pub fn positive_seconds(secs: f64) -> Option<std::time::Duration> {
+    (secs > 0.0)
+        .then(|| std::time::Duration::try_from_secs_f64(secs).ok())
+        .flatten()
+}

@@ -251,7 +251,7 @@ fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'stati
             "f4_e2m1",
             StDType::F4
                 .fitting_recorded_shape(info)
-                .filter(|d| d.last().is_some_and(|last| last % 2 == 0)),
+                .filter(|d| float4_values_as_pairs(d).is_some()),
         ),
         _ => return Ok(None),
     };
@@ -313,7 +313,7 @@ impl<'a> ZtAsSafetensors<'a> {
             let logical_shape = &zt.object(&info.name)?.shape;
             // F4 counts single values along the last dimension, and torch reads pairs
             // along it: an odd one (or a 0-d tensor) has no F4 form.
-            let pairs = logical_shape.dims().last().is_some_and(|d| d % 2 == 0);
+            let pairs = float4_values_as_pairs(logical_shape.dims()).is_some();
             let st = match zt.byte_type(&info.name)? {
                 Some(ByteType::F8E8M0) => StDType::F8E8M0,
                 Some(ByteType::F4E2M1) if pairs => StDType::F4,

@@ -55,8 +55,8 @@ class Writer(_native.Writer):
             from ._types import Tensor
 
             shape = list(holder.shape)
-            if v2_type == "f4_e2m1":
-                shape[-1] *= 2  # f4_e2m1 counts single values; torch counts pairs
+            if v2_type == "f4_e2m1":  # f4_e2m1 counts single values; torch counts pairs
+                shape = _native.float4_pairs_as_values(shape)
             tensor = Tensor({"data": holder.reshape(-1)}, shape=shape, type=v2_type,
                             attributes=attributes)
             self.write(name, tensor, compress=compress, checksum=checksum)

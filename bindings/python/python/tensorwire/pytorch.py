@@ -153,34 +153,36 @@ dtype (torch's name, ``"float32"``), a shape and strides, but no data, so numpy 
 array for it (:func:`load` gives it as a torch meta tensor)."""
 
 
-def _torch_meta_tensors(meta):
-    """Each meta tensor (``reader._pytorch_meta()``) as ``torch.load`` rebuilds it: on
-    "meta" whatever ``map_location`` says, an ``nn.Parameter`` where pickled as one,
-    and one object for the names of one pickled object."""
-    import torch
-
+def _meta_objects(meta, make):
+    """``make(dtype, shape, stride, requires_grad, parameter)`` for each meta tensor
+    (``reader._pytorch_meta()``), once per pickled object: the names of a tied one
+    share it, as with ``torch.load``."""
     built = []
     for _, dtype, shape, stride, requires_grad, parameter, _, same_as in meta:
-        if same_as is not None:
-            built.append(built[same_as])
-            continue
+        built.append(built[same_as] if same_as is not None else
+                     make(dtype, shape, stride, requires_grad, parameter))
+    return built
+
+
+def _torch_meta_tensors(meta):
+    """Each meta tensor as ``torch.load`` rebuilds it: on "meta" whatever
+    ``map_location`` says, an ``nn.Parameter`` where pickled as one."""
+    import torch
+
+    def make(dtype, shape, stride, requires_grad, parameter):
         t = torch.empty_strided(shape, stride, dtype=_torch_object(dtype), device="meta")
         if parameter:
-            t = torch.nn.Parameter(t, requires_grad=requires_grad)
-        elif requires_grad:
-            t.requires_grad_(True)
-        built.append(t)
-    return built
+            return torch.nn.Parameter(t, requires_grad=requires_grad)
+        return t.requires_grad_(True) if requires_grad else t
+
+    return _meta_objects(meta, make)
 
 
 def _numpy_meta_tensors(meta):
-    """Each meta tensor as a :class:`MetaTensor` (the names of one object share one)."""
-    built = []
-    for _, dtype, shape, stride, requires_grad, parameter, _, same_as in meta:
-        built.append(built[same_as] if same_as is not None else MetaTensor(
-            dtype.removeprefix("torch."), tuple(shape), tuple(stride), requires_grad,
-            parameter))
-    return built
+    """Each meta tensor as a :class:`MetaTensor`."""
+    return _meta_objects(meta, lambda dtype, shape, stride, requires_grad, parameter:
+                         MetaTensor(dtype.removeprefix("torch."), tuple(shape), tuple(stride),
+                                    requires_grad, parameter))
 
 
 def _with_meta_tensors(reader, tensors, meta, sparse, built):
@@ -289,8 +291,8 @@ def _sparse_in_place_of_parts(tensors, sparse, same):
     place of its parts. The index values are checked as ``torch.load`` checks them
     (``check_invariants``; a bad one is a ``MalformedError`` naming the tensor), except
     on "meta", where there are no values to check or to misread: there it is built
-    unchecked, as torch 2.11's ``torch.load`` builds it (torch 2.15's raises
-    ``NotImplementedError``); a sparse tensor pickled under two names is one object."""
+    unchecked, as torch 2.11's ``torch.load`` builds it (torch 2.15's refuses sparse
+    tensors on "meta"); a sparse tensor pickled under two names is one object."""
     import torch
 
     first_of = dict(same)  # a part -> the same object's first name

@@ -281,10 +281,10 @@ class TensorSlice:
 
     def _named_type(self):
         """(safetensors name, logical shape) of a tensor read_torch names by a layout
-        rather than a dtype, by read_torch's own rules: safetensors' F8_E8M0 and F4,
-        a .zt file's f8_e8m0 and f4_e2m1 (or a layout a .zt tensor records, where it
-        fits), a PyTorch checkpoint's float8_e8m0fnu, float4_e2m1fn_x2 and
-        complex32. None for any other tensor."""
+        rather than a dtype, by read_torch's own rules: a .zt file's f8_e8m0 and
+        f4_e2m1, a PyTorch checkpoint's float8_e8m0fnu, float4_e2m1fn_x2 and complex32
+        (or such a layout a .zt tensor records, where it fits). None for any other
+        tensor, safetensors' raw types included (their listing names them)."""
         try:
             layout, dims = self._loader.reader._dtype_and_shape(self._name)
         except TensorwireError:
@@ -322,10 +322,9 @@ class TensorSlice:
 
 
 # Layouts read_torch names a tensor's type by (its dtype cannot) -> safetensors names
-# (complex32 has none).
+# (complex32 has none). Safetensors' own raw types are named by their listing
+# (`Reader._raw_safetensors_type`).
 _LAYOUT_NAMES = {
-    "safetensors:F8_E8M0": "F8_E8M0",
-    "safetensors:F4": "F4",
     "zt:f8_e8m0": "F8_E8M0",
     "zt:f4_e2m1": "F4",
     "pytorch:float8_e8m0fnu": "F8_E8M0",
