@@ -1170,11 +1170,16 @@ mod tests {
         let mut p = b"\x80\x02".to_vec();
         p.extend(body);
         p.push(b'.');
-        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
-        match u.arena.get(u.root) {
-            Obj::Tensor(t) => Ok((**t).clone()),
+        match root_of(&p)? {
+            Obj::Tensor(t) => Ok(*t),
             other => panic!("{}", other.kind()),
         }
+    }
+
+    /// The object a whole pickle `p` builds (its storages parsed as the reader's).
+    fn root_of(p: &[u8]) -> Result<Obj> {
+        let u = unpickle(p, 0, &PickleLimits::default(), &mut Storages)?;
+        Ok(u.arena.get(u.root).clone())
     }
 
     /// `tensor_pickle` with `requires_grad=True`.
@@ -1666,9 +1671,8 @@ mod tests {
             p.extend([if flag { 0x88 } else { 0x89 }, b'}', b't', b'R']);
         }
         p.push(b'.');
-        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
-        match u.arena.get(u.root) {
-            Obj::Meta(m) => Ok((**m).clone()),
+        match root_of(&p)? {
+            Obj::Meta(m) => Ok(*m),
             other => panic!("not a meta tensor: {other:?}"),
         }
     }
@@ -1764,9 +1768,8 @@ mod tests {
         p.extend(b"}ctorch\n");
         p.extend(dtype.as_bytes());
         p.extend(b"\ntR.");
-        let u = unpickle(&p, 0, &PickleLimits::default(), &mut Storages)?;
-        match u.arena.get(u.root) {
-            Obj::Tensor(t) => Ok((**t).clone()),
+        match root_of(&p)? {
+            Obj::Tensor(t) => Ok(*t),
             other => panic!("not a tensor: {other:?}"),
         }
     }
