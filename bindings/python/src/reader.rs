@@ -619,6 +619,9 @@ fn node_to_py<'py>(
         }
         Node::TorchObject(name) => make.torch_object.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
+        Node::Complex { real, imag } => {
+            pyo3::types::PyComplex::from_doubles(py, *real, *imag).into_any()
+        }
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),

@@ -5,6 +5,7 @@ non-tensor values as attributes, and malicious pickles refused without running t
 
 import glob
 import json
+import math
 import os
 import pickle
 
@@ -169,6 +170,20 @@ def test_values_torch_allows_beside_tensors_read_as_names():
             "dtype": "torch.float16", "qdtype": "torch.qint8", "int4": "torch.int4",
             "qscheme": "torch.per_channel_affine", "tensor_type": "torch.FloatTensor"}
         assert r.attributes["token_counts"] == {"a": 2, "b": 1}
+        # complex numbers as Python's str() writes them; ints past 64 bits exactly
+        assert r.attributes["phase"] == "(1+2j)"
+        assert r.attributes["roots"] == ["1j", "(-0-1.5j)", "(1e+16+infj)"]
+        assert r.attributes["seed"] == 2**64 - 1 and r.attributes["offset"] == -(2**70)
+
+
+@pytest.mark.parametrize("name", ["torch_values.pt", "torch_values.legacy.pt"])
+def test_complex_numbers_and_wide_ints_come_back_as_python_numbers(name):
+    nested = tw.pytorch.load_numpy(os.path.join(FIXTURES, name), flat=False)
+    assert nested["phase"] == 1 + 2j and type(nested["phase"]) is complex
+    roots = nested["roots"]
+    assert roots == [1j, complex(-0.0, -1.5), complex(1e16, float("inf"))]
+    assert [math.copysign(1, z.real) for z in roots[:2]] == [1, -1]  # signed zeros kept
+    assert nested["seed"] == 2**64 - 1 and nested["offset"] == -(2**70)
 
 
 def _with_pickle_edit(src, dst, old, new):

@@ -1104,7 +1104,8 @@ def _pickle_checkpoint(path, obj, protocol=2):
 # str(): floats in both notations and at the edges of each, and strs inside tuples
 # with quotes, backslashes and control characters, which repr escapes.
 _KEYS = [
-    0, -7, 2**63 - 1, True, False, None,
+    0, -7, 2**63 - 1, 2**64 - 1, -(2**100), True, False, None,
+    1j, -2.5j, complex(-0.0, 0.0), complex(1, float("nan")), complex(1e16, -1e-7),
     0.0, -0.0, 1.5, 0.1, 1e-4, 9.999e-5, 1e-5, 1.5e-7, 123456789.125, 1e15, 1e16,
     9999999999999998.0, 1.7976931348623157e308, 5e-324, float("inf"), float("-inf"),
     float("nan"),

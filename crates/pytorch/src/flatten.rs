@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tensorwire_core::{Error, NameSet, Result, Value};
 
-use crate::pickle::{Arena, DictKind, Id, Obj};
+use crate::pickle::{wide_int_value, Arena, DictKind, Id, Obj};
 use crate::sparse::{SparseLayout, SparseTensor};
 use crate::tensor::{MetaTensor, Quantization, TensorRecord};
 
@@ -42,6 +42,14 @@ pub enum Node {
     /// A scalar: None, bool, int, float, str, bytes, or an allowlisted global outside
     /// torch (`collections.OrderedDict`) by name.
     Value(Value),
+    /// A complex number (`builtins.complex`); in the flat view's attributes it is
+    /// its text, as Python's `str` writes it (`(1+2j)`).
+    Complex {
+        /// The real part.
+        real: f64,
+        /// The imaginary part.
+        imag: f64,
+    },
     /// An allowlisted torch object as a value, by its dotted name: a dtype
     /// (`torch.float16`), a quantization scheme (`torch.per_tensor_affine`), a class
     /// (`torch.cuda.FloatTensor`, `torch.nn.parameter.Parameter`) or a function.
@@ -109,7 +117,7 @@ impl Node {
             Node::Tensor(name) => f(name, false),
             Node::Meta(name) => f(name, true),
             Node::Sparse { parts, .. } => parts.iter().for_each(|p| f(p, false)),
-            Node::Value(_) | Node::TorchObject(_) | Node::ByteArray(_) => {}
+            Node::Value(_) | Node::Complex { .. } | Node::TorchObject(_) | Node::ByteArray(_) => {}
             Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.for_each_leaf(f)),
             Node::List(items) | Node::Tuple(items) | Node::Set(items) | Node::FrozenSet(items) => {
                 items.iter().for_each(|v| v.for_each_leaf(f))
@@ -308,9 +316,13 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
         Obj::Int(n) => {
             let _ = write!(out, "{n}");
         }
+        Obj::WideInt(b) => {
+            let _ = write!(out, "{}", wide_int_value(b));
+        }
         Obj::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
         Obj::None => out.push_str("None"),
         Obj::Float(f) => push_float_repr(out, *f),
+        Obj::Complex(re, im) => push_complex_repr(out, *re, *im),
         Obj::Tuple(span) => {
             if depth >= MAX_KEY_DEPTH {
                 return Err(Error::LimitExceeded {
@@ -457,6 +469,32 @@ fn push_float_repr(out: &mut String, f: f64) {
         out.push('0');
     }
     out.push_str(digits);
+}
+
+/// Python's `repr` of `complex(re, im)`: `1j` when the real part is +0, else
+/// `(1+2j)`, each part in the shortest form that reads back, without `float`'s `.0`.
+fn push_complex_repr(out: &mut String, re: f64, im: f64) {
+    let push_part = |out: &mut String, f: f64| {
+        let start = out.len();
+        push_float_repr(out, f);
+        if out[start..].ends_with(".0") {
+            out.truncate(out.len() - 2);
+        }
+    };
+    let bare = re == 0.0 && re.is_sign_positive();
+    if !bare {
+        out.push('(');
+        push_part(out, re);
+        // The imaginary part always has its sign (`nan` takes `+`, as in Python).
+        if !im.is_sign_negative() || im.is_nan() {
+            out.push('+');
+        }
+    }
+    push_part(out, im);
+    out.push('j');
+    if !bare {
+        out.push(')');
+    }
 }
 
 impl<'a> Walker<'a> {
@@ -745,6 +783,10 @@ impl<'a> Walker<'a> {
             }
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
             Obj::Global(g) if g.name().starts_with("torch.") => Node::TorchObject(g.name()),
+            Obj::Complex(real, imag) => Node::Complex {
+                real: *real,
+                imag: *imag,
+            },
             _ => Node::Value(self.value_uncounted(id, depth)?),
         };
         Ok(if self.shared.get(id).copied().unwrap_or(false) {
@@ -794,6 +836,10 @@ impl<'a> Walker<'a> {
                 self.key_nodes(arena.tuple_items(*span), depth)?,
             )),
             Obj::FrozenSet(items) => Ok(Node::FrozenSet(self.key_nodes(items, depth)?)),
+            Obj::Complex(real, imag) => Ok(Node::Complex {
+                real: *real,
+                imag: *imag,
+            }),
             _ => Ok(Node::Value(self.value_uncounted(key, depth)?)),
         }
     }
@@ -858,12 +904,13 @@ impl<'a> Walker<'a> {
             Obj::None => Value::Null,
             Obj::Bool(b) => Value::Bool(*b),
             Obj::Int(n) => Value::Int((*n).into()),
-            Obj::WideInt(_) => {
-                return Err(Error::unsupported(
-                    "an integer wider than 64 bits in the checkpoint",
-                ))
-            }
+            Obj::WideInt(b) => Value::Int(wide_int_value(b)),
             Obj::Float(f) => Value::Float(*f),
+            Obj::Complex(re, im) => {
+                let mut text = String::new();
+                push_complex_repr(&mut text, *re, *im);
+                Value::Str(text)
+            }
             Obj::Str(s) => {
                 self.copy(&**s)?;
                 Value::Str(s.to_string())
@@ -908,7 +955,7 @@ fn name_taken(name: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{push_float_repr, push_str_repr};
+    use super::{push_complex_repr, push_float_repr, push_str_repr};
 
     fn float(f: f64) -> String {
         let mut out = String::new();
@@ -942,6 +989,30 @@ mod tests {
             (f64::NAN, "nan"),
         ] {
             assert_eq!(float(f), python, "{f:?}");
+        }
+    }
+
+    /// Python's `repr(complex(re, im))` (the bindings' key test checks more against
+    /// Python itself).
+    #[test]
+    fn complex_numbers_read_as_python_writes_them() {
+        let nan = f64::NAN;
+        for (re, im, python) in [
+            (1.0, 2.0, "(1+2j)"),
+            (0.0, 1.0, "1j"),
+            (0.0, -0.0, "-0j"),
+            (-0.0, 0.0, "(-0+0j)"),
+            (-0.0, -1.5, "(-0-1.5j)"),
+            (1e16, f64::INFINITY, "(1e+16+infj)"),
+            (1e-5, 1e22, "(1e-05+1e+22j)"),
+            (1.0, -nan, "(1+nanj)"),
+            (nan, 1.0, "(nan+1j)"),
+            (0.0, 1e16, "1e+16j"),
+            (2.5, f64::NEG_INFINITY, "(2.5-infj)"),
+        ] {
+            let mut out = String::new();
+            push_complex_repr(&mut out, re, im);
+            assert_eq!(out, python, "{re:?} {im:?}");
         }
     }
 

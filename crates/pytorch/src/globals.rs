@@ -9,7 +9,7 @@
 
 use tensorwire_core::{DType, Error, Result};
 
-use crate::pickle::{Arena, DictKind, Id, Obj, Span};
+use crate::pickle::{wide_int_value, Arena, DictKind, Id, Obj, Span};
 use crate::sparse::SparseTensor;
 use crate::tensor::{
     MetaTensor, Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType,
@@ -63,7 +63,7 @@ pub enum Global {
     /// requires_grad)`: `data`, for a tensor saved from a device without storages.
     RebuildFromCpuTensor,
     /// An allowlisted global whose objects tensorwire cannot build (legacy sparse and
-    /// subclassed tensors, complex scalars): naming it is fine, calling it is
+    /// subclassed tensors): naming it is fine, calling it is
     /// [`Error::Unsupported`], saying what it builds.
     Unsupported {
         /// The global's name.
@@ -85,6 +85,8 @@ pub enum Global {
     FrozenSet,
     /// `builtins.bytearray`.
     ByteArray,
+    /// `builtins.complex`, called with numbers.
+    Complex,
 }
 
 impl Global {
@@ -115,6 +117,7 @@ impl Global {
             Global::Set => "builtins.set",
             Global::FrozenSet => "builtins.frozenset",
             Global::ByteArray => "builtins.bytearray",
+            Global::Complex => "builtins.complex",
         }
     }
 }
@@ -181,10 +184,7 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         ("builtins", "set") => Some(Global::Set),
         ("builtins", "frozenset") => Some(Global::FrozenSet),
         ("builtins", "bytearray") => Some(Global::ByteArray),
-        ("builtins", "complex") => Some(Global::Unsupported {
-            name: "builtins.complex",
-            builds: "complex numbers outside tensors",
-        }),
+        ("builtins", "complex") => Some(Global::Complex),
         ("collections", "Counter") => Some(Global::Counter),
         _ => None,
     };
@@ -779,6 +779,45 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 Obj::Set(items)
             })
         }
+        Global::Complex => {
+            // Python's `complex(real, imag)`: `real + imag * 1j`, either part itself
+            // a number of any kind.
+            let part = |id: Id| -> Result<(f64, Option<f64>)> {
+                Ok(match arena.get(id) {
+                    Obj::Bool(b) => (f64::from(u8::from(*b)), None),
+                    Obj::Int(n) => (*n as f64, None),
+                    Obj::WideInt(b) => (wide_int_value(b) as f64, None),
+                    Obj::Float(f) => (*f, None),
+                    Obj::Complex(re, im) => (*re, Some(*im)),
+                    Obj::Str(_) => {
+                        return Err(Error::unsupported(format!(
+                            "{what} of a string (at offset {offset})"
+                        )))
+                    }
+                    other => return Err(bad_args(what, offset, format!("a {}", other.kind()))),
+                })
+            };
+            match argv {
+                [] => Ok(Obj::Complex(0.0, 0.0)),
+                [real] => {
+                    let (re, im) = part(*real)?;
+                    Ok(Obj::Complex(re, im.unwrap_or(0.0)))
+                }
+                [real, imag] => {
+                    let (mut re, real_im) = part(*real)?;
+                    let (mut im, imag_im) = part(*imag)?;
+                    // Only complex parts add (adding 0.0 would turn -0.0 into 0.0).
+                    if let Some(imag_im) = imag_im {
+                        re -= imag_im;
+                    }
+                    if let Some(real_im) = real_im {
+                        im += real_im;
+                    }
+                    Ok(Obj::Complex(re, im))
+                }
+                _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
+            }
+        }
         Global::ByteArray => match argv {
             [] => Ok(Obj::ByteArray(Box::new([]))),
             [b] => match arena.get(*b) {
@@ -1188,6 +1227,54 @@ mod tests {
         let flag = p.iter().rposition(|&b| b == 0x89).unwrap();
         p[flag] = 0x88; // NEWTRUE
         p
+    }
+
+    #[test]
+    fn complex_is_called_as_python_calls_it() {
+        // `complex(*args)`: pickle text of the arguments, and what Python gives.
+        let call = |args: &[u8]| {
+            let mut p = b"\x80\x02c__builtin__\ncomplex\n(".to_vec();
+            p.extend(args);
+            p.extend(b"tR.");
+            root_of(&p)
+        };
+        let one_j = b"c__builtin__\ncomplex\nK\x00K\x01\x86R"; // 1j, made by a call too
+        let float = |f: f64| [&[b'G'][..], &f.to_be_bytes()].concat();
+        for (args, want) in [
+            (vec![], (0.0_f64, 0.0_f64)),
+            (b"K\x02".to_vec(), (2.0, 0.0)),
+            (b"\x88K\x03".to_vec(), (1.0, 3.0)),
+            ([&float(-0.0)[..], &float(1.5)].concat(), (-0.0, 1.5)),
+            // 2**64 - 1 (LONG1 of 9 bytes), rounded to the nearest double as Python does
+            (
+                b"\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00".to_vec(),
+                (1.8446744073709552e19, 0.0),
+            ),
+            (one_j.to_vec(), (0.0, 1.0)),
+            ([&one_j[..], b"K\x02"].concat(), (0.0, 3.0)),
+            ([&b"K\x03"[..], one_j].concat(), (2.0, 0.0)),
+        ] {
+            match call(&args).unwrap() {
+                Obj::Complex(re, im) => {
+                    assert_eq!(
+                        (re.to_bits(), im.to_bits()),
+                        (want.0.to_bits(), want.1.to_bits())
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // complex("1+2j") parses text: not here. A list is no number; three arguments
+        // are too many.
+        assert!(matches!(
+            call(b"X\x04\x00\x00\x001+2j"),
+            Err(Error::Unsupported { .. })
+        ));
+        for args in [&b"]"[..], b"K\x01K\x02K\x03"] {
+            let err = call(args).unwrap_err();
+            assert!(err.to_string().contains("builtins.complex"), "{err}");
+            assert!(!matches!(err, Error::Unsupported { .. }), "{err}");
+        }
     }
 
     #[test]

@@ -58,11 +58,14 @@ pub enum Obj {
     Bool(bool),
     /// An integer that fits 64 bits.
     Int(i64),
-    /// A wider integer (9 to 16 bytes), little-endian two's complement. Only the
-    /// legacy format's magic number needs one; everything else refuses it.
+    /// A wider integer (9 to 16 bytes), little-endian two's complement: the legacy
+    /// format's magic number, or a value such as a 64-bit seed above `i64::MAX`.
+    /// Sizes, strides and offsets refuse it.
     WideInt(Box<[u8]>),
     /// A float.
     Float(f64),
+    /// A complex number (`builtins.complex`): real and imaginary parts.
+    Complex(f64, f64),
     /// A str (shared: a memoized str referenced again costs no copy).
     Str(Arc<str>),
     /// bytes.
@@ -137,6 +140,7 @@ impl Obj {
             Obj::Bool(_) => "bool",
             Obj::Int(_) | Obj::WideInt(_) => "int",
             Obj::Float(_) => "float",
+            Obj::Complex(..) => "complex",
             Obj::Str(_) => "str",
             Obj::Bytes(_) => "bytes",
             Obj::List(_) => "list",
@@ -566,6 +570,16 @@ impl IntCache {
     }
 }
 
+/// The value of an [`Obj::WideInt`]'s bytes (at most 16, little-endian two's
+/// complement).
+pub(crate) fn wide_int_value(bytes: &[u8]) -> i128 {
+    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    let mut buf = [if negative { 0xff } else { 0 }; 16];
+    let n = bytes.len().min(16);
+    buf[..n].copy_from_slice(&bytes[..n]);
+    i128::from_le_bytes(buf)
+}
+
 fn malformed(offset: u64, reason: impl Into<String>) -> Error {
     Error::malformed(offset, format!("pickle: {}", reason.into()))
 }
@@ -677,7 +691,7 @@ impl Machine<'_> {
         }
         if bytes.len() > 16 {
             return Err(Error::unsupported(format!(
-                "pickle integer of {} bytes at offset {at} (integers wider than 64 bits are refused)",
+                "pickle integer of {} bytes at offset {at} (integers wider than 128 bits are refused)",
                 bytes.len()
             )));
         }
