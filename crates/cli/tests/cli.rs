@@ -806,6 +806,25 @@ fn inspect_fixture(rel: &str) -> (PathBuf, String) {
     (src, stdout(&o))
 }
 
+/// A checkpoint's values go to the new file's metadata: a complex number as its
+/// text; an int past CBOR's range makes `.zt` refuse, naming the value, and leave no
+/// file; safetensors (string metadata) takes it.
+#[test]
+fn checkpoint_values_carry_over_or_name_what_the_format_cannot_hold() {
+    let (src, table) = inspect_fixture("pytorch/torch_values.pt");
+    assert!(table.contains("(1+2j)"), "{table}");
+    let dir = tempfile::tempdir().unwrap();
+    assert_convert_refused(&src, &dir.path().join("out.zt"), "attribute `offset`");
+    let st = dir.path().join("out.safetensors");
+    assert_exit(
+        &tw([OsStr::new("convert"), src.as_os_str(), st.as_os_str()]),
+        0,
+    );
+    let converted = tensorwire::open(&st).unwrap();
+    let phase = converted.attributes().get("phase").and_then(|v| v.as_str());
+    assert_eq!(phase, Some("(1+2j)"));
+}
+
 /// The DTYPE cell of tensor `name` in `inspect`'s table.
 fn dtype_of(table: &str, name: &str) -> String {
     let line = table

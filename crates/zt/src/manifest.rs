@@ -223,19 +223,33 @@ fn read_attributes(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<BTreeMap
 
 /// The error for an integer CBOR cannot hold (outside [-2^64, 2^64)).
 pub(crate) fn int_outside_cbor(i: i128) -> Error {
-    Error::invalid(format!(
-        "integer {i} is outside CBOR's 64-bit integers (ztensor rounds such a value to a float); store it as a float or a string"
-    ))
+    Error::invalid(outside_cbor_reason(i))
 }
 
-/// Fails on the first integer in `v` that CBOR cannot hold, so a writer refuses
-/// such an attribute when it is given, not when the manifest is written.
-pub(crate) fn check_cbor_ints(v: &Value) -> Result<()> {
-    match v {
-        Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(i) => Err(int_outside_cbor(*i)),
-        Value::List(items) => items.iter().try_for_each(check_cbor_ints),
-        Value::Map(entries) => entries.iter().try_for_each(|(_, v)| check_cbor_ints(v)),
-        _ => Ok(()),
+fn outside_cbor_reason(i: i128) -> String {
+    format!(
+        "integer {i} is outside CBOR's 64-bit integers (ztensor rounds such a value to a float); store it as a float or a string"
+    )
+}
+
+/// Fails on the first integer in `v`, the attribute `key`, that CBOR cannot hold,
+/// so a writer refuses such an attribute when it is given, not when the manifest is
+/// written. The error names the attribute.
+pub(crate) fn check_cbor_ints(key: &str, v: &Value) -> Result<()> {
+    fn first_outside(v: &Value) -> Option<i128> {
+        match v {
+            Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(i) => Some(*i),
+            Value::List(items) => items.iter().find_map(first_outside),
+            Value::Map(entries) => entries.iter().find_map(|(_, v)| first_outside(v)),
+            _ => None,
+        }
+    }
+    match first_outside(v) {
+        Some(i) => Err(Error::invalid(format!(
+            "attribute `{key}`: {}",
+            outside_cbor_reason(i)
+        ))),
+        None => Ok(()),
     }
 }
 

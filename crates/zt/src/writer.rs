@@ -302,7 +302,7 @@ impl<W: Write> ZtWriter<W> {
             if self.version == ZtVersion::V2 {
                 manifest_v2::check_name(key, "attribute key", &Limits::default())?;
             }
-            manifest::check_cbor_ints(value)?;
+            manifest::check_cbor_ints(key, value)?;
         }
         self.manifest.attributes = attributes;
         Ok(())
@@ -487,8 +487,8 @@ impl<W: Write> ZtWriter<W> {
         if components.is_empty() {
             return Err(Error::invalid(format!("object `{name}` has no components")));
         }
-        for value in attributes.iter().flat_map(BTreeMap::values) {
-            manifest::check_cbor_ints(value)?;
+        for (key, value) in attributes.iter().flatten() {
+            manifest::check_cbor_ints(key, value)?;
         }
         if self.version == ZtVersion::V2 {
             let object = NewObject {
