@@ -490,8 +490,17 @@ fn reached(tensors: &[TensorDesc], storages: usize) -> Result<Vec<(u64, u64)>, E
         *lo = (*lo).min(t.offset);
         *hi = (*hi).max(end);
     }
-    Ok(reach.into_iter().map(|r| r.unwrap_or((0, 0))).collect())
+    // Sent from a 64-byte boundary: every tensor's offset stays a multiple of its
+    // element size when views of several dtypes share the storage (a tensor's offset
+    // is one in the original storage; element sizes divide 64).
+    Ok(reach
+        .into_iter()
+        .map(|r| r.map_or((0, 0), |(lo, hi)| (lo - lo % SEND_ALIGN, hi)))
+        .collect())
 }
+
+/// The alignment of the first byte of a host storage that is sent.
+const SEND_ALIGN: u64 = 64;
 
 /// Builds a value to send from a tree, tensor specs `(storage, byte offset, dtype,
 /// shape, strides, framework, requires_grad)` and storage specs `("cpu", uint8 array)`,
@@ -521,8 +530,16 @@ pub fn ipc_encode(
             (specs.get(t.storage as usize), reach.get(t.storage as usize))
         {
             // An empty tensor reaches no byte, so it may lie outside what is sent: it
-            // keeps its place when that is inside, and is put at an end otherwise.
-            t.offset = t.offset.saturating_sub(lo).min(hi - lo);
+            // keeps its place when that is inside, and is put at an end otherwise (at
+            // a multiple of its element size, as every offset is).
+            let element = t
+                .dtype
+                .parse::<DType>()
+                .ok()
+                .and_then(DType::size)
+                .unwrap_or(1) as u64;
+            let offset = t.offset.saturating_sub(lo).min(hi - lo);
+            t.offset = offset - offset % element;
         }
     }
     let mut builder = OutgoingBuilder::new();

@@ -4,6 +4,7 @@ typed error, refused peers, malformed and oversized frames, singleflight, the ta
 lifecycle, the environment gate, torch modules (skipped without torch) and CUDA
 (skipped without a GPU)."""
 
+import concurrent.futures
 import os
 import signal
 import socket
@@ -212,6 +213,68 @@ def test_dead_server_is_a_typed_error(sock):
         assert handle.is_stale()
     finally:
         kill(proc)
+
+
+def test_old_handles_after_a_restart_are_stale_through_their_own_client(sock):
+    """The handle's own client finds the restarted server: the handle is stale, its
+    release is False (its lease went with the old server), `with` exits quietly."""
+    proc, _ = start_server_process(sock)
+    c = ipc.Client(sock)
+    handle = c.call("table", n=4)
+    kill(proc)
+    proc, _ = start_server_process(sock)
+    try:
+        with pytest.raises(ipc.StaleHandleError):
+            c.ensure_handle_live(handle)
+        assert c.get_object_info(handle.object_id) is None
+        with handle:
+            pass
+        assert handle.released and not handle.release()
+    finally:
+        kill(proc)
+
+
+def test_threads_reconnecting_one_client_keep_their_leases(sock):
+    """Threads that find the server restarted together connect once: every handle
+    they get is live, with its lease held."""
+    proc, _ = start_server_process(sock)
+    c = ipc.Client(sock)
+    c.call("table", n=1).release()
+    kill(proc)
+    server, _ = in_process_server(sock)
+    try:
+        barrier = threading.Barrier(4)
+
+        def call():
+            barrier.wait()
+            return c.call("table", n=8)
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            handles = list(pool.map(lambda _: call(), range(4)))
+        assert server.live() == (1, 4)
+        assert not any(h.is_stale() for h in handles)
+        assert all(h.release() for h in handles)
+    finally:
+        c.close()
+        server.stop()
+
+
+def test_a_request_to_a_server_that_does_not_read_times_out(sock):
+    """The timeout covers sending too: a large request to a server busy on this
+    connection fails after about the timeout, not when the server gets to it."""
+    provider = ipc.Provider(execution_mode="server", socket_path=sock, autostart=True)
+    provider.register(time.sleep, name="nap", cache=False)
+    provider.register(len, name="size", cache=False)
+    try:
+        c = ipc.Client(sock, timeout=0.5)
+        with pytest.raises(ipc.IpcTimeoutError):
+            c.call("nap", 6)   # the server is now busy on this connection for 6 s
+        start = time.monotonic()
+        with pytest.raises((ipc.IpcTimeoutError, ipc.ProtocolError)):
+            c.call("size", b"x" * (16 << 20))
+        assert time.monotonic() - start < 4
+    finally:
+        provider.close()
 
 
 def test_other_uids_are_refused(sock):
@@ -534,9 +597,10 @@ def test_a_torch_view_sends_only_the_bytes_it_reaches():
     from tensorwire._ipc_codec import Encoder
 
     big = torch.arange(1_000_000, dtype=torch.float32)
-    value = Encoder().encode_root({"a": big[10:20], "b": big[15:30:5]}).value()
-    # Elements 10..20 and 15, 20, 25: bytes 40..104 of the 4 MB storage, shared by both.
-    assert value.nbytes == 64 and value.copied == 64
+    value = Encoder().encode_root({"a": big[100:110], "b": big[105:120:5]}).value()
+    # Elements 100..110 and 105, 110, 115: bytes 400..464 of the 4 MB storage, shared by
+    # both, sent from the 64-byte boundary below (384).
+    assert value.nbytes == 80 and value.copied == 80
 
 
 def test_empty_views_beside_views_of_one_storage(torch_server):
@@ -552,6 +616,22 @@ def test_empty_views_beside_views_of_one_storage(torch_server):
     for name in ("before", "after", "inside"):
         assert back[name].shape == (0,) and back[name].dtype == torch.float32
     assert back["inside"].untyped_storage().data_ptr() == back["a"].untyped_storage().data_ptr()
+
+
+def test_views_of_one_storage_in_several_dtypes(torch_server):
+    """Views of one storage with other element sizes keep offsets that are multiples
+    of theirs: the bytes are sent from an aligned start."""
+    import torch
+
+    base = torch.arange(16, dtype=torch.float32)
+    value = (base.view(torch.float16)[1:3], base[1:3], base.view(torch.uint8)[5:9],
+             base.view(torch.float64)[3:4])
+    with ipc.Client(torch_server) as c:
+        back = c.call("echo", value)
+    for got, sent in zip(back, value):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
+    # One storage still.
+    assert len({t.untyped_storage().data_ptr() for t in back}) == 1
 
 
 def _bare_decoder(allowed=()):
@@ -593,9 +673,17 @@ def test_module_classes_outside_torch_nn_are_refused(sock):
     torch = pytest.importorskip("torch")
     provider = ipc.Provider(execution_mode="server", socket_path=sock, autostart=True)
     provider.register(CustomModule, name="custom", cache=False)
+    provider.register(CustomModule, name="custom_managed", managed=True)
     try:
         with pytest.raises(TypeError, match="refusing to rebuild module class"):
             ipc.Client(sock).call("custom")
+        # A managed result that cannot be rebuilt gives its lease back.
+        with ipc.Client(sock) as c:
+            for _ in range(3):
+                with pytest.raises(TypeError, match="refusing to rebuild module class"):
+                    c.call("custom_managed")
+            c._flush_releases()   # what the next call would send first
+            assert provider._servers[-1].live() == (1, 0)   # cached, no lease held
         m = ipc.Client(sock, allowed_modules=[__name__]).call("custom")
         assert type(m) is CustomModule and isinstance(m.lin, torch.nn.Linear)
     finally:

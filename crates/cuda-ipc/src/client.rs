@@ -145,12 +145,27 @@ impl Client {
         }
         let id = conn.next_id;
         conn.next_id = conn.next_id.wrapping_add(1).max(1);
+        // A server that stops reading (busy on an earlier request of this connection,
+        // or stopped) fills the socket buffer: sending waits at most `timeout` too.
+        conn.stream
+            .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .map_err(IpcError::Io)?;
         if let Err(e) = socket::send_frame(&conn.stream, FrameKind::Request, id, body, fds) {
             let e = self.gone(e);
-            if matches!(e, IpcError::ServerGone { .. }) {
-                // The server may have said why before closing (a refused peer, a full
-                // server): that answer is still in our receive queue.
-                return Err(self.said_before_closing(&conn.stream).unwrap_or(e));
+            match &e {
+                IpcError::ServerGone { .. } => {
+                    // The server may have said why before closing (a refused peer, a
+                    // full server): that answer is still in our receive queue.
+                    return Err(self.said_before_closing(&conn.stream).unwrap_or(e));
+                }
+                // Nothing was sent: the connection stays usable.
+                IpcError::Io(io) if socket::is_timeout(io) => {
+                    return Err(IpcError::Timeout {
+                        what: "the server to take the request".into(),
+                        waited_ms: timeout.as_millis() as u64,
+                    })
+                }
+                _ => conn.broken = Some(e.to_string()),
             }
             return Err(e);
         }

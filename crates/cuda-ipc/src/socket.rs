@@ -100,16 +100,28 @@ pub fn send_frame(
         body_len,
     }
     .encode();
+    // A failure here sent nothing (a write timeout, too: the stream is still in step).
     let sent = sendmsg_with_fds(stream, &header, body, fds)?;
     // The rest, if the first call sent only part of it (descriptors already went).
     let total = HEADER_LEN + body.len();
     if sent < total {
         let mut writer = stream;
-        if sent < HEADER_LEN {
-            writer.write_all(&header[sent..])?;
-            writer.write_all(body)?;
+        let rest = if sent < HEADER_LEN {
+            writer
+                .write_all(&header[sent..])
+                .and_then(|()| writer.write_all(body))
         } else {
-            writer.write_all(&body[sent - HEADER_LEN..])?;
+            writer.write_all(&body[sent - HEADER_LEN..])
+        };
+        if let Err(e) = rest {
+            if is_timeout(&e) {
+                // Part of the frame went out: the peer would read what follows as its
+                // rest, so this stream cannot carry another frame.
+                return Err(IpcError::protocol(format!(
+                    "a frame was only partly sent before the write timeout ({e}); the stream is out of step"
+                )));
+            }
+            return Err(e.into());
         }
     }
     Ok(())
@@ -244,7 +256,8 @@ fn closed(reason: String) -> IpcError {
     IpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, reason))
 }
 
-fn is_timeout(e: &io::Error) -> bool {
+/// True for the error a read or write timeout (`SO_RCVTIMEO`, `SO_SNDTIMEO`) gives.
+pub fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut

@@ -233,12 +233,16 @@ class SharedObjectHandle:
         return self._released
 
     def release(self) -> bool:
-        """Gives the lease back (once); True when the server took it."""
+        """Gives the lease back (once); True when the server took it. False when the
+        server that issued it is gone: its lease went with it."""
         with self._lock:
             if self._released:
                 return False
             self._released = True
-        return bool(self._client.release(self.object_id))
+        try:
+            return bool(self._client.release(self.object_id))
+        except ServerGoneError:
+            return False
 
     def get_object_info(self, *, refresh: bool = False) -> Optional[dict]:
         """The server's bookkeeping for the object (None when it is gone)."""
@@ -333,23 +337,30 @@ class Client:
         self._native = _native.IpcClient(self.socket_path, timeout)
         self._pending_releases = collections.deque()
         self._closed = False
+        self._reconnecting = threading.Lock()
 
     def _request(self, method: str, *args):
         """Calls a native client method; when the server is gone, connects again once
         (a restarted server on the same socket) and retries. Handles from the old
-        server stay stale."""
+        server stay stale. Threads that find the server gone together connect once:
+        the first replaces the connection, the others retry on it (a connection
+        replaced again would be closed, and the leases it took with it)."""
+        native = self._native
         try:
-            return getattr(self._native, method)(*args)
+            return getattr(native, method)(*args)
         except ServerGoneError as gone:
             if self._closed:
                 raise
-            try:
-                fresh = _native.IpcClient(self.socket_path, self.timeout)
-            except ServerGoneError:
-                raise gone from None   # no new server: report the one that went away
-            self._native = fresh
-            self._pending_releases.clear()   # the old server's objects are gone
-            return getattr(fresh, method)(*args)
+            with self._reconnecting:
+                if self._native is native:
+                    try:
+                        fresh = _native.IpcClient(self.socket_path, self.timeout)
+                    except ServerGoneError:
+                        raise gone from None   # no new server: report the one that went away
+                    self._native = fresh
+                    self._pending_releases.clear()   # the old server's objects are gone
+                current = self._native
+            return getattr(current, method)(*args)
 
     @property
     def server_id(self) -> str:
@@ -369,7 +380,14 @@ class Client:
         decoder = Decoder(received, self.allowed_modules)
         if received.object_id is not None and not received.managed:
             decoder.lease = _Lease(self, received.object_id)
-        value = decoder.decode()
+        try:
+            value = decoder.decode()
+        except BaseException:
+            # No handle will hold a managed result's lease: give it back (an unmanaged
+            # one's lease goes with the decoder).
+            if received.object_id is not None and received.managed:
+                self._pending_releases.append(received.object_id)
+            raise
         if received.object_id is not None and received.managed:
             return SharedObjectHandle(value, received.object_id, received.server_id, self)
         return value
@@ -405,19 +423,20 @@ class Client:
 
     def release(self, object_id: str) -> bool:
         """Gives back one lease on an object."""
-        return self._native.release([object_id])[0]
+        return self._request("release", [object_id])[0]
 
     def release_many(self, object_ids) -> Dict[str, bool]:
         ids = list(object_ids)
-        return dict(zip(ids, self._native.release(ids)))
+        return dict(zip(ids, self._request("release", ids)))
 
     def get_object_info(self, object_id: str) -> Optional[dict]:
-        return self._native.object_info(object_id)
+        return self._request("object_info", object_id)
 
     def ensure_handle_live(self, handle: SharedObjectHandle, *, refresh: bool = True) -> dict:
         """The object's info; :class:`StaleHandleError` when its server was replaced or
-        no longer holds it."""
-        return self._native.ensure_live(handle.object_id, handle.server_id)
+        no longer holds it (a server restarted on the socket is found by connecting
+        again; ``ServerGoneError`` when no server is there)."""
+        return self._request("ensure_live", handle.object_id, handle.server_id)
 
     def ping(self) -> bool:
         try:
