@@ -180,10 +180,12 @@ impl<'py> Decoder<'py> {
                     bytes: q.data.clone(),
                     zero_copy: true,
                 };
+                // The axis byte is signed on the wire (tenso writes `axis & 0xFF`): 255
+                // is axis -1, given back as -1, as the tensor was quantized.
                 let (scheme, axis, group_size) = match q.scheme {
-                    QuantScheme::PerTensor => (0u8, 0u8, q.group_size),
-                    QuantScheme::PerChannel => (1, q.axis, q.group_size),
-                    QuantScheme::PerGroup => (2, q.axis, q.group_size),
+                    QuantScheme::PerTensor => (0u8, 0i8, q.group_size),
+                    QuantScheme::PerChannel => (1, q.axis as i8, q.group_size),
+                    QuantScheme::PerGroup => (2, q.axis as i8, q.group_size),
                 };
                 let code = packet::dtype_code(q.dtype).ok_or_else(|| {
                     to_pyerr(Error::unsupported(format!("{} quantized", q.dtype)))
@@ -276,6 +278,18 @@ pub(crate) enum Spec {
         data: usize,
     },
     IpcRef(IpcRef),
+}
+
+/// A quantized tensor's axis as its wire byte: tenso writes `axis & 0xFF`, so -1 is
+/// 255 (the packet writer checks it against the shape).
+fn quantized_axis_byte(obj: &Bound<'_, PyAny>) -> PyResult<u8> {
+    let axis: i64 = obj.extract()?;
+    if !(-128..=255).contains(&axis) {
+        return Err(PyValueError::new_err(format!(
+            "quantization axis {axis} does not fit the packet's axis byte"
+        )));
+    }
+    Ok((axis & 0xFF) as u8)
 }
 
 fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Shape> {
@@ -388,7 +402,7 @@ impl<'py> Held<'py> {
                     dtype,
                     shape: shape_of(&spec.get_item(2)?)?,
                     scheme,
-                    axis: spec.get_item(4)?.extract()?,
+                    axis: quantized_axis_byte(&spec.get_item(4)?)?,
                     group_size: spec.get_item(5)?.extract()?,
                     scales: self.hold(&spec.get_item(6)?)?,
                     zero_points: self.hold(&spec.get_item(7)?)?,
@@ -766,6 +780,12 @@ impl<'py> PyReader<'py> {
                 if got.is_none() {
                     return Ok(0);
                 }
+                // bytes, or any other buffer (bytearray, memoryview) as bytes.
+                let got = if got.is_instance_of::<pyo3::types::PyBytes>() {
+                    got
+                } else {
+                    py.get_type::<pyo3::types::PyBytes>().call1((got,))?
+                };
                 let chunk: &[u8] = got.extract()?;
                 if chunk.len() > want {
                     return Err(PyValueError::new_err(format!(

@@ -547,3 +547,95 @@ def test_packet_info_and_is_aligned():
     assert qinfo["dtype"] == "qint4" and qinfo["quantized"] and qinfo["data_size_bytes"] == 4
     assert packet.is_aligned(packet.dumps(np.zeros(3)))
     assert not packet.is_aligned(memoryview(bytes(packet.dumps(np.zeros(3))))[1:], 2)
+
+
+def test_per_channel_axis_may_count_from_the_end():
+    """As tenso: a negative axis is kept as given and written as its low byte (-1 is
+    255); read back it is -1 again and dequantizes along the last axis. One outside
+    the dimensions is numpy's AxisError (an IndexError) when quantizing."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    q = QuantizedTensor.quantize(x, "qint8", scheme="per_channel", axis=-1)
+    assert q.axis == -1 and len(q.scales) == 5
+    data = bytes(packet.dumps(q))
+    back = packet.loads(data)
+    assert back.axis == -1 and back == q
+    # The per-channel step bounds the error; the wrong axis would not.
+    step = float(q.scales.max())
+    assert np.abs(back.dequantize() - x).max() <= step
+    same = QuantizedTensor.quantize(np.moveaxis(x, 2, 0), "qint8", scheme="per_channel", axis=0)
+    np.testing.assert_allclose(np.moveaxis(same.dequantize(), 0, 2), back.dequantize())
+    for axis in (3, 7, -4):
+        with pytest.raises(IndexError):
+            QuantizedTensor.quantize(x, "qint8", scheme="per_channel", axis=axis)
+
+
+def test_stream_errors_are_tensos():
+    """A stream that ends inside a packet is an EOFError (and a TruncatedError); an
+    unsupported packet or dtype a ValueError (and an UnsupportedError)."""
+    data = bytes(packet.dumps(sample("float32", (50,))))
+    with pytest.raises(EOFError) as info:
+        packet.read_stream(io.BytesIO(data[:-3]))
+    assert isinstance(info.value, tensorwire.TruncatedError)
+
+    async def read_cut():
+        reader = asyncio.StreamReader()
+        reader.feed_data(data[:20])
+        reader.feed_eof()
+        return await packet.aread_stream(reader)
+
+    with pytest.raises(EOFError):
+        asyncio.run(read_cut())
+    future = bytearray(data)
+    future[4] = 5  # protocol version 5
+    for call in (lambda: packet.loads(bytes(future)), lambda: packet.get_packet_info(bytes(future)),
+                 lambda: packet.read_stream(io.BytesIO(bytes(future))),
+                 lambda: packet.dumps(np.array([object()]))):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert isinstance(info.value, tensorwire.UnsupportedError)
+
+
+def test_loads_reads_the_first_packet_of_a_longer_buffer():
+    """As tenso: bytes after the packet (a shared-memory segment's slack, a second
+    packet) are not read."""
+    a, b = sample("float32", (7,)), sample("int16", (3, 2))
+    two = bytes(packet.dumps(a)) + bytes(packet.dumps(b))
+    check_equal(packet.loads(two), a)
+    check_equal(packet.loads(bytes(packet.dumps(b)) + b"\0" * 269), b)
+
+
+def test_integer_types_for_alignment_and_buffers_from_read():
+    """numpy integers are alignments; a read() that returns a bytearray or memoryview
+    feeds read_stream."""
+    x = sample("float64", (4,))
+    assert bytes(packet.dumps(x, alignment=np.int64(128))) == bytes(packet.dumps(x, alignment=128))
+    data = bytes(packet.dumps(x))
+
+    class Source:
+        def __init__(self, kind):
+            self.kind, self.stream = kind, io.BytesIO(data)
+
+        def read(self, n):
+            return self.kind(self.stream.read(n))
+
+    for kind in (bytearray, memoryview):
+        check_equal(packet.read_stream(Source(kind)), x)
+
+
+def test_awrite_stream_sends_what_the_array_held_when_called():
+    """The transport may queue what it is given past drain(): awrite_stream hands it
+    copies, so changing the array afterwards never reaches the peer."""
+    x = np.zeros(4096, np.float32)
+    queued = []
+
+    class Writer:
+        def write(self, part):
+            queued.append(part)
+
+        async def drain(self):
+            pass
+
+    asyncio.run(packet.awrite_stream(x, Writer()))
+    x[:] = 7
+    check_equal(packet.loads(b"".join(bytes(p) for p in queued)), np.zeros(4096, np.float32))

@@ -61,6 +61,16 @@ def _unpack_nibbles(packed: np.ndarray, count: int, signed: bool) -> np.ndarray:
     return out
 
 
+def _normalized_axis(axis: int, ndim: int) -> int:
+    """``axis`` counted from the front; numpy's AxisError outside ``ndim`` dimensions."""
+    if not -ndim <= axis < ndim:
+        raise _AxisError(f"axis {axis} is out of bounds for a tensor of {ndim} dimensions")
+    return axis + ndim if axis < 0 else axis
+
+
+_AxisError = getattr(getattr(np, "exceptions", np), "AxisError", IndexError)
+
+
 class QuantizedTensor:
     """A quantized tensor: packed integer data plus float32 scales and zero points.
 
@@ -140,7 +150,8 @@ class QuantizedTensor:
         elif kind == PER_CHANNEL:
             if not shape:
                 raise ValueError("per_channel quantization needs at least one dimension")
-            axis = axis % len(shape)
+            # As tenso: the axis is kept as given (-1 stays -1, written as byte 255),
+            # and one outside the dimensions is numpy's AxisError (an IndexError).
             moved_values = np.moveaxis(values, axis, 0)
             # Sizes spelled out: numpy cannot infer a -1 next to a 0 (no channels).
             rows = moved_values.reshape(shape[axis], math.prod(moved_values.shape[1:]))
@@ -191,7 +202,7 @@ class QuantizedTensor:
         if self.quant_scheme == PER_TENSOR:
             out = (q - self.zero_points[0]) * self.scales[0]
         elif self.quant_scheme == PER_CHANNEL:
-            axis = self.axis % max(len(self.shape), 1)
+            axis = _normalized_axis(self.axis, len(self.shape))
             rows = np.moveaxis(q.reshape(self.shape), axis, 0)
             # Sizes spelled out: numpy cannot infer a -1 next to a 0 (no channels).
             rows = rows.reshape(len(self.scales), math.prod(rows.shape[1:]))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import mmap as _mmap
+import operator
 import os
 from typing import Any, Iterator, Optional
 
@@ -48,7 +49,9 @@ __all__ = [
     "IpcRef",
     "QuantizedTensor",
     "RaggedArray",
+    "StreamEndedError",
     "StringTensor",
+    "UnsupportedPacketError",
     "aread_stream",
     "awrite_stream",
     "dump",
@@ -61,6 +64,24 @@ __all__ = [
     "read_stream",
     "write_stream",
 ]
+
+class StreamEndedError(_native.TruncatedError, EOFError):
+    """A stream ended inside a packet: a ``TruncatedError``, and an ``EOFError`` as
+    tenso's ``read_stream`` raises (``asyncio.IncompleteReadError`` is one too)."""
+
+
+class UnsupportedPacketError(_native.UnsupportedError, ValueError):
+    """A packet or value this module does not handle (a protocol version other than 3
+    and 4, a dtype the wire format has no code for): an ``UnsupportedError``, and a
+    ``ValueError`` as tenso raises."""
+
+
+def _unsupported(error: Exception) -> Exception:
+    """``error`` as tenso's exception class where it is tensorwire's UnsupportedError."""
+    if isinstance(error, _native.UnsupportedError) and not isinstance(error, ValueError):
+        return UnsupportedPacketError(str(error))
+    return error
+
 
 # Most entries in one bundle (its count is one byte on the wire).
 MAX_BUNDLE_ENTRIES = 255
@@ -186,9 +207,15 @@ def _spec(obj: Any, strict: bool, depth: int = 0):
     raise TypeError(f"Cannot serialize object of type {type(obj).__name__!r}")
 
 
-def _check_alignment(alignment: int) -> None:
-    if not (isinstance(alignment, int) and alignment > 0 and alignment & (alignment - 1) == 0):
+def _check_alignment(alignment) -> int:
+    """``alignment`` as an int (any integer type, numpy's too, as tenso takes it)."""
+    try:
+        alignment = operator.index(alignment)
+    except TypeError:
+        raise ValueError("Alignment must be a power of two") from None
+    if not (alignment > 0 and alignment & (alignment - 1) == 0):
         raise ValueError("Alignment must be a power of two")
+    return alignment
 
 
 def dumps(tensor: Any, strict: bool = False, check_integrity: bool = False,
@@ -203,10 +230,13 @@ def dumps(tensor: Any, strict: bool = False, check_integrity: bool = False,
     members' bodies too (tenso still reads the result). Returns a read-only
     memoryview over a 64-byte aligned buffer.
     """
-    _check_alignment(alignment)
-    spec = _spec(tensor, strict)
-    out = _native.packet_dumps(spec, bool(check_integrity), bool(compress), alignment,
-                               bool(aligned_bundle))
+    alignment = _check_alignment(alignment)
+    try:
+        spec = _spec(tensor, strict)
+        out = _native.packet_dumps(spec, bool(check_integrity), bool(compress), alignment,
+                                   bool(aligned_bundle))
+    except _native.UnsupportedError as e:
+        raise _unsupported(e) from None
     return memoryview(out)
 
 
@@ -227,7 +257,14 @@ def loads(data, copy: bool = False) -> Any:
     memory (``copy=False``); ``copy=True`` returns writeable copies. Bundles come back as
     dicts, sparse packets as scipy matrices, the other kinds as their classes.
     """
-    return _native.packet_loads(_as_bytes_array(data), bool(copy), _FACTORIES)
+    view = _as_bytes_array(data)
+    # As tenso: the first packet, whatever follows it (a tenso shared-memory segment
+    # holds its packet with slack after it).
+    try:
+        length = _native.packet_length(view)
+        return _native.packet_loads(view[:length], bool(copy), _FACTORIES)
+    except _native.UnsupportedError as e:
+        raise _unsupported(e) from None
 
 
 def iter_dumps(tensor: Any, strict: bool = False,
@@ -235,8 +272,11 @@ def iter_dumps(tensor: Any, strict: bool = False,
     """The packet for ``tensor`` as a few buffers to write in turn. A dense array yields
     its header, its own memory (no copy) and the footer; other objects one buffer."""
     if isinstance(tensor, (np.ndarray, np.generic)):
-        kind, array = _dense(np.asarray(tensor), strict)
-        header, body, footer = _native.packet_dense_parts(array, bool(check_integrity), 64)
+        try:
+            kind, array = _dense(np.asarray(tensor), strict)
+            header, body, footer = _native.packet_dense_parts(array, bool(check_integrity), 64)
+        except _native.UnsupportedError as e:
+            raise _unsupported(e) from None
         yield memoryview(header)
         if body.nbytes:
             # As bytes: extension dtypes (bfloat16) have no buffer format.
@@ -273,9 +313,15 @@ def dump(tensor: Any, fp, strict: bool = False, check_integrity: bool = False) -
 def read_stream(source, copy: bool = False) -> Optional[Any]:
     """Read and decode one packet from a file-like object (``readinto``/``read``) or a
     socket (``recv_into``/``recv``). Returns None at a clean end of stream; a stream
-    that ends inside a packet raises ``TruncatedError``. Announced lengths are checked
-    against limits and read in bounded chunks."""
-    return _native.packet_read_stream(source, bool(copy), _FACTORIES)
+    that ends inside a packet raises :class:`StreamEndedError` (a ``TruncatedError``
+    and an ``EOFError``, as tenso raises). Announced lengths are checked against
+    limits and read in bounded chunks."""
+    try:
+        return _native.packet_read_stream(source, bool(copy), _FACTORIES)
+    except _native.TruncatedError as e:
+        raise StreamEndedError(str(e)) from None
+    except _native.UnsupportedError as e:
+        raise _unsupported(e) from None
 
 
 def load(fp, mmap_mode: bool = False, copy: bool = False) -> Any:
@@ -317,7 +363,7 @@ async def aread_stream(reader, copy: bool = False) -> Optional[Any]:
         except asyncio.IncompleteReadError as e:
             if not buf and not e.partial:
                 return None
-            raise _native.TruncatedError(
+            raise StreamEndedError(
                 f"stream ended inside a packet: {len(buf) + len(e.partial)} bytes read, "
                 f"at least {len(buf) + chunk} needed") from None
     return loads(_aligned_copy(buf), copy=copy)
@@ -334,11 +380,13 @@ def _aligned_copy(buf: bytearray) -> np.ndarray:
 
 async def awrite_stream(tensor: Any, writer, strict: bool = False,
                         check_integrity: bool = False) -> int:
-    """Write one packet to an ``asyncio.StreamWriter`` and wait until it is drained.
-    Returns the bytes written."""
+    """Write one packet to an ``asyncio.StreamWriter`` and wait for ``drain()``.
+    Returns the bytes written. The transport may still hold bytes when this returns,
+    so they are copies: changing ``tensor`` afterwards never reaches the peer."""
     written = 0
     for part in iter_dumps(tensor, strict=strict, check_integrity=check_integrity):
-        writer.write(part)
+        # asyncio (Python 3.12+) queues a memoryview without copying it.
+        writer.write(bytes(part))
         written += part.nbytes
     await writer.drain()
     return written
@@ -379,7 +427,7 @@ def get_packet_info(data) -> dict:
     elif version == 3:
         flags, code, ndim, pos = head[5], head[6], head[7], 8
     else:
-        raise _native.UnsupportedError(f"tenso protocol version {version} (3 and 4 are read)")
+        raise UnsupportedPacketError(f"tenso protocol version {version} (3 and 4 are read)")
     info = {"version": version, "flags": flags, "dtype_code": code, "ndim": ndim,
             "aligned": bool(flags & 0x01), "integrity_protected": bool(flags & 0x02)}
     if flags & 0x10:  # a bundle: ndim counts entries
