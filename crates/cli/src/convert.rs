@@ -74,6 +74,9 @@ pub fn run(args: &Args) -> Result<()> {
             args.dst.display()
         );
     }
+    // A pipe, socket or device node (`/dev/null`) would be replaced by a regular file
+    // (the writers refuse it too; checked here before the source is read).
+    tensorwire::core::check_replaceable(&tensorwire::core::write_destination(&args.dst)?)?;
     if same_file(&args.src, &args.dst)? {
         bail!(
             "refusing to overwrite the source: {} and {} are the same file",
@@ -104,7 +107,7 @@ pub fn run(args: &Args) -> Result<()> {
         checksum: args.checksum,
     };
 
-    remove_on_interrupt(tensorwire::core::temporary_sibling(&args.dst)?)?;
+    remove_on_interrupt()?;
     let start = Instant::now();
     let src = tensorwire::open(&args.src)?;
     let total_bytes: u64 = src.tensors().iter().map(|t| t.nbytes).sum();
@@ -146,18 +149,22 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// On SIGINT, SIGTERM or SIGHUP, removes `tmp` (the file the output is written to
-/// until it is renamed into place) and exits as the signal would (128 + its number):
-/// an interrupted conversion leaves no hidden partial file behind. The destination
-/// is never touched, and a finished output was renamed away from `tmp` already.
-fn remove_on_interrupt(tmp: PathBuf) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+/// On SIGINT, SIGTERM, SIGHUP or SIGQUIT, removes the temporary file the output is
+/// written to until it is renamed into place (`tensorwire::core::create_temporary`
+/// keeps the list) and exits as the signal would (128 + its number): an interrupted
+/// conversion leaves no hidden partial file behind. The destination is never touched,
+/// and a finished output was renamed away from its temporary already.
+///
+/// SIGBUS (a source truncated while it is mapped) is not caught: the process dies of
+/// it and the temporary stays (a handler would have to find the name without locking).
+fn remove_on_interrupt() -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])?;
     std::thread::Builder::new()
         .name("tensorwire-interrupt".into())
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
-                let _ = fs::remove_file(&tmp);
+                tensorwire::core::remove_temporaries_before_exit();
                 std::process::exit(128 + signal);
             }
         })?;

@@ -1183,30 +1183,237 @@ fn an_interrupted_convert_leaves_no_partial_file() {
     }));
     fs::write(&src, npy).unwrap();
     let dst = dir.path().join("big.zt");
+    for (signal, number) in [("INT", 2), ("TERM", 15), ("HUP", 1), ("QUIT", 3)] {
+        let mut child = Command::new(BIN)
+            .args([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()])
+            .arg("--compress=19")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // `tensorwire::core::create_temporary`'s name for the destination, in the
+        // child: `.big.zt.tmp-PID-RANDOM`.
+        let prefix = format!(".big.zt.tmp-{}-", child.id());
+        let temporaries = || -> Vec<PathBuf> {
+            fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(OsStr::to_str)
+                        .is_some_and(|n| n.starts_with(&prefix))
+                })
+                .collect()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while temporaries().is_empty() && std::time::Instant::now() < deadline {
+            if child.try_wait().unwrap().is_some() {
+                panic!("convert ended before it could be interrupted");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(temporaries().len(), 1, "no temporary output appeared");
+        let killed = Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + number), "SIG{signal}: {status:?}");
+        assert!(
+            temporaries().is_empty(),
+            "SIG{signal}: the temporary output was left behind"
+        );
+        assert!(!dst.exists());
+    }
+}
+
+/// Runs `tensorwire ARGS` and gives its output, or fails the test if it has not
+/// ended within 20 seconds (it is killed).
+fn tw_within_20s(args: &[&OsStr]) -> Output {
     let mut child = Command::new(BIN)
-        .args([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()])
-        .arg("--compress=19")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // `tensorwire::core::temporary_sibling` of the destination, in the child.
-    let tmp = dst.with_file_name(format!(".big.zt.tmp-{}", child.id()));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !tmp.exists() && std::time::Instant::now() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            panic!("convert ended before it could be interrupted");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`tensorwire {args:?}` hung");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(tmp.exists(), "no temporary output appeared");
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
+    child.wait_with_output().unwrap()
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    let made = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(made.success());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_pipe_is_refused_at_once_as_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.zt");
+    mkfifo(&fifo);
+    let out = dir.path().join("out.zt");
+    for args in [
+        vec![OsStr::new("inspect"), fifo.as_os_str()],
+        vec![OsStr::new("verify"), fifo.as_os_str()],
+        vec![OsStr::new("convert"), fifo.as_os_str(), out.as_os_str()],
+    ] {
+        let o = tw_within_20s(&args);
+        assert_exit(&o, 2);
+        assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    }
+    assert!(!out.exists());
+}
+
+#[cfg(unix)]
+#[test]
+fn convert_never_replaces_a_pipe_or_a_socket() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let fifo = dir.path().join("fifo.zt");
+    mkfifo(&fifo);
+    let socket = dir.path().join("socket.safetensors");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    // Through a link too: the link's target is what a write replaces.
+    let link = dir.path().join("link.zt");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for dst in [&fifo, &socket, &link] {
+        let o = tw_within_20s(&[OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
+        assert_exit(&o, 2);
+        assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    }
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(fs::symlink_metadata(&socket)
+        .unwrap()
+        .file_type()
+        .is_socket());
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // Nothing else was written: the sample, the pipe, the socket and the link.
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 4);
+}
+
+#[cfg(unix)]
+#[test]
+fn convert_never_follows_a_link_planted_at_its_temporary_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let victim = dir.path().join("victim.txt");
+    fs::write(&victim, b"precious").unwrap();
+    for name in ["out.zt", "out.safetensors"] {
+        let dst = dir.path().join(name);
+        // The shell plants a link where the temporary used to be named
+        // (`.NAME.tmp-PID`), then becomes the convert process (same PID).
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(r#"ln -s "$1" "$2/.$3.tmp-$$" && exec "$4" convert "$5" "$2/$3""#)
+            .arg("sh")
+            .args([victim.as_os_str(), dir.path().as_os_str(), OsStr::new(name)])
+            .args([OsStr::new(BIN), src.as_os_str()])
+            .output()
+            .unwrap();
+        assert_exit(&o, 0);
+        assert_eq!(fs::read(&victim).unwrap(), b"precious", "{name}");
+        assert!(fs::symlink_metadata(&dst).unwrap().is_file(), "{name}");
+        assert_eq!(contents(&dst).len(), 3, "{name}");
+    }
+}
+
+#[test]
+fn convert_to_safetensors_refuses_a_tensor_named_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("meta.zt");
+    let mut w = ZtWriter::create(&src).unwrap();
+    for name in ["__metadata__", "x"] {
+        w.add_dense(
+            name,
+            DType::F32,
+            &Shape::new(vec![2]).unwrap(),
+            &f32_bytes([1.0, 2.0]),
+            WriteOptions::default(),
+        )
         .unwrap();
-    assert!(killed.success());
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
-    assert!(!tmp.exists(), "the temporary output was left behind");
-    assert!(!dst.exists());
+    }
+    w.finish().unwrap();
+    assert_convert_refused(
+        &src,
+        &dir.path().join("out.safetensors"),
+        "a tensor named `__metadata__`",
+    );
+    // `.zt` has no such reserved name.
+    let o = tw([
+        OsStr::new("convert"),
+        src.as_os_str(),
+        dir.path().join("out.zt").as_os_str(),
+    ]);
+    assert_exit(&o, 0);
+}
+
+#[test]
+fn a_damaged_source_is_named_as_the_source_whatever_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::Crc32c);
+    let (offset, len) = stored_span(&src, "weight");
+    flip_byte(&src, offset + len / 2);
+    for name in ["out.zt", "out.safetensors"] {
+        let dst = dir.path().join(name);
+        let o = tw([OsStr::new("convert"), src.as_os_str(), dst.as_os_str()]);
+        assert_exit(&o, 1);
+        let err = stderr(&o);
+        assert!(
+            err.contains("tensor `weight/data`: crc32c digest mismatch"),
+            "{err}"
+        );
+        // Said once, in "converting SRC to DST", never as the error's own file.
+        assert_eq!(err.matches(name).count(), 1, "{err}");
+        assert!(!dst.exists());
+    }
+}
+
+#[test]
+fn inspect_shows_an_lz4_packets_compressed_frame_as_stored() {
+    let packets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/packet");
+    // (file, tensor, bytes after its frame: the integrity footer, if any)
+    for (file, tensor, after) in [
+        ("lz4_i32.tnso", "tensor", 0),
+        ("lz4_i32_integrity.tnso", "tensor", 8),
+        ("lz4_f64_align_32.tnso", "tensor", 0),
+        ("bundle_compress.tnso", "y.z", 0),
+    ] {
+        let path = packets.join(file);
+        let bytes = fs::read(&path).unwrap();
+        let doc = inspect_json(&path);
+        let t = doc["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == tensor)
+            .unwrap();
+        let offset = t["offset"].as_u64().unwrap() as usize;
+        let stored = t["stored_bytes"].as_u64().unwrap() as usize;
+        assert_eq!(t["encoding"], "lz4", "{file}");
+        // The stored bytes are the LZ4 frame: its magic, up to the packet's end.
+        assert_eq!(
+            &bytes[offset..offset + 4],
+            &[0x04, 0x22, 0x4d, 0x18],
+            "{file}: {t}"
+        );
+        if file == "bundle_compress.tnso" {
+            assert_eq!(stored, 27, "the member's frame alone");
+        } else {
+            assert_eq!(offset + stored + after, bytes.len(), "{file}: {t}");
+        }
+    }
 }

@@ -812,6 +812,9 @@ fn plan(entries: &[WriteEntry], metadata: Option<&BTreeMap<String, String>>) -> 
     let mut offset = 0u64;
     for &i in &order {
         let e = &entries[i];
+        if e.name == METADATA_KEY {
+            return Err(reserved_name());
+        }
         sep(&mut json);
         let end = offset.checked_add(e.nbytes).ok_or(Error::Overflow {
             what: "safetensors data size",
@@ -829,6 +832,15 @@ fn plan(entries: &[WriteEntry], metadata: Option<&BTreeMap<String, String>>) -> 
     let mut header = json.into_bytes();
     header.resize(header.len().next_multiple_of(8), b' ');
     Ok(Plan { header, order })
+}
+
+/// The error for a tensor named `__metadata__`: its header entry would take the place
+/// of the file's metadata map, making a file no reader accepts.
+fn reserved_name() -> Error {
+    Error::invalid(format!(
+        "a tensor named `{METADATA_KEY}`: safetensors reserves the name for the \
+         header's metadata (rename the tensor)"
+    ))
 }
 
 /// A JSON string literal, escaped as serde_json (and so the package) escapes it.
@@ -891,9 +903,7 @@ impl SafetensorsWriter {
         bytes: Bytes,
     ) -> Result<()> {
         if name == METADATA_KEY {
-            return Err(Error::invalid(format!(
-                "`{METADATA_KEY}` is reserved for metadata"
-            )));
+            return Err(reserved_name());
         }
         Shape::from_dims(shape)?; // the rank limit
         let expected = dtype.shape_byte_len(shape).ok_or_else(|| {
@@ -954,26 +964,71 @@ impl SafetensorsWriter {
 }
 
 /// Runs `write` on a buffered temporary file next to `path`, then renames it to
-/// `path`; on failure the temporary file is removed.
+/// `path`; on failure the temporary file is removed. Errors of the output (creating,
+/// writing, syncing or renaming it) name `path`; others (a source's damaged tensor, a
+/// refused name, a cancel) are returned as they are, so they do not name the wrong file.
 fn write_atomically(
     path: &Path,
     write: &mut dyn FnMut(&mut dyn Write) -> Result<u64>,
 ) -> Result<u64> {
-    let destination = tensorwire_core::write_destination(path)?;
-    let tmp = tensorwire_core::temporary_sibling(&destination)?;
-    let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        let written = write(&mut out)?;
-        // On disk before it takes the name, as `.zt` output is.
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        tensorwire_core::replace_with_temporary(&tmp, &destination)?;
-        Ok(written)
-    })();
+    let of_output = |e: Error| e.with_path(path);
+    let destination = tensorwire_core::write_destination(path).map_err(of_output)?;
+    let (file, tmp) = tensorwire_core::create_temporary(&destination).map_err(of_output)?;
+    let mut out = OutputErrors {
+        inner: std::io::BufWriter::with_capacity(1 << 20, file),
+        failed: false,
+    };
+    let result = match write(&mut out) {
+        Ok(written) => (|| {
+            let file = out.inner.into_inner().map_err(|e| e.into_error())?;
+            // On disk before it takes the name, as `.zt` output is.
+            file.sync_all()?;
+            tensorwire_core::replace_with_temporary(&tmp, &destination)?;
+            Ok(written)
+        })()
+        .map_err(of_output),
+        Err(e) => {
+            let failed = out.failed;
+            drop(out);
+            Err(if failed { of_output(e) } else { e })
+        }
+    };
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        tensorwire_core::remove_temporary(&tmp);
     }
-    result.map_err(|e: Error| e.with_path(path))
+    result
+}
+
+/// The output of [`write_atomically`], noting whether writing to it failed (so that
+/// only the output's own errors are given its path).
+struct OutputErrors<W: Write> {
+    inner: W,
+    failed: bool,
+}
+
+impl<W: Write> Write for OutputErrors<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let result = self.inner.write(buf);
+        self.note(&result);
+        result
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let result = self.inner.flush();
+        self.note(&result);
+        result
+    }
+}
+
+impl<W: Write> OutputErrors<W> {
+    fn note<T>(&mut self, result: &std::io::Result<T>) {
+        if result
+            .as_ref()
+            .is_err_and(|e| e.kind() != std::io::ErrorKind::Interrupted)
+        {
+            self.failed = true;
+        }
+    }
 }
 
 /// [`write_source`] into a new file at `path` (written under a temporary name and
@@ -1291,6 +1346,28 @@ mod tests {
         assert!(w
             .add_typed("f6", StDType::F6E2M3, &[3], Bytes::from_vec(vec![0; 3]))
             .is_err());
+    }
+
+    #[test]
+    fn a_tensor_named_metadata_is_refused_whatever_adds_it() {
+        let entry = |name: &str| WriteEntry {
+            name: name.to_owned(),
+            dtype: StDType::F32,
+            shape: vec![1],
+            nbytes: 4,
+        };
+        // `write_source` (convert) plans the names a source has, unchecked until here.
+        let err = plan(&[entry("a"), entry(METADATA_KEY)], None)
+            .err()
+            .expect("refused");
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        assert!(err.to_string().contains("`__metadata__`"), "{err}");
+        let mut w = SafetensorsWriter::new();
+        let s = Shape::new(vec![1]).unwrap();
+        let err = w
+            .add(METADATA_KEY, DType::F32, &s, Bytes::from_vec(vec![0; 4]))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
     }
 
     #[test]

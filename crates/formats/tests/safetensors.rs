@@ -196,3 +196,74 @@ fn an_empty_metadata_map_is_kept_apart_from_none() {
         assert!(again == file, "with_map = {with_map}");
     }
 }
+
+#[test]
+fn only_the_outputs_own_errors_name_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = SafetensorsReader::open(fixture("safetensors/dtypes.safetensors")).unwrap();
+    let out = dir.path().join("copy.safetensors");
+    // An error that is not the output's (here the caller's cancel; a source's damaged
+    // tensor alike) comes back as it was, without the output's path.
+    let err = save_source(&reader, &out, &mut |_, _, _| Err(Error::invalid("stop"))).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // The output's own errors name it.
+    let nowhere = dir.path().join("missing").join("copy.safetensors");
+    let err = save_source(&reader, &nowhere, &mut |_, _, _| Ok(())).unwrap_err();
+    match err {
+        Error::WithPath { path, .. } => assert_eq!(path, nowhere),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_pipe_is_never_replaced_and_a_planted_link_never_followed() {
+    use std::os::unix::fs::{symlink, FileTypeExt};
+    let dir = tempfile::tempdir().unwrap();
+    let reader = SafetensorsReader::open(fixture("safetensors/dtypes.safetensors")).unwrap();
+    let mut w = SafetensorsWriter::new();
+    let shape = tensorwire_core::Shape::new(vec![2]).unwrap();
+    w.add("x", DType::F32, &shape, Bytes::from_vec(vec![0; 8]))
+        .unwrap();
+
+    let fifo = dir.path().join("fifo.safetensors");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for err in [
+        w.write_file(&fifo).unwrap_err(),
+        save_source(&reader, &fifo, &mut |_, _, _| Ok(())).unwrap_err(),
+    ] {
+        assert!(
+            matches!(err.root(), Error::InvalidArgument { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // A link where the temporary file used to be named (`.NAME.tmp-PID`).
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, b"precious").unwrap();
+    let out = dir.path().join("out.safetensors");
+    let planted = dir
+        .path()
+        .join(format!(".out.safetensors.tmp-{}", std::process::id()));
+    symlink(&victim, &planted).unwrap();
+    w.write_file(&out).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&out).unwrap().is_file());
+    assert_eq!(SafetensorsReader::open(&out).unwrap().tensors().len(), 1);
+    assert!(std::fs::symlink_metadata(&planted)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}

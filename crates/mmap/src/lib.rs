@@ -68,11 +68,27 @@ unsafe impl Send for MappedFile {}
 // SAFETY: see `Send`; `&MappedFile` only exposes `&[u8]` and the raw base address.
 unsafe impl Sync for MappedFile {}
 
+/// Opens `path` for reading without waiting: with `O_NONBLOCK`, so that a FIFO with
+/// no writer (or a device that would block) opens at once and is then refused as not
+/// a regular file, instead of hanging in `open(2)`. The flag changes nothing for a
+/// regular file, which is all that is mapped (reads of regular files never block in
+/// that sense), so it is left set.
+fn open_for_reading(path: &Path) -> io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    options.open(path)
+}
+
 impl MappedFile {
     /// Maps the file at `path` in `mode`. Errors carry the path.
     pub fn open(path: impl AsRef<Path>, mode: MapMode) -> Result<MappedFile> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::from(e).with_path(path))?;
+        let file = open_for_reading(path).map_err(|e| Error::from(e).with_path(path))?;
         MappedFile::from_file(&file, mode).map_err(|e| e.with_path(path))
     }
 
@@ -346,6 +362,30 @@ mod tests {
         let f = temp_file(b"");
         let bytes = MappedFile::open_bytes(f.path(), MapMode::CopyOnWrite).unwrap();
         assert!(bytes.is_empty());
+    }
+
+    #[test]
+    fn a_pipe_with_no_writer_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Opened on a thread: a blocking open would never return.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(MappedFile::open(&path, MapMode::ReadOnly).err());
+        });
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a pipe returned")
+            .expect("a pipe is refused");
+        let text = err.to_string();
+        assert!(text.contains("not a regular file"), "{text}");
+        assert!(text.contains(&fifo.display().to_string()), "{text}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,11 +52,27 @@ impl RangeFile {
     /// Opens `path` for positional reads.
     pub fn open(path: impl AsRef<Path>) -> Result<RangeFile> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::from(e).with_path(path))?;
-        let len = file
+        // `O_NONBLOCK`: a FIFO with no writer opens at once (and is refused below)
+        // instead of hanging in `open(2)`; the flag changes nothing for the positional
+        // reads of a regular file.
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).custom_flags(libc::O_NONBLOCK);
+        let file = options
+            .open(path)
+            .map_err(|e| Error::from(e).with_path(path))?;
+        let meta = file
             .metadata()
-            .map_err(|e| Error::from(e).with_path(path))?
-            .len();
+            .map_err(|e| Error::from(e).with_path(path))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(if meta.is_dir() {
+                "a directory, not a tensor file"
+            } else {
+                "not a regular file (a pipe, socket or device): tensor files are read by \
+                 position"
+            })
+            .with_path(path));
+        }
+        let len = meta.len();
         Ok(RangeFile {
             file,
             len,
@@ -160,6 +176,32 @@ mod tests {
             r.read_range(u64::MAX, 2),
             Err(Error::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn only_regular_files_are_opened_and_a_pipe_never_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Opened on a thread: a blocking open would never return.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(RangeFile::open(&path).err());
+        });
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a pipe returned")
+            .expect("a pipe is refused");
+        let text = err.to_string();
+        assert!(text.contains("not a regular file"), "{text}");
+        assert!(text.contains(&fifo.display().to_string()), "{text}");
+        let err = RangeFile::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("a directory"), "{err}");
     }
 
     #[test]

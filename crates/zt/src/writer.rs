@@ -1,7 +1,7 @@
 //! Writing `.zt` 1.2 and version 2 files.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -152,10 +152,10 @@ impl ZtWriter<BufWriter<File>> {
     pub fn create_with_version(path: impl AsRef<Path>, version: ZtVersion) -> Result<Self> {
         let path = path.as_ref().to_owned();
         let destination = tensorwire_core::write_destination(&path)?;
-        let tmp = tensorwire_core::temporary_sibling(&destination)?;
         // Named by the destination: the temporary name means nothing to the caller
         // (a missing folder is the destination's).
-        let file = File::create(&tmp).map_err(|e| Error::from(e).with_path(&path))?;
+        let (file, tmp) =
+            tensorwire_core::create_temporary(&destination).map_err(|e| e.with_path(&path))?;
         let mut w = ZtWriter::start(BufWriter::with_capacity(1 << 20, file), version)?;
         w.target = Target::Create { tmp, destination };
         Ok(w)
@@ -851,9 +851,7 @@ impl<W: Write> ZtWriter<W> {
     fn roll_back(&mut self) {
         drop(self.out.take());
         match &self.target {
-            Target::Create { tmp, .. } => {
-                let _ = fs::remove_file(tmp);
-            }
+            Target::Create { tmp, .. } => tensorwire_core::remove_temporary(tmp),
             Target::Append {
                 path,
                 old_tail,

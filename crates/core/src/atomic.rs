@@ -1,0 +1,168 @@
+//! Files written atomically: the output goes to a temporary file beside the
+//! destination, which is renamed into place once complete.
+//!
+//! The temporaries this process has created and not yet renamed or removed are kept
+//! in a list, so that an interrupted program can remove them
+//! ([`remove_temporaries_before_exit`]) without knowing their names.
+
+use std::collections::hash_map::RandomState;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::{Error, Result};
+
+/// Temporaries created and not yet renamed into place or removed.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Names tried before [`create_temporary`] gives up (each taken one is skipped).
+const ATTEMPTS: usize = 64;
+
+fn live() -> MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn forget(live: &mut Vec<PathBuf>, tmp: &Path) {
+    live.retain(|p| p != tmp);
+}
+
+/// The file a write to `path` replaces: `path` itself or, when `path` is a symbolic
+/// link (or a chain of them), the file it finally names, so that writing through a
+/// link updates its target and keeps the link, as writing in place would.
+pub fn write_destination(path: &Path) -> Result<PathBuf> {
+    /// Links followed before giving up, as the kernel's own limit.
+    const MAX_LINKS: usize = 40;
+    let mut at = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        let is_link = fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink());
+        if !is_link {
+            return Ok(at);
+        }
+        let target = fs::read_link(&at).map_err(|e| Error::from(e).with_path(&at))?;
+        at = match at.parent() {
+            Some(folder) if target.is_relative() => folder.join(target),
+            _ => target,
+        };
+    }
+    Err(Error::invalid(format!(
+        "{}: more than {MAX_LINKS} levels of symbolic links",
+        path.display()
+    )))
+}
+
+/// Refuses to replace `destination` unless it is missing or a regular file (through
+/// symbolic links, which [`write_destination`] resolves): renaming a new file over a
+/// directory, a pipe, a socket or a device node (`/dev/null`) would replace the node
+/// itself, not write to it. The error is [`Error::InvalidArgument`] with the path.
+pub fn check_replaceable(destination: &Path) -> Result<()> {
+    let refused = |reason: &str| Err(Error::invalid(reason).with_path(destination));
+    match fs::metadata(destination) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(meta) if meta.is_dir() => refused("a directory: give the output file's name"),
+        Ok(_) => refused(
+            "not a regular file (a pipe, socket or device): only a regular file is \
+             replaced by a written file",
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::from(e).with_path(destination)),
+    }
+}
+
+/// A name for a temporary beside `destination`: `.NAME.tmp-PID-RANDOM`.
+fn temporary_name(destination: &Path) -> Result<PathBuf> {
+    let file_name = destination
+        .file_name()
+        .ok_or_else(|| Error::invalid(format!("not a file path: {}", destination.display())))?;
+    // `RandomState` is seeded from the operating system's random source once per
+    // thread and advances with every instance: a different, unguessable value each
+    // time, which is all a name needs (`create_new` makes a taken name harmless).
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let mut name = OsString::from(".");
+    name.push(file_name);
+    name.push(format!(
+        ".tmp-{}-{:016x}",
+        std::process::id(),
+        hasher.finish()
+    ));
+    Ok(destination.with_file_name(name))
+}
+
+/// Creates the temporary file a write to `destination` (as [`write_destination`]
+/// gives it) goes to until [`replace_with_temporary`] renames it into place: a new
+/// file beside the destination (so on the same file system, where the rename is
+/// atomic) named `.NAME.tmp-PID-RANDOM`, opened for writing. Returns the file and its
+/// path.
+///
+/// The destination must be missing or a regular file ([`check_replaceable`]). The
+/// temporary is created exclusively (`O_CREAT | O_EXCL`, and `O_NOFOLLOW`): a file or
+/// a symbolic link already at the name is never opened or followed, another name is
+/// tried instead. Until it is renamed or removed ([`remove_temporary`]), it is on the
+/// list [`remove_temporaries_before_exit`] removes.
+pub fn create_temporary(destination: &Path) -> Result<(File, PathBuf)> {
+    check_replaceable(destination)?;
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    // Created and listed under the lock, so an interrupt never misses it.
+    let mut live = live();
+    for _ in 0..ATTEMPTS {
+        let tmp = temporary_name(destination)?;
+        match options.open(&tmp) {
+            Ok(file) => {
+                live.push(tmp.clone());
+                return Ok((file, tmp));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Io(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("no free temporary name beside the file after {ATTEMPTS} tries"),
+    )))
+}
+
+/// Puts the finished temporary file `tmp` (from [`create_temporary`]) in place of
+/// `destination` (as [`write_destination`] gave it when the write began, so a link
+/// retargeted meanwhile does not move the rename elsewhere), with the permissions of
+/// the file it replaces, if any (a new file keeps the mode it was created with). A
+/// destination that is no longer missing or a regular file is refused
+/// ([`check_replaceable`]); `tmp` is then left for the caller to remove.
+pub fn replace_with_temporary(tmp: &Path, destination: &Path) -> Result<()> {
+    check_replaceable(destination)?;
+    if let Ok(old) = fs::metadata(destination) {
+        fs::set_permissions(tmp, old.permissions())?;
+    }
+    let mut live = live();
+    fs::rename(tmp, destination).map_err(|e| Error::from(e).with_path(destination))?;
+    forget(&mut live, tmp);
+    Ok(())
+}
+
+/// Removes the temporary `tmp` (from [`create_temporary`]) of an abandoned write,
+/// ignoring a failure (it may be gone already).
+pub fn remove_temporary(tmp: &Path) {
+    let mut live = live();
+    let _ = fs::remove_file(tmp);
+    forget(&mut live, tmp);
+}
+
+/// Removes every temporary of this process not yet renamed into place or removed,
+/// for a program about to exit on a signal, and keeps the list locked for good: a
+/// write still under way can then neither create another temporary nor rename one
+/// into place (it waits until the process exits). Call it only just before exiting.
+pub fn remove_temporaries_before_exit() {
+    let mut live = live();
+    for tmp in live.drain(..) {
+        let _ = fs::remove_file(tmp);
+    }
+    std::mem::forget(live);
+}
