@@ -825,6 +825,30 @@ fn checkpoint_values_carry_over_or_name_what_the_format_cannot_hold() {
     assert_eq!(phase, Some("(1+2j)"));
 }
 
+/// safetensors has no per-tensor metadata: a `.zt` tensor's attributes (what its
+/// packed weights mean) go to `__metadata__` as `<tensor>.<key>`, not lost.
+#[test]
+fn convert_to_safetensors_keeps_tensor_attributes_in_the_metadata() {
+    let (src, _) = inspect_fixture("zt/attributes.zt");
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("out.safetensors");
+    assert_exit(
+        &tw([OsStr::new("convert"), src.as_os_str(), st.as_os_str()]),
+        0,
+    );
+    let converted = tensorwire::open(&st).unwrap();
+    let meta = |k: &str| {
+        converted
+            .attributes()
+            .get(k)
+            .and_then(|v| v.as_str().map(str::to_owned))
+    };
+    assert_eq!(meta("quant_like.bits").as_deref(), Some("4"));
+    assert_eq!(meta("quant_like.packing").as_deref(), Some("8_per_i32"));
+    assert_eq!(meta("scalars.str").as_deref(), Some("hello"));
+    assert!(meta("containers.nested").is_some());
+}
+
 /// The DTYPE cell of tensor `name` in `inspect`'s table.
 fn dtype_of(table: &str, name: &str) -> String {
     let line = table

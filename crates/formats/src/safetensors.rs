@@ -1049,6 +1049,15 @@ fn write_header(out: &mut dyn Write, header: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// True for a tensor attribute that describes how its source file holds the bytes
+/// (`tensorwire.layout`, `safetensors.dtype`/`shape`, `gguf.type`,
+/// `npy.fortran_order`), which a written file records in its own way.
+fn is_source_layout_attribute(key: &str) -> bool {
+    ["tensorwire.", "safetensors.", "gguf.", "npy."]
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+}
+
 /// Writes every tensor of `source` as a safetensors file, reading each tensor only
 /// when its turn comes (so a compressed source is never decoded all at once).
 ///
@@ -1056,9 +1065,10 @@ fn write_header(out: &mut dyn Write, header: &[u8]) -> Result<()> {
 /// [`SafetensorsReader`] lists (`safetensors:F4`, …) are written; anything else fails
 /// with [`Error::Unsupported`] before a byte is written. String attributes of the
 /// source become `__metadata__` (others are rendered with their display form), and
-/// so do a torch tensor's per-tensor `torch.` attributes, which safetensors has no
-/// place for (a quantized tensor's `torch.q_scale` …, a sparse tensor's layout and
-/// size on each part), as `<tensor>.torch.q_scale` and so on. `progress` is called
+/// so do the tensors' own attributes, which safetensors has no place for (a quantized
+/// tensor's `torch.q_scale` …, a sparse tensor's layout and size on each part, a
+/// `.zt` tensor's attributes), as `<tensor>.torch.q_scale` and so on; those that
+/// describe the source's layout of the bytes stay behind. `progress` is called
 /// with (tensors done, total, bytes done): after each tensor, and within a large one
 /// every [`tensorwire_core::progress::PROGRESS_CHUNK`] bytes; an error it returns
 /// stops the write.
@@ -1108,20 +1118,22 @@ pub fn write_source(
         .iter()
         .map(|(k, v)| (k.clone(), text(v)))
         .collect();
-    // safetensors has no per-tensor metadata: a PyTorch tensor's `torch.` attributes
-    // (a quantized tensor's scheme and parameters, a sparse tensor's layout and size
-    // on each of its parts) go to `__metadata__` under `<tensor>.<attribute>`.
+    // safetensors has no per-tensor metadata: a tensor's attributes (a PyTorch
+    // tensor's `torch.` ones: a quantized tensor's scheme and parameters, a sparse
+    // tensor's layout and size on each of its parts; a `.zt` tensor's own) go to
+    // `__metadata__` under `<tensor>.<attribute>`. Those that only say how the source
+    // holds the bytes stay behind: the new file says that itself.
     for info in source.tensors() {
         for (k, v) in info
             .attributes
             .iter()
-            .filter(|(k, _)| k.starts_with("torch."))
+            .filter(|(k, _)| !is_source_layout_attribute(k))
         {
             let key = format!("{}.{k}", info.name);
             if metadata.insert(key.clone(), text(v)).is_some() {
                 return Err(Error::unsupported(format!(
-                    "writing the torch attributes of tensor `{}` to safetensors: the \
-                     metadata key `{key}` is taken",
+                    "writing the attributes of tensor `{}` to safetensors: the metadata \
+                     key `{key}` is taken",
                     info.name
                 )));
             }
