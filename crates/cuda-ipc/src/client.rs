@@ -7,6 +7,10 @@
 //! its request id and skipped. A failure inside an answer's frame (cut off, oversized)
 //! leaves the stream out of step; every later request on the client then fails with
 //! that reason (connect again; the server gives back what the old connection held).
+//! An answer whose descriptors this process had no room for (it reached its
+//! `RLIMIT_NOFILE`) is read whole: the request fails with an error that says so
+//! ([`crate::socket::is_out_of_descriptors`]), any lease the answer brought is given
+//! back before the next request, and the connection stays usable.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -72,6 +76,8 @@ impl Client {
     /// [`IpcError::ServerGone`]; a refused peer is [`IpcError::Remote`] with kind
     /// `Refused`.
     pub fn connect(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client> {
+        // Every CPU value kept open holds a descriptor: make room for many, once.
+        crate::util::raise_descriptor_limit();
         let path = path.as_ref().to_path_buf();
         let stream = UnixStream::connect(&path).map_err(|e| IpcError::ServerGone {
             path: path.display().to_string(),
@@ -196,6 +202,22 @@ impl Client {
                         return Err(IpcError::Remote { kind, message });
                     }
                     return Ok((response, frame.fds));
+                }
+                Ok(Received::DescriptorsLost(lost)) => {
+                    // Read whole, only its descriptors are gone: the stream is in step.
+                    // A lease it brought is of no use: give it back before the next
+                    // request, as for a late answer.
+                    if let Ok(Response::Value(SharedValue {
+                        object: Some(object),
+                        ..
+                    })) = schema::decode::<Response>(&lost.body)
+                    {
+                        conn.orphans.push(object.object_id);
+                    }
+                    if lost.header.request_id != id && lost.header.request_id != 0 {
+                        continue;
+                    }
+                    return Err(lost.error());
                 }
                 Ok(Received::Idle) => {
                     return Err(IpcError::Timeout {

@@ -1,18 +1,25 @@
 //! The socket server: binds a Unix socket (mode 0600), checks each peer's
 //! credentials, serves every connection on its own thread, and hands requests to the
 //! [`Service`]. A connection's leases are given back when it closes, however it closes.
+//!
+//! Descriptors: a server raises its soft `RLIMIT_NOFILE` toward the hard limit when it
+//! starts (every cached or retained CPU result and every connection holds some). If it
+//! still runs out, it keeps one descriptor in reserve (`/dev/null`) so it can accept a
+//! connection it has no room for, answer it `Busy` and close it, instead of leaving the
+//! client waiting; a request whose descriptors it had no room for is answered `Busy`
+//! and the connection stays open.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{IpcError, RemoteKind, Result};
 use crate::frame::{FrameKind, FrameLimits};
@@ -154,14 +161,16 @@ impl Server {
                 "server already started (a stopped server cannot start again; make a new one)",
             ));
         }
+        crate::util::raise_descriptor_limit();
         let listener = bind(&self.shared.config.socket_path)?;
         let inode = std::fs::metadata(&self.shared.config.socket_path)?.ino();
         self.shared.socket_inode.store(inode, Ordering::SeqCst);
         let shared = self.shared.clone();
+        let spare = open_spare();
         *accept = Some(
             std::thread::Builder::new()
                 .name("tw-ipc-accept".into())
-                .spawn(move || accept_loop(shared, listener))?,
+                .spawn(move || accept_loop(shared, listener, spare))?,
         );
         Ok(())
     }
@@ -259,14 +268,27 @@ fn bind(path: &Path) -> Result<UnixListener> {
                 format!("{} exists and is not a socket", path.display()),
             )));
         }
-        if UnixStream::connect(path).is_ok() {
-            return Err(IpcError::Io(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("a server is already listening at {}", path.display()),
-            )));
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(IpcError::Io(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("a server is already listening at {}", path.display()),
+                )))
+            }
+            // Nobody listens: a dead server's socket file.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path)?,
+            // Anything else (a busy server's full backlog, a permission error) is not
+            // proof that the server is gone: its socket file is not ours to remove.
+            Err(e) => {
+                return Err(IpcError::Io(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{} exists and could not be checked for a listening server: {e}",
+                        path.display()
+                    ),
+                )))
+            }
         }
-        // Nobody listens: a dead server's socket file.
-        std::fs::remove_file(path)?;
     }
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
@@ -285,12 +307,105 @@ fn wait_readable(listener: &UnixListener) -> bool {
     n > 0
 }
 
-fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
+/// The descriptor kept in reserve for [`turn_away`] (`/dev/null`, close-on-exec).
+fn open_spare() -> Option<OwnedFd> {
+    std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
+}
+
+/// True for `accept` failing because this process (`EMFILE`) or the system (`ENFILE`)
+/// has no descriptor left.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// Rate-limits the out-of-descriptor warning on stderr.
+struct Warner {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Warner {
+    fn warn(&mut self, message: &str) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        let more = match self.suppressed {
+            0 => String::new(),
+            n => format!(" ({n} more since the last warning)"),
+        };
+        eprintln!("tensorwire ipc server: {message}{more}");
+        self.last = Some(Instant::now());
+        self.suppressed = 0;
+    }
+}
+
+/// The server has no descriptor left to accept a waiting connection. Without help the
+/// connection would wait in the backlog (its client timing out) while the listener
+/// stays readable. So: give up the spare descriptor, accept the connection with it,
+/// answer `Busy` saying why, close it, and take the spare back (the libev/nginx
+/// trick). Without a spare (another thread took its slot), retry opening it and back
+/// off.
+fn turn_away(
+    shared: &Shared,
+    listener: &UnixListener,
+    spare: &mut Option<OwnedFd>,
+    warner: &mut Warner,
+) {
+    let limit = crate::util::descriptor_limit()
+        .map(|n| format!("soft limit {n}"))
+        .unwrap_or_else(|| "no soft limit".into());
+    let message = format!(
+        "the server has no descriptor left to accept a connection: it reached its \
+         open-file limit (RLIMIT_NOFILE, {limit}) or the system's (EMFILE/ENFILE); \
+         its cached results, retained tasks and connections hold them. Try again later, \
+         or raise the server's limit"
+    );
+    shared
+        .service
+        .counters
+        .errors
+        .fetch_add(1, Ordering::Relaxed);
+    match spare.take() {
+        Some(fd) => {
+            drop(fd);
+            if let Ok((stream, _)) = listener.accept() {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                let error = Response::Error {
+                    kind: RemoteKind::Busy,
+                    message: message.clone(),
+                };
+                let _ = send_response(&stream, 0, &error, &[]);
+            }
+            warner.warn(&format!("refused a connection: {message}"));
+            *spare = open_spare();
+        }
+        None => {
+            warner.warn(&format!(
+                "cannot accept connections (no spare descriptor to refuse them with): {message}"
+            ));
+            *spare = open_spare();
+            if spare.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: UnixListener, mut spare: Option<OwnedFd>) {
     // Non-blocking accepts after a poll with a timeout: `stop` only has to set the
     // flag, whatever happened to the socket file meanwhile.
     if listener.set_nonblocking(true).is_err() {
         return;
     }
+    let mut warner = Warner {
+        last: None,
+        suppressed: 0,
+    };
     loop {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
@@ -301,12 +416,20 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if out_of_descriptors(&e) => {
+                turn_away(&shared, &listener, &mut spare, &mut warner);
+                continue;
+            }
             Err(_) => {
-                // Out of descriptors or a peer that vanished: back off briefly.
+                // A peer that vanished before we took it (ECONNABORTED and the like):
+                // back off briefly.
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
+        if spare.is_none() {
+            spare = open_spare();
+        }
         if stream.set_nonblocking(false).is_err() {
             continue;
         }
@@ -378,6 +501,31 @@ fn serve_connection(shared: &Shared, conn: ConnectionId, stream: &UnixStream) {
             Ok(Received::Idle) => continue,
             Ok(Received::Closed) => return,
             Ok(Received::Frame(f)) => f,
+            Ok(Received::DescriptorsLost(lost)) => {
+                // Read whole, only its descriptors are gone (the server is out of
+                // them): the stream is in step, so answer this request and go on.
+                shared
+                    .service
+                    .counters
+                    .errors
+                    .fetch_add(1, Ordering::Relaxed);
+                let error = if lost.header.kind == FrameKind::Request {
+                    Response::Error {
+                        kind: RemoteKind::Busy,
+                        message: lost.describe("the server"),
+                    }
+                } else {
+                    Response::Error {
+                        kind: RemoteKind::BadRequest,
+                        message: "expected a request frame".into(),
+                    }
+                };
+                let sent = send_response(stream, lost.header.request_id, &error, &[]);
+                if sent.is_err() || lost.header.kind != FrameKind::Request {
+                    return;
+                }
+                continue;
+            }
             Err(e) => {
                 // The stream is out of step (bad header, oversized or stalled frame):
                 // say why, then close.

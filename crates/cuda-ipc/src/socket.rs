@@ -33,6 +33,66 @@ pub enum Received {
     Closed,
     /// The socket's read timeout passed before the first byte of a frame.
     Idle,
+    /// A whole frame whose descriptors this process could not take: it has none left
+    /// (`EMFILE`/`ENFILE`), so the kernel dropped them. The descriptors that did arrive
+    /// were closed. The frame's bytes were all read, so the stream is still in step:
+    /// answer or report [`LostDescriptors::error`] and go on reading.
+    DescriptorsLost(LostDescriptors),
+}
+
+/// A frame whose descriptors were lost on the way in (see [`Received::DescriptorsLost`]).
+#[derive(Debug)]
+pub struct LostDescriptors {
+    /// Its header (`fd_count` is what the sender announced).
+    pub header: Header,
+    /// The CBOR body, whole.
+    pub body: Vec<u8>,
+    /// How many descriptors arrived (fewer than announced; already closed).
+    pub arrived: usize,
+}
+
+impl LostDescriptors {
+    /// What happened, for a process that reports it about itself (`receiver` names it:
+    /// "this process", "the server").
+    pub fn describe(&self, receiver: &str) -> String {
+        let announced = self.header.fd_count;
+        let limit = crate::util::descriptor_limit()
+            .map(|n| format!("soft limit {n}"))
+            .unwrap_or_else(|| "no soft limit".into());
+        format!(
+            "{receiver} has no descriptor left to receive the {announced} descriptor(s) sent \
+             with a frame (only {arrived} arrived; the kernel dropped the rest): it reached \
+             its open-file limit (RLIMIT_NOFILE, {limit}) or the system's (EMFILE/ENFILE). \
+             Close values it no longer needs or raise the limit; the connection is still usable",
+            arrived = self.arrived,
+        )
+    }
+
+    /// The error for this process: an [`IpcError::Io`] that
+    /// [`is_out_of_descriptors`] recognises.
+    pub fn error(&self) -> IpcError {
+        IpcError::Io(io::Error::other(OutOfDescriptors(
+            self.describe("this process"),
+        )))
+    }
+}
+
+/// The payload of [`LostDescriptors::error`].
+#[derive(Debug)]
+struct OutOfDescriptors(String);
+
+impl std::fmt::Display for OutOfDescriptors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutOfDescriptors {}
+
+/// True for the error of a frame whose descriptors this process could not receive
+/// ([`LostDescriptors::error`]): the connection is still usable.
+pub fn is_out_of_descriptors(e: &IpcError) -> bool {
+    matches!(e, IpcError::Io(io) if io.get_ref().is_some_and(|inner| inner.is::<OutOfDescriptors>()))
 }
 
 /// The credentials the kernel reports for a socket's peer.
@@ -189,6 +249,16 @@ fn sendmsg_with_fds(
 /// The socket's read timeout bounds each wait; once a frame has started, the whole
 /// frame must arrive within `frame_deadline` or the read fails with
 /// [`IpcError::Timeout`] (a slow sender cannot hold a connection half-read).
+///
+/// Descriptors the kernel could not hand over (`MSG_CTRUNC`) do not stop the read:
+/// truncation concerns the ancillary data only, the bytes still arrive, so the frame is
+/// read whole and the stream stays in step. The header then tells whose fault it was.
+/// It announces at most [`MAX_FDS_PER_FRAME`] descriptors (more is refused), and the
+/// control buffer always has room for that many, so if fewer arrived than announced the
+/// kernel failed to install them here: this process is out of descriptors, and the
+/// frame comes back as [`Received::DescriptorsLost`]. If as many arrived as announced
+/// and more were cut off, the peer sent descriptors it did not announce: a protocol
+/// error, like any other count mismatch.
 pub fn recv_frame(
     stream: &UnixStream,
     limits: &FrameLimits,
@@ -198,16 +268,18 @@ pub fn recv_frame(
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut got = 0;
     let mut started: Option<Instant> = None;
+    let mut truncated = false;
     while got < HEADER_LEN {
         match recvmsg_with_fds(stream, &mut header[got..], &mut fds) {
-            Ok(0) if got == 0 => return Ok(Received::Closed),
-            Ok(0) => {
+            Ok((0, _)) if got == 0 => return Ok(Received::Closed),
+            Ok((0, _)) => {
                 return Err(closed(format!(
                     "connection closed inside a frame header ({got} of {HEADER_LEN} bytes)"
                 )))
             }
-            Ok(n) => {
+            Ok((n, cut)) => {
                 got += n;
+                truncated |= cut;
                 started.get_or_insert_with(Instant::now);
             }
             Err(e) if is_timeout(&e) => {
@@ -239,6 +311,21 @@ pub fn recv_frame(
             Err(e) => return Err(e.into()),
         }
         check_deadline(Some(started), frame_deadline)?;
+    }
+    if truncated {
+        if fds.len() < usize::from(header.fd_count) {
+            let arrived = fds.len();
+            drop(fds);
+            return Ok(Received::DescriptorsLost(LostDescriptors {
+                header,
+                body,
+                arrived,
+            }));
+        }
+        return Err(IpcError::protocol(format!(
+            "frame announces {} descriptors but more were sent with it (control data truncated)",
+            header.fd_count
+        )));
     }
     if fds.len() != usize::from(header.fd_count) {
         return Err(IpcError::protocol(format!(
@@ -276,11 +363,14 @@ fn check_deadline(started: Option<Instant>, deadline: Duration) -> Result<()> {
 
 /// One `recvmsg` into `buf`, collecting any descriptors into `fds` (at most
 /// [`MAX_FDS_PER_FRAME`] in all; more is a protocol error, and they are closed).
+/// Returns the bytes read and whether the ancillary data was truncated (`MSG_CTRUNC`:
+/// descriptors were dropped, because more were sent than the buffer holds or because
+/// this process could not install them; the caller tells which).
 fn recvmsg_with_fds(
     stream: &UnixStream,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
-) -> io::Result<usize> {
+) -> io::Result<(usize, bool)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -328,12 +418,7 @@ fn recvmsg_with_fds(
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "too many descriptors sent with one frame (control data truncated)",
-        ));
-    }
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
     fds.extend(received);
     if fds.len() > MAX_FDS_PER_FRAME {
         return Err(io::Error::new(
@@ -341,7 +426,7 @@ fn recvmsg_with_fds(
             "too many descriptors sent with one frame",
         ));
     }
-    Ok(n)
+    Ok((n, truncated))
 }
 
 #[cfg(test)]
@@ -453,6 +538,53 @@ mod tests {
         sendmsg_with_fds(&a, &header, &[], &[file.as_fd()]).unwrap();
         let err = recv_frame(&b, &FrameLimits::default(), Duration::from_secs(1)).unwrap_err();
         assert!(err.to_string().contains("descriptors"), "{err}");
+    }
+
+    #[test]
+    fn more_descriptors_than_announced_and_truncated_is_a_protocol_error() {
+        use std::os::fd::AsFd;
+        let (a, b) = pair();
+        let file = tempfile::tempfile().unwrap();
+        // 70 descriptors (more than the receiver's buffer holds) with a header that
+        // announces 3: the receiver gets 64 and MSG_CTRUNC, not a lost-descriptor frame.
+        let fds: Vec<BorrowedFd<'_>> = (0..70).map(|_| file.as_fd()).collect();
+        let header = Header {
+            kind: FrameKind::Request,
+            fd_count: 3,
+            request_id: 1,
+            body_len: 0,
+        }
+        .encode();
+        sendmsg_with_fds(&a, &header, &[], &fds).unwrap();
+        let err = recv_frame(&b, &FrameLimits::default(), Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, IpcError::Protocol { .. }), "{err}");
+        assert!(err.to_string().contains("more were sent"), "{err}");
+        assert!(!is_out_of_descriptors(&err));
+    }
+
+    #[test]
+    fn lost_descriptors_describe_the_limit() {
+        let lost = LostDescriptors {
+            header: Header {
+                kind: FrameKind::Response,
+                fd_count: 2,
+                request_id: 5,
+                body_len: 0,
+            },
+            body: Vec::new(),
+            arrived: 1,
+        };
+        let err = lost.error();
+        assert!(is_out_of_descriptors(&err));
+        let text = err.to_string();
+        assert!(
+            text.contains("this process has no descriptor left to receive the 2")
+                && text.contains("RLIMIT_NOFILE")
+                && text.contains("only 1 arrived"),
+            "{text}"
+        );
+        assert!(!is_out_of_descriptors(&IpcError::protocol("x")));
+        assert!(lost.describe("the server").starts_with("the server has no"));
     }
 
     #[test]
