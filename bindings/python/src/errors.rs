@@ -4,7 +4,7 @@
 //! TensorwireError(Exception)
 //! ├── TensorNotFoundError(TensorwireError, KeyError)
 //! ├── InvalidArgumentError(TensorwireError, ValueError)
-//! ├── UnsupportedError
+//! ├── UnsupportedError(TensorwireError, ValueError)
 //! └── FormatError(TensorwireError, ValueError)   the data is not a valid file or packet
 //!     ├── BadMagicError                not a recognised format
 //!     ├── TruncatedError               the file ends early
@@ -38,17 +38,12 @@ create_exception!(
     PyException,
     "Base class of the errors tensorwire raises (I/O errors are OSError)."
 );
-create_exception!(
-    tensorwire,
-    UnsupportedError,
-    TensorwireError,
-    "The operation is valid but not supported for this tensor (for example reading a sparse tensor as one array, or bfloat16 without ml_dtypes)."
-);
 /// The exception classes made at run time with `type()`: those with two bases
 /// (`create_exception!` takes one) and the `FormatError` family below one of them.
 struct Classes {
     not_found: Py<PyType>,
     invalid_argument: Py<PyType>,
+    unsupported: Py<PyType>,
     format: Py<PyType>,
     bad_magic: Py<PyType>,
     truncated: Py<PyType>,
@@ -110,6 +105,12 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             "The metadata is inconsistent (out-of-bounds or overlapping ranges, sizes that do not match shapes, misalignment).",
         )?;
         Ok(Classes {
+            unsupported: make_class(
+                py,
+                "UnsupportedError",
+                &[base.clone(), py.get_type::<PyValueError>()],
+                "The operation is valid but not supported for this tensor or file (for example reading a sparse tensor as one array, a dtype the format has no code for, or bfloat16 without ml_dtypes); also a ValueError, as ztensor and tenso raise for the same input.",
+            )?,
             not_found: make_class(
                 py,
                 "TensorNotFoundError",
@@ -201,7 +202,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::DigestMismatch { .. } => raise(|c| &c.checksum, msg),
         Error::Decode { .. } => raise(|c| &c.decode, msg),
         Error::RefusedGlobal { .. } => raise(|c| &c.unsafe_pickle, msg),
-        Error::Unsupported { .. } => UnsupportedError::new_err(msg),
+        Error::Unsupported { .. } => raise(|c| &c.unsupported, msg),
         // Malformed, OutOfBounds, Overlap, Misaligned, SizeMismatch, Overflow,
         // UnknownDType and any variant added later: the data is inconsistent.
         _ => raise(|c| &c.malformed, msg),
@@ -224,7 +225,6 @@ impl<T> ResultExt<T> for Result<T, Error> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("TensorwireError", py.get_type::<TensorwireError>())?;
-    m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
     let c = classes(py)?;
     for (name, ty) in [
         ("FormatError", &c.format),
@@ -237,6 +237,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("UnsafePickleError", &c.unsafe_pickle),
         ("TensorNotFoundError", &c.not_found),
         ("InvalidArgumentError", &c.invalid_argument),
+        ("UnsupportedError", &c.unsupported),
         ("DuplicateNameError", &c.duplicate_name),
     ] {
         m.add(name, ty.bind(py))?;

@@ -196,7 +196,11 @@ fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         }
         return Ok(Value::Map(entries));
     }
-    // numpy scalars and other numbers that convert losslessly.
+    // numpy scalars and other numbers that convert losslessly; numpy.bool_ first (it
+    // would otherwise pass as the float 1.0).
+    if let Ok(b) = obj.extract::<bool>() {
+        return Ok(Value::Bool(b));
+    }
     if let Ok(i) = obj.extract::<i128>() {
         return Ok(Value::Int(i));
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyTuple, PyType};
+use pyo3::types::{PyDict, PyInt, PyTuple, PyType};
 use tensorwire::zt::{
     Checksum, ComponentData, Compression, WriteOptions, ZtVersion, ZtWriter, DEFAULT_ZSTD_LEVEL,
 };
@@ -25,23 +25,27 @@ fn compression(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Compression> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(Compression::Raw);
     };
-    if let Ok(b) = obj.cast::<PyBool>() {
-        return Ok(if b.is_true() {
+    // bool or numpy.bool_ (pyo3 takes both), before ints: True is an int too.
+    if let Ok(on) = obj.extract::<bool>() {
+        return Ok(if on {
             Compression::Zstd(DEFAULT_ZSTD_LEVEL)
         } else {
             Compression::Raw
         });
     }
-    if obj.is_instance_of::<PyInt>() {
-        let level: i64 = obj.extract().unwrap_or(MAX_ZSTD_LEVEL);
-        return Ok(if level <= 0 {
-            Compression::Raw
-        } else {
-            // Clamped to 1..=22, so the cast cannot truncate.
-            Compression::Zstd(level.min(MAX_ZSTD_LEVEL) as i32)
-        });
+    // Any integer (numpy's too, through `__index__`); one too large for i64 is the
+    // highest level.
+    let level = if obj.is_instance_of::<PyInt>() {
+        Some(obj.extract::<i64>().unwrap_or(MAX_ZSTD_LEVEL))
+    } else {
+        obj.extract::<i64>().ok()
+    };
+    match level {
+        Some(level) if level <= 0 => Ok(Compression::Raw),
+        // Clamped to 1..=22, so the cast cannot truncate.
+        Some(level) => Ok(Compression::Zstd(level.min(MAX_ZSTD_LEVEL) as i32)),
+        None => Err(PyTypeError::new_err("compress must be bool or int")),
     }
-    Err(PyTypeError::new_err("compress must be bool or int"))
 }
 
 fn options(compress: Option<&Bound<'_, PyAny>>, checksum: &str) -> PyResult<WriteOptions> {

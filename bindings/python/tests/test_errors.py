@@ -17,9 +17,18 @@ def test_hierarchy():
     assert issubclass(tw.TensorNotFoundError, tw.TensorwireError)
     assert issubclass(tw.InvalidArgumentError, ValueError)
     assert issubclass(tw.UnsupportedError, tw.TensorwireError)
+    # ztensor and tenso raise ValueError for a dtype or packet they do not handle.
+    assert issubclass(tw.UnsupportedError, ValueError)
     assert tw.TensorwireError.__module__ == "tensorwire"
     assert issubclass(tw.DuplicateNameError, tw.MalformedError)
     assert issubclass(tw.DuplicateNameError, tw.InvalidArgumentError)
+
+
+def test_an_unsupported_dtype_is_a_value_error_as_in_ztensor(tmp_path):
+    with tw.Writer(str(tmp_path / "x.zt")) as w:
+        with pytest.raises(ValueError) as info:
+            w.write_numpy("s", np.array(["a"]))
+    assert isinstance(info.value, tw.UnsupportedError)
 
 
 def test_a_name_listed_twice_in_a_file_is_a_format_error(tmp_path):

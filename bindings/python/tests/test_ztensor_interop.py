@@ -84,6 +84,35 @@ def test_we_read_what_ztensor_writes(zt_path, compress, checksum):
         np.testing.assert_array_equal(t.components["values"], [5, 6])
 
 
+def test_we_read_ztensor_files_with_scalar_dict_keys_and_an_empty_name(zt_path):
+    """ztensor writes a Python dict's keys as they are (`id2label = {0: "cat"}`) and
+    an empty tensor name; we read both (keys as JSON writes them)."""
+    with ztensor.Writer(zt_path) as w:
+        w.write_numpy("", np.arange(3, dtype=np.float32))
+        attributes = {"id2label": {0: "cat", 1: "dog"}, "flags": {True: 1, None: 2}}
+        w.write("logits", ztensor.Tensor({"data": np.zeros(2, np.float32)}, attributes=attributes))
+    with tw.Reader(zt_path) as r:
+        assert list(r.keys()) == ["", "logits"]
+        np.testing.assert_array_equal(r[""], np.arange(3, dtype=np.float32))
+        attrs = r.metadata("logits").attributes
+    assert attrs == {"id2label": {"0": "cat", "1": "dog"}, "flags": {"true": 1, "null": 2}}
+
+
+def test_numpy_scalars_as_attributes_and_compression_levels(tmp_path):
+    """A numpy bool is a bool attribute (not the float 1.0) and numpy ints and bools
+    are compression levels, as ztensor takes them: the same bytes."""
+    ours, theirs = str(tmp_path / "ours.zt"), str(tmp_path / "theirs.zt")
+    x = np.arange(64, dtype=np.float32)
+    for path, module in ((ours, tw), (theirs, ztensor)):
+        with module.Writer(path) as w:
+            w.write("a", module.Tensor({"data": x}, attributes={"flag": np.bool_(True)}))
+            w.write_numpy("b", x, compress=np.int64(3))
+            w.write_numpy("c", x, compress=np.True_)
+    assert open(ours, "rb").read() == open(theirs, "rb").read()
+    with tw.Reader(ours) as r:
+        assert r.metadata("a").attributes == {"flag": True}
+
+
 def test_same_bytes_as_ztensor(tmp_path):
     """For the same calls, our files are byte-identical to ztensor's."""
     data = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, np.int64)}

@@ -279,6 +279,26 @@ impl<'a> Decoder<'a> {
     }
 
     /// Reads one item as a [`Value`], bounded by the decoder's depth limit.
+    /// A map key as text: a text string as it is; an integer, bool, null or float
+    /// (ztensor 1.x writes a Python dict's keys as they are: `{0: "cat"}`) as JSON
+    /// writes it (`0`, `true`, `null`, `1.5`; a float always with its point). Anything
+    /// else is an error.
+    fn map_key(&mut self, depth: usize) -> Result<String, CborError> {
+        let at = self.pos;
+        let key = match self.value(depth)? {
+            Value::Str(s) => s,
+            Value::Int(i) => i.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Null => "null".to_owned(),
+            Value::Float(f) => format!("{f:?}"),
+            _ => {
+                self.pos = at;
+                return Err(self.err("a map key is not a string, number, bool or null"));
+            }
+        };
+        Ok(key)
+    }
+
     pub(crate) fn value(&mut self, depth: usize) -> Result<Value, CborError> {
         if depth > self.max_depth {
             return Err(self.err("CBOR nesting deeper than the depth limit"));
@@ -317,9 +337,9 @@ impl<'a> Decoder<'a> {
                 let len = self.argument(info)?;
                 let mut entries = Vec::with_capacity(self.capacity(len));
                 self.each(len, |d| {
-                    let key = d.text().map_err(|_| d.err("a map key is not a string"))?;
+                    let key = d.map_key(depth + 1)?;
                     let value = d.value(depth + 1)?;
-                    entries.push((key.into_owned(), value));
+                    entries.push((key, value));
                     Ok(())
                 })?;
                 Value::Map(entries)
@@ -436,8 +456,32 @@ mod tests {
         assert!(value_of(&[0x62, 0xff, 0xfe]).is_err());
         assert!(value_of(&[0x01, 0x01]).is_err());
         assert!(value_of(&[]).is_err());
-        // A map with a non-text key.
-        assert!(value_of(&[0xa1, 0x01, 0x01]).is_err());
+        // A map with a key that is a byte string, an array or a map.
+        assert!(value_of(&[0xa1, 0x41, 0x00, 0x01]).is_err());
+        assert!(value_of(&[0xa1, 0x80, 0x01]).is_err());
+        assert!(value_of(&[0xa1, 0xa0, 0x01]).is_err());
+    }
+
+    /// ztensor 1.x writes a Python dict's keys as they are (`{0: "cat"}`): numbers,
+    /// bools and null are read as JSON writes them.
+    #[test]
+    fn scalar_map_keys_read_as_json_writes_them() {
+        let map = |key: &[u8]| {
+            let mut input = vec![0xa1];
+            input.extend_from_slice(key);
+            input.push(0x01);
+            match value_of(&input).unwrap() {
+                Value::Map(entries) => entries[0].0.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(map(&[0x00]), "0");
+        assert_eq!(map(&[0x38, 0x63]), "-100");
+        assert_eq!(map(&[0xf5]), "true");
+        assert_eq!(map(&[0xf6]), "null");
+        assert_eq!(map(&[0xf9, 0x3e, 0x00]), "1.5");
+        assert_eq!(map(&[0xfb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0]), "1.0");
+        assert_eq!(map(&[0x61, b'k']), "k");
     }
 
     #[test]

@@ -281,16 +281,14 @@ fn attributes_to_cbor(m: &BTreeMap<String, Value>) -> Result<Cbor> {
     ))
 }
 
-fn check_name(name: &str, d: &Decoder<'_>, ctx: &Ctx<'_>) -> Result<()> {
+/// A name's length against the limit. An empty name is read (ztensor 1.x writes one);
+/// the writers refuse to make one.
+fn check_name(name: &str, ctx: &Ctx<'_>) -> Result<()> {
     Error::check_limit(
         "tensor name length",
         name.len() as u64,
         ctx.limits.max_name_bytes as u64,
-    )?;
-    if name.is_empty() {
-        return Err(ctx.err(d, "an object has an empty name"));
-    }
-    Ok(())
+    )
 }
 
 fn read_shape(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Shape> {
@@ -633,7 +631,7 @@ pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
                                 ctx.limits.max_tensors,
                             )?;
                             let name = d.text().map_err(|e| ctx.cbor(e))?;
-                            check_name(&name, d, ctx)?;
+                            check_name(&name, ctx)?;
                             let start = d.position();
                             let object = match canonical_dense(d, &name) {
                                 Some(object) => object,
@@ -715,7 +713,7 @@ fn read_v01_record(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Object> {
                 b"name" => {
                     first_time(&mut seen, 1, &key, d, ctx)?;
                     let n = d.text().map_err(|e| ctx.cbor(e))?;
-                    check_name(&n, d, ctx)?;
+                    check_name(&n, ctx)?;
                     name = Some(n.into_owned());
                 }
                 b"offset" => {

@@ -51,7 +51,6 @@ __all__ = [
     "RaggedArray",
     "StreamEndedError",
     "StringTensor",
-    "UnsupportedPacketError",
     "aread_stream",
     "awrite_stream",
     "dump",
@@ -68,19 +67,6 @@ __all__ = [
 class StreamEndedError(_native.TruncatedError, EOFError):
     """A stream ended inside a packet: a ``TruncatedError``, and an ``EOFError`` as
     tenso's ``read_stream`` raises (``asyncio.IncompleteReadError`` is one too)."""
-
-
-class UnsupportedPacketError(_native.UnsupportedError, ValueError):
-    """A packet or value this module does not handle (a protocol version other than 3
-    and 4, a dtype the wire format has no code for): an ``UnsupportedError``, and a
-    ``ValueError`` as tenso raises."""
-
-
-def _unsupported(error: Exception) -> Exception:
-    """``error`` as tenso's exception class where it is tensorwire's UnsupportedError."""
-    if isinstance(error, _native.UnsupportedError) and not isinstance(error, ValueError):
-        return UnsupportedPacketError(str(error))
-    return error
 
 
 # Most entries in one bundle (its count is one byte on the wire).
@@ -231,12 +217,9 @@ def dumps(tensor: Any, strict: bool = False, check_integrity: bool = False,
     memoryview over a 64-byte aligned buffer.
     """
     alignment = _check_alignment(alignment)
-    try:
-        spec = _spec(tensor, strict)
-        out = _native.packet_dumps(spec, bool(check_integrity), bool(compress), alignment,
-                                   bool(aligned_bundle))
-    except _native.UnsupportedError as e:
-        raise _unsupported(e) from None
+    spec = _spec(tensor, strict)
+    out = _native.packet_dumps(spec, bool(check_integrity), bool(compress), alignment,
+                               bool(aligned_bundle))
     return memoryview(out)
 
 
@@ -260,11 +243,8 @@ def loads(data, copy: bool = False) -> Any:
     view = _as_bytes_array(data)
     # As tenso: the first packet, whatever follows it (a tenso shared-memory segment
     # holds its packet with slack after it).
-    try:
-        length = _native.packet_length(view)
-        return _native.packet_loads(view[:length], bool(copy), _FACTORIES)
-    except _native.UnsupportedError as e:
-        raise _unsupported(e) from None
+    length = _native.packet_length(view)
+    return _native.packet_loads(view[:length], bool(copy), _FACTORIES)
 
 
 def iter_dumps(tensor: Any, strict: bool = False,
@@ -272,11 +252,8 @@ def iter_dumps(tensor: Any, strict: bool = False,
     """The packet for ``tensor`` as a few buffers to write in turn. A dense array yields
     its header, its own memory (no copy) and the footer; other objects one buffer."""
     if isinstance(tensor, (np.ndarray, np.generic)):
-        try:
-            kind, array = _dense(np.asarray(tensor), strict)
-            header, body, footer = _native.packet_dense_parts(array, bool(check_integrity), 64)
-        except _native.UnsupportedError as e:
-            raise _unsupported(e) from None
+        kind, array = _dense(np.asarray(tensor), strict)
+        header, body, footer = _native.packet_dense_parts(array, bool(check_integrity), 64)
         yield memoryview(header)
         if body.nbytes:
             # As bytes: extension dtypes (bfloat16) have no buffer format.
@@ -320,8 +297,6 @@ def read_stream(source, copy: bool = False) -> Optional[Any]:
         return _native.packet_read_stream(source, bool(copy), _FACTORIES)
     except _native.TruncatedError as e:
         raise StreamEndedError(str(e)) from None
-    except _native.UnsupportedError as e:
-        raise _unsupported(e) from None
 
 
 def load(fp, mmap_mode: bool = False, copy: bool = False) -> Any:
@@ -427,7 +402,7 @@ def get_packet_info(data) -> dict:
     elif version == 3:
         flags, code, ndim, pos = head[5], head[6], head[7], 8
     else:
-        raise UnsupportedPacketError(f"tenso protocol version {version} (3 and 4 are read)")
+        raise _native.UnsupportedError(f"tenso protocol version {version} (3 and 4 are read)")
     info = {"version": version, "flags": flags, "dtype_code": code, "ndim": ndim,
             "aligned": bool(flags & 0x01), "integrity_protected": bool(flags & 0x02)}
     if flags & 0x10:  # a bundle: ndim counts entries
