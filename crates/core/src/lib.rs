@@ -17,6 +17,7 @@ pub mod helpers;
 mod index;
 mod limits;
 pub mod progress;
+mod reading;
 mod shape;
 mod source;
 pub mod strided;
@@ -31,6 +32,7 @@ pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};
 pub use crate::index::{NameMap, NameSet, TensorIndex};
 pub use crate::limits::Limits;
+pub use crate::reading::{check_regular_file, open_for_reading};
 pub use crate::shape::{Dims, Shape, MAX_NDIM};
 pub use crate::source::{
     Attributes, Layout, TensorInfo, TensorSource, TensorView, SOURCE_LAYOUT_KEY,

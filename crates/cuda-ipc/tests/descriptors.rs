@@ -4,9 +4,9 @@
 //! binary run again with `TW_FD_CHILD` naming the role (the `child` test dispatches on
 //! it and is ignored in normal runs). The parent's own limit is never touched.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ use tensorwire_cuda_ipc::schema::*;
 use tensorwire_cuda_ipc::service::Endpoint;
 use tensorwire_cuda_ipc::socket::is_out_of_descriptors;
 use tensorwire_cuda_ipc::*;
+
+mod support;
+use support::expect_line;
 
 const ROLE: &str = "TW_FD_CHILD";
 const SOCKET: &str = "TW_FD_SOCKET";
@@ -95,19 +98,7 @@ fn start_server(path: &Path) -> Server {
         Arc::new(|_| Ok(ramp_tensor(16))),
         None,
     ));
-    service.register(Endpoint::new(
-        "echo",
-        EndpointOptions {
-            cache: false,
-            singleflight: false,
-            ..EndpointOptions::default()
-        },
-        Arc::new(|args| {
-            let (payload, storages) = args.storages()?;
-            Outgoing::from_received(payload, &storages)
-        }),
-        None,
-    ));
+    service.register(support::echo_endpoint());
     server.start().unwrap();
     server
 }
@@ -123,37 +114,8 @@ impl Drop for Kid {
 }
 
 fn spawn_child(role: &str, path: &Path) -> (Kid, BufReader<ChildStdout>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE, role)
-        .env(SOCKET, path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
+    let (child, out) = support::spawn_child(ROLE, role, SOCKET, path);
     (Kid(child), out)
-}
-
-/// Reads the child's stdout until a line ending in `want`.
-fn expect_line(out: &mut BufReader<ChildStdout>, want: &str) {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "child exited before {want:?}"
-        );
-        if line.trim().ends_with(want) {
-            return;
-        }
-    }
 }
 
 fn say(line: &str) {

@@ -6,10 +6,10 @@
 //! Children are this test binary run again with `TW_IPC_CHILD` naming their role (the
 //! `child` test dispatches on it and is ignored in normal runs).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,9 @@ use tensorwire_cuda_ipc::frame::{FrameKind, Header, HEADER_LEN};
 use tensorwire_cuda_ipc::schema::*;
 use tensorwire_cuda_ipc::service::Endpoint;
 use tensorwire_cuda_ipc::*;
+
+mod support;
+use support::expect_line;
 
 const ROLE: &str = "TW_IPC_CHILD";
 const SOCKET: &str = "TW_IPC_SOCKET";
@@ -80,19 +83,7 @@ fn register_endpoints(server: &Server) {
         None,
     ));
     // `echo(x)`: sends back what it got (same memfd ranges).
-    service.register(Endpoint::new(
-        "echo",
-        EndpointOptions {
-            cache: false,
-            singleflight: false,
-            ..EndpointOptions::default()
-        },
-        Arc::new(|args| {
-            let (payload, storages) = args.storages()?;
-            Outgoing::from_received(payload, &storages)
-        }),
-        None,
-    ));
+    service.register(support::echo_endpoint());
     // `slow(n)`: takes 300 ms; singleflight + cache.
     service.register(Endpoint::new(
         "slow",
@@ -135,37 +126,7 @@ fn start_server(path: &Path) -> Server {
 }
 
 fn spawn_child(role: &str, path: &Path) -> (Child, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE, role)
-        .env(SOCKET, path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    (child, out)
-}
-
-/// Reads the child's stdout until a line equal to `want`.
-fn expect_line(out: &mut BufReader<std::process::ChildStdout>, want: &str) {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "child exited before {want:?}"
-        );
-        if line.trim().ends_with(want) {
-            return;
-        }
-    }
+    support::spawn_child(ROLE, role, SOCKET, path)
 }
 
 fn kill(child: &mut Child) {

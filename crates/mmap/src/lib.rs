@@ -73,35 +73,19 @@ unsafe impl Sync for MappedFile {}
 /// a regular file, instead of hanging in `open(2)`. The flag changes nothing for a
 /// regular file, which is all that is mapped (reads of regular files never block in
 /// that sense), so it is left set.
-fn open_for_reading(path: &Path) -> io::Result<File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    options.open(path)
-}
-
 impl MappedFile {
     /// Maps the file at `path` in `mode`. Errors carry the path.
     pub fn open(path: impl AsRef<Path>, mode: MapMode) -> Result<MappedFile> {
         let path = path.as_ref();
-        let file = open_for_reading(path).map_err(|e| Error::from(e).with_path(path))?;
+        let file =
+            tensorwire_core::open_for_reading(path).map_err(|e| Error::from(e).with_path(path))?;
         MappedFile::from_file(&file, mode).map_err(|e| e.with_path(path))
     }
 
     /// Maps an open file in `mode`.
     pub fn from_file(file: &File, mode: MapMode) -> Result<MappedFile> {
         let meta = file.metadata()?;
-        if !meta.is_file() {
-            return Err(Error::invalid(if meta.is_dir() {
-                "a directory, not a tensor file"
-            } else {
-                "not a regular file (a pipe, socket or device): tensor files are mapped"
-            }));
-        }
+        tensorwire_core::check_regular_file(&meta, "mapped")?;
         let len = meta.len();
         if len == 0 {
             return Ok(MappedFile {

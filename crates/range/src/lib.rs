@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,26 +52,14 @@ impl RangeFile {
     /// Opens `path` for positional reads.
     pub fn open(path: impl AsRef<Path>) -> Result<RangeFile> {
         let path = path.as_ref();
-        // `O_NONBLOCK`: a FIFO with no writer opens at once (and is refused below)
-        // instead of hanging in `open(2)`; the flag changes nothing for the positional
-        // reads of a regular file.
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true).custom_flags(libc::O_NONBLOCK);
-        let file = options
-            .open(path)
-            .map_err(|e| Error::from(e).with_path(path))?;
+        // A FIFO with no writer opens at once (and is refused) instead of hanging.
+        let file =
+            tensorwire_core::open_for_reading(path).map_err(|e| Error::from(e).with_path(path))?;
         let meta = file
             .metadata()
             .map_err(|e| Error::from(e).with_path(path))?;
-        if !meta.is_file() {
-            return Err(Error::invalid(if meta.is_dir() {
-                "a directory, not a tensor file"
-            } else {
-                "not a regular file (a pipe, socket or device): tensor files are read by \
-                 position"
-            })
-            .with_path(path));
-        }
+        tensorwire_core::check_regular_file(&meta, "read by position")
+            .map_err(|e| e.with_path(path))?;
         let len = meta.len();
         Ok(RangeFile {
             file,
