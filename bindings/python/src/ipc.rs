@@ -1085,6 +1085,13 @@ impl IpcClient {
         self.peek(|c| c.server_id().to_owned())
     }
 
+    /// True once the connection cannot carry another request (a request cut off by
+    /// its timeout mid-way): `Client` then connects again.
+    #[getter]
+    fn broken(&self) -> bool {
+        self.peek(|c| c.is_broken())
+    }
+
     /// The socket path ("" once closed).
     #[getter]
     fn socket_path(&self) -> String {

@@ -96,6 +96,19 @@ def test_we_read_ztensor_files_with_scalar_dict_keys_and_an_empty_name(zt_path):
         np.testing.assert_array_equal(r[""], np.arange(3, dtype=np.float32))
         attrs = r.metadata("logits").attributes
     assert attrs == {"id2label": {"0": "cat", "1": "dog"}, "flags": {"true": 1, "null": 2}}
+    # Appending would write those keys back as strings, changing what ztensor reads.
+    with pytest.raises(tw.UnsupportedError, match="not strings"):
+        tw.Writer.append(zt_path)
+    assert ztensor.Reader(zt_path).metadata("logits").attributes["id2label"] == {0: "cat", 1: "dog"}
+
+
+def test_dict_keys_that_read_as_the_same_text_are_refused(zt_path):
+    """{0: a, "0": b} would lose a value once both keys are text: the file is refused."""
+    with ztensor.Writer(zt_path) as w:
+        w.write("t", ztensor.Tensor({"data": np.zeros(2, np.float32)},
+                                    attributes={"m": {0: "int", "0": "str"}}))
+    with pytest.raises(tw.MalformedError, match="same text"):
+        tw.Reader(zt_path)
 
 
 def test_numpy_scalars_as_attributes_and_compression_levels(tmp_path):

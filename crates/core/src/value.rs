@@ -82,3 +82,38 @@ impl fmt::Display for Value {
         }
     }
 }
+
+/// `f` as Python's `repr` writes a float: the shortest text that reads back, in
+/// positional form from 1e-4 up to 1e16 and in exponent form with a signed exponent
+/// of at least two digits outside it (`1e+16`, `1e-07`); `inf`, `-inf`, `nan`.
+pub fn push_python_float(out: &mut String, f: f64) {
+    use std::fmt::Write;
+    if f.is_nan() {
+        out.push_str("nan");
+        return;
+    }
+    if f.is_infinite() {
+        out.push_str(if f > 0.0 { "inf" } else { "-inf" });
+        return;
+    }
+    let magnitude = f.abs();
+    if magnitude == 0.0 || (1e-4..1e16).contains(&magnitude) {
+        // Rust's shortest round-trip form, positional here, as Python's (`1.0`, `0.1`).
+        let _ = write!(out, "{f:?}");
+        return;
+    }
+    // `{:e}` is the same shortest digits in exponent form (`1e16`, `1.5e-7`).
+    let text = format!("{f:e}");
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+    let (sign, digits) = match exponent.strip_prefix('-') {
+        Some(digits) => ('-', digits),
+        None => ('+', exponent),
+    };
+    out.push_str(mantissa);
+    out.push('e');
+    out.push(sign);
+    if digits.len() < 2 {
+        out.push('0');
+    }
+    out.push_str(digits);
+}

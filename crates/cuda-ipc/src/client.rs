@@ -111,6 +111,17 @@ impl Client {
         &self.server_id
     }
 
+    /// True once the connection cannot carry another request (a frame was cut off
+    /// mid-way): connect again.
+    pub fn is_broken(&self) -> bool {
+        // Never waits: a connection busy with a request is not broken yet.
+        match self.connection.try_lock() {
+            Ok(conn) => conn.broken.is_some(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().broken.is_some(),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        }
+    }
+
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -163,6 +174,18 @@ impl Client {
                     // The server may have said why before closing (a refused peer, a
                     // full server): that answer is still in our receive queue.
                     return Err(self.said_before_closing(&conn.stream).unwrap_or(e));
+                }
+                // Part of the frame went out: close the stream (the server then gives
+                // back this connection's leases); the caller connects again.
+                e if socket::sent_part_of_a_frame(e) => {
+                    conn.broken = Some(e.to_string());
+                    let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+                    return Err(IpcError::Timeout {
+                        what: "the server to take the whole request (the connection is \
+                               closed: connect again)"
+                            .into(),
+                        waited_ms: timeout.as_millis() as u64,
+                    });
                 }
                 // Nothing was sent: the connection stays usable.
                 IpcError::Io(io) if socket::is_timeout(io) => {

@@ -355,14 +355,11 @@ fn turn_away(
     spare: &mut Option<OwnedFd>,
     warner: &mut Warner,
 ) {
-    let limit = crate::util::descriptor_limit()
-        .map(|n| format!("soft limit {n}"))
-        .unwrap_or_else(|| "no soft limit".into());
     let message = format!(
-        "the server has no descriptor left to accept a connection: it reached its \
-         open-file limit (RLIMIT_NOFILE, {limit}) or the system's (EMFILE/ENFILE); \
+        "the server has no descriptor left to accept a connection: it reached {}; \
          its cached results, retained tasks and connections hold them. Try again later, \
-         or raise the server's limit"
+         or raise the server's limit",
+        crate::util::descriptor_limit_reached()
     );
     shared
         .service

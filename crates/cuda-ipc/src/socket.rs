@@ -56,14 +56,11 @@ impl LostDescriptors {
     /// "this process", "the server").
     pub fn describe(&self, receiver: &str) -> String {
         let announced = self.header.fd_count;
-        let limit = crate::util::descriptor_limit()
-            .map(|n| format!("soft limit {n}"))
-            .unwrap_or_else(|| "no soft limit".into());
+        let limit = crate::util::descriptor_limit_reached();
         format!(
             "{receiver} has no descriptor left to receive the {announced} descriptor(s) sent \
              with a frame (only {arrived} arrived; the kernel dropped the rest): it reached \
-             its open-file limit (RLIMIT_NOFILE, {limit}) or the system's (EMFILE/ENFILE). \
-             Close values it no longer needs or raise the limit; the connection is still usable",
+             {limit}. Close values it no longer needs or raise the limit; the connection is still usable",
             arrived = self.arrived,
         )
     }
@@ -176,9 +173,11 @@ pub fn send_frame(
         if let Err(e) = rest {
             if is_timeout(&e) {
                 // Part of the frame went out: the peer would read what follows as its
-                // rest, so this stream cannot carry another frame.
-                return Err(IpcError::protocol(format!(
-                    "a frame was only partly sent before the write timeout ({e}); the stream is out of step"
+                // rest, so this stream cannot carry another frame. `TimedOut`, where a
+                // timeout that sent nothing is `WouldBlock` (see [`sent_part_of_a_frame`]).
+                return Err(IpcError::Io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("a frame was only partly sent before the write timeout ({e})"),
                 )));
             }
             return Err(e.into());
@@ -341,6 +340,13 @@ pub fn recv_frame(
 /// error, so callers can tell a lost peer from a malformed frame by its kind.
 fn closed(reason: String) -> IpcError {
     IpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, reason))
+}
+
+/// True for the error [`send_frame`] gives when its write timeout passed after part
+/// of the frame was sent: the stream is out of step and must be closed. (A timeout
+/// before anything was sent is `WouldBlock`, and the stream is still usable.)
+pub fn sent_part_of_a_frame(e: &IpcError) -> bool {
+    matches!(e, IpcError::Io(io) if io.kind() == io::ErrorKind::TimedOut)
 }
 
 /// True for the error a read or write timeout (`SO_RCVTIMEO`, `SO_SNDTIMEO`) gives.

@@ -77,6 +77,15 @@ fn raise_soft_nofile(cap: u64) -> std::io::Result<u64> {
     Ok(target)
 }
 
+/// The limit a process out of descriptors reached, for messages: "its open-file limit
+/// (RLIMIT_NOFILE, soft limit N) or the system's (EMFILE/ENFILE)".
+pub(crate) fn descriptor_limit_reached() -> String {
+    let limit = descriptor_limit()
+        .map(|n| format!("soft limit {n}"))
+        .unwrap_or_else(|| "no soft limit".into());
+    format!("its open-file limit (RLIMIT_NOFILE, {limit}) or the system's (EMFILE/ENFILE)")
+}
+
 /// This process's soft `RLIMIT_NOFILE`, for messages (`None` when unlimited or unknown).
 pub(crate) fn descriptor_limit() -> Option<u64> {
     let mut limit = libc::rlimit {

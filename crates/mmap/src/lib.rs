@@ -68,13 +68,9 @@ unsafe impl Send for MappedFile {}
 // SAFETY: see `Send`; `&MappedFile` only exposes `&[u8]` and the raw base address.
 unsafe impl Sync for MappedFile {}
 
-/// Opens `path` for reading without waiting: with `O_NONBLOCK`, so that a FIFO with
-/// no writer (or a device that would block) opens at once and is then refused as not
-/// a regular file, instead of hanging in `open(2)`. The flag changes nothing for a
-/// regular file, which is all that is mapped (reads of regular files never block in
-/// that sense), so it is left set.
 impl MappedFile {
-    /// Maps the file at `path` in `mode`. Errors carry the path.
+    /// Maps the file at `path` in `mode`. Errors carry the path. A FIFO with no
+    /// writer is refused at once, not waited on (`core::open_for_reading`).
     pub fn open(path: impl AsRef<Path>, mode: MapMode) -> Result<MappedFile> {
         let path = path.as_ref();
         let file =

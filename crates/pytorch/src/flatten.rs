@@ -321,7 +321,7 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
         }
         Obj::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
         Obj::None => out.push_str("None"),
-        Obj::Float(f) => push_float_repr(out, *f),
+        Obj::Float(f) => tensorwire_core::push_python_float(out, *f),
         Obj::Complex(re, im) => push_complex_repr(out, *re, *im),
         Obj::Tuple(span) => {
             if depth >= MAX_KEY_DEPTH {
@@ -436,47 +436,12 @@ fn is_printable(c: char) -> bool {
     after == 0 || NOT_PRINTABLE[after - 1].1 < c
 }
 
-/// `f` as Python's `repr` writes a float: the shortest text that reads back, in
-/// positional form from 1e-4 up to 1e16 and in exponent form with a signed exponent
-/// of at least two digits outside it (`1e+16`, `1e-07`); `inf`, `-inf`, `nan`.
-fn push_float_repr(out: &mut String, f: f64) {
-    use std::fmt::Write;
-    if f.is_nan() {
-        out.push_str("nan");
-        return;
-    }
-    if f.is_infinite() {
-        out.push_str(if f > 0.0 { "inf" } else { "-inf" });
-        return;
-    }
-    let magnitude = f.abs();
-    if magnitude == 0.0 || (1e-4..1e16).contains(&magnitude) {
-        // Rust's shortest round-trip form, positional here, as Python's (`1.0`, `0.1`).
-        let _ = write!(out, "{f:?}");
-        return;
-    }
-    // `{:e}` is the same shortest digits in exponent form (`1e16`, `1.5e-7`).
-    let text = format!("{f:e}");
-    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
-    let (sign, digits) = match exponent.strip_prefix('-') {
-        Some(digits) => ('-', digits),
-        None => ('+', exponent),
-    };
-    out.push_str(mantissa);
-    out.push('e');
-    out.push(sign);
-    if digits.len() < 2 {
-        out.push('0');
-    }
-    out.push_str(digits);
-}
-
 /// Python's `repr` of `complex(re, im)`: `1j` when the real part is +0, else
 /// `(1+2j)`, each part in the shortest form that reads back, without `float`'s `.0`.
 fn push_complex_repr(out: &mut String, re: f64, im: f64) {
     let push_part = |out: &mut String, f: f64| {
         let start = out.len();
-        push_float_repr(out, f);
+        tensorwire_core::push_python_float(out, f);
         if out[start..].ends_with(".0") {
             out.truncate(out.len() - 2);
         }
@@ -955,7 +920,8 @@ fn name_taken(name: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{push_complex_repr, push_float_repr, push_str_repr};
+    use super::{push_complex_repr, push_str_repr};
+    use tensorwire_core::push_python_float as push_float_repr;
 
     fn float(f: f64) -> String {
         let mut out = String::new();

@@ -43,6 +43,8 @@ pub(crate) struct Decoder<'a> {
     input: &'a [u8],
     pos: usize,
     max_depth: usize,
+    /// Set once a map key that was not text was read as text ([`Decoder::value`]).
+    keys_made_text: bool,
 }
 
 impl<'a> Decoder<'a> {
@@ -51,7 +53,14 @@ impl<'a> Decoder<'a> {
             input,
             pos: 0,
             max_depth,
+            keys_made_text: false,
         }
+    }
+
+    /// True once a map key that was not a text string (a number, bool or null) was read
+    /// as its text: writing the values back would change those keys.
+    pub(crate) fn keys_made_text(&self) -> bool {
+        self.keys_made_text
     }
 
     /// Current offset in the input.
@@ -280,23 +289,33 @@ impl<'a> Decoder<'a> {
 
     /// Reads one item as a [`Value`], bounded by the decoder's depth limit.
     /// A map key as text: a text string as it is; an integer, bool, null or float
-    /// (ztensor 1.x writes a Python dict's keys as they are: `{0: "cat"}`) as JSON
-    /// writes it (`0`, `true`, `null`, `1.5`; a float always with its point). Anything
+    /// (ztensor 1.x writes a Python dict's keys as they are: `{0: "cat"}`) as Python's
+    /// `json` writes it (`0`, `true`, `null`, `1.5`, `1e+20`, `Infinity`). Anything
     /// else is an error.
-    fn map_key(&mut self, depth: usize) -> Result<String, CborError> {
+    /// Returns the text and whether the key was text already.
+    fn map_key(&mut self, depth: usize) -> Result<(String, bool), CborError> {
         let at = self.pos;
         let key = match self.value(depth)? {
-            Value::Str(s) => s,
+            Value::Str(s) => return Ok((s, true)),
             Value::Int(i) => i.to_string(),
             Value::Bool(b) => b.to_string(),
             Value::Null => "null".to_owned(),
-            Value::Float(f) => format!("{f:?}"),
+            Value::Float(f) if f.is_nan() => "NaN".to_owned(),
+            Value::Float(f) if f.is_infinite() => {
+                if f > 0.0 { "Infinity" } else { "-Infinity" }.to_owned()
+            }
+            Value::Float(f) => {
+                let mut text = String::new();
+                tensorwire_core::push_python_float(&mut text, f);
+                text
+            }
             _ => {
                 self.pos = at;
                 return Err(self.err("a map key is not a string, number, bool or null"));
             }
         };
-        Ok(key)
+        self.keys_made_text = true;
+        Ok((key, false))
     }
 
     pub(crate) fn value(&mut self, depth: usize) -> Result<Value, CborError> {
@@ -336,12 +355,25 @@ impl<'a> Decoder<'a> {
             5 => {
                 let len = self.argument(info)?;
                 let mut entries = Vec::with_capacity(self.capacity(len));
+                let mut made_text = false;
                 self.each(len, |d| {
-                    let key = d.map_key(depth + 1)?;
+                    let (key, was_text) = d.map_key(depth + 1)?;
+                    made_text |= !was_text;
                     let value = d.value(depth + 1)?;
                     entries.push((key, value));
                     Ok(())
                 })?;
+                // Keys read as text may meet (`0` and `"0"`): one would be lost.
+                if made_text {
+                    let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+                    keys.sort_unstable();
+                    if keys.windows(2).any(|pair| pair[0] == pair[1]) {
+                        return Err(self.err(
+                            "a map has two keys that read as the same text (one of them not a \
+                             string, such as 0 and \"0\")",
+                        ));
+                    }
+                }
                 Value::Map(entries)
             }
             6 => {
@@ -481,7 +513,22 @@ mod tests {
         assert_eq!(map(&[0xf6]), "null");
         assert_eq!(map(&[0xf9, 0x3e, 0x00]), "1.5");
         assert_eq!(map(&[0xfb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0]), "1.0");
+        assert_eq!(
+            map(&[0xfb, 0x44, 0x15, 0xaf, 0x1d, 0x78, 0xb5, 0x8c, 0x40]),
+            "1e+20"
+        );
+        assert_eq!(map(&[0xf9, 0x7c, 0x00]), "Infinity");
+        assert_eq!(map(&[0xf9, 0x7e, 0x00]), "NaN");
         assert_eq!(map(&[0x61, b'k']), "k");
+        // Keys that read as the same text would lose a value: refused.
+        assert!(value_of(&[0xa2, 0x00, 0x01, 0x61, b'0', 0x02]).is_err());
+        // A text-only map is read as it is.
+        let mut d = Decoder::new(&[0xa1, 0x61, b'k', 0x01], 4);
+        d.value(0).unwrap();
+        assert!(!d.keys_made_text());
+        let mut d = Decoder::new(&[0xa1, 0x00, 0x01], 4);
+        d.value(0).unwrap();
+        assert!(d.keys_made_text());
     }
 
     #[test]

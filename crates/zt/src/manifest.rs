@@ -164,6 +164,10 @@ pub struct Manifest {
     pub attributes: BTreeMap<String, Value>,
     /// Objects in name order.
     pub objects: Vec<Object>,
+    /// True when an attribute map had keys that were not text (ztensor 1.x writes a
+    /// Python dict's keys as they are), read as their text: writing these attributes
+    /// back would change those keys.
+    pub keys_made_text: bool,
 }
 
 /// Decoding context: where the manifest starts (for error offsets) and the limits.
@@ -664,6 +668,7 @@ pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
         version,
         attributes: attributes.unwrap_or_default(),
         objects,
+        keys_made_text: d.keys_made_text(),
     })
 }
 
@@ -696,6 +701,7 @@ pub(crate) fn decode_v01(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
         version: "0.1.0".to_owned(),
         attributes: Default::default(),
         objects,
+        keys_made_text: false,
     })
 }
 

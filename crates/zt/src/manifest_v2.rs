@@ -230,6 +230,7 @@ pub(crate) fn decode(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
         version: VERSION.to_owned(),
         attributes: attributes.unwrap_or_default(),
         objects,
+        keys_made_text: false,
     })
 }
 

@@ -61,6 +61,14 @@ pub struct ZtReader {
     limits: Limits,
 }
 
+impl ZtReader {
+    /// True when attribute map keys that were not text were read as their text (see
+    /// [`Manifest::keys_made_text`]).
+    pub(crate) fn attribute_keys_made_text(&self) -> bool {
+        self.manifest.keys_made_text
+    }
+}
+
 impl std::fmt::Debug for ZtReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZtReader")

@@ -189,10 +189,21 @@ impl ZtWriter<BufWriter<File>> {
         );
         let tail_at = len - 16 - manifest_len;
         let old_tail = reader.bytes()[tail_at as usize..].to_vec();
+        if reader.attribute_keys_made_text() {
+            // Rewriting the manifest would write those keys as text: the file's other
+            // readers would see changed attributes.
+            return Err(Error::unsupported(
+                "appending to a file whose attributes have map keys that are not strings \
+                 (ztensor writes a dict's int keys as they are): rewriting its manifest \
+                 would turn them into strings",
+            )
+            .with_path(&path));
+        }
         let mut manifest = Manifest {
             version: WRITE_VERSION.to_owned(),
             attributes: tensorwire_core::TensorSource::attributes(&reader).clone(),
             objects: reader.objects().to_vec(),
+            keys_made_text: false,
         };
         manifest.objects.sort_by(|a, b| a.name.cmp(&b.name));
         drop(reader);

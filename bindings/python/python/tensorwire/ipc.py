@@ -342,14 +342,16 @@ class Client:
     def _request(self, method: str, *args):
         """Calls a native client method; when the server is gone, connects again once
         (a restarted server on the same socket) and retries. Handles from the old
-        server stay stale. Threads that find the server gone together connect once:
-        the first replaces the connection, the others retry on it (a connection
-        replaced again would be closed, and the leases it took with it)."""
+        server stay stale. So too when the connection broke (a request cut off by its
+        timeout mid-way): that connection's handles are given back. Threads that find
+        the connection gone together connect once: the first replaces it, the others
+        retry on the new one (a connection replaced again would be closed, and the
+        leases it took with it)."""
         native = self._native
         try:
             return getattr(native, method)(*args)
-        except ServerGoneError as gone:
-            if self._closed:
+        except (ServerGoneError, ProtocolError) as gone:
+            if self._closed or (isinstance(gone, ProtocolError) and not native.broken):
                 raise
             with self._reconnecting:
                 if self._native is native:
