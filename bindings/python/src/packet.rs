@@ -223,6 +223,15 @@ pub fn packet_loads<'py>(
     factories: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = arrays::lend_bytes(buffer)?;
+    // As tenso: the packet at the front, whatever follows it (a tenso shared-memory
+    // segment holds its packet with slack after it). The framer finds its end (an LZ4
+    // body has no length field: it would otherwise run to the end of the buffer).
+    let len = framed_length(&bytes)?;
+    let bytes = if len < bytes.len() as u64 {
+        bytes.slice(0..len as usize).or_raise()?
+    } else {
+        bytes
+    };
     decode_value(buffer.py(), &bytes, copy, factories)
 }
 

@@ -240,11 +240,9 @@ def loads(data, copy: bool = False) -> Any:
     memory (``copy=False``); ``copy=True`` returns writeable copies. Bundles come back as
     dicts, sparse packets as scipy matrices, the other kinds as their classes.
     """
-    view = _as_bytes_array(data)
     # As tenso: the first packet, whatever follows it (a tenso shared-memory segment
     # holds its packet with slack after it).
-    length = _native.packet_length(view)
-    return _native.packet_loads(view[:length], bool(copy), _FACTORIES)
+    return _native.packet_loads(_as_bytes_array(data), bool(copy), _FACTORIES)
 
 
 def iter_dumps(tensor: Any, strict: bool = False,
