@@ -223,16 +223,21 @@ pub fn packet_loads<'py>(
     factories: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = arrays::lend_bytes(buffer)?;
-    // As tenso: the packet at the front, whatever follows it (a tenso shared-memory
-    // segment holds its packet with slack after it). The framer finds its end (an LZ4
-    // body has no length field: it would otherwise run to the end of the buffer).
-    let len = framed_length(&bytes)?;
-    let bytes = if len < bytes.len() as u64 {
-        bytes.slice(0..len as usize).or_raise()?
-    } else {
-        bytes
-    };
-    decode_value(buffer.py(), &bytes, copy, factories)
+    match decode_value(buffer.py(), &bytes, copy, factories) {
+        Ok(value) => Ok(value),
+        // As tenso: the packet at the front, whatever follows it (a tenso
+        // shared-memory segment holds its packet with slack after it). Only when the
+        // whole buffer does not decode is its first packet framed (an LZ4 body has no
+        // length field: it runs to the end of what it is given), so exact buffers pay
+        // nothing for it.
+        Err(whole) => match framed_length(&bytes) {
+            Ok(len) if len < bytes.len() as u64 => {
+                let front = bytes.slice(0..len as usize).or_raise()?;
+                decode_value(buffer.py(), &front, copy, factories)
+            }
+            _ => Err(whole),
+        },
+    }
 }
 
 /// Decodes the one packet that is exactly `bytes` (without the GIL when large) and
