@@ -155,9 +155,12 @@ pub fn run(args: &Args) -> Result<()> {
 /// conversion leaves no hidden partial file behind. The destination is never touched,
 /// and a finished output was renamed away from its temporary already.
 ///
-/// SIGBUS (a source truncated while it is mapped) is not caught: the process dies of
-/// it and the temporary stays (a handler would have to find the name without locking).
+/// SIGBUS (a source truncated by another program while it is mapped) still ends the
+/// process, but its handler first removes the temporaries
+/// (`tensorwire::mmap::remove_temporaries_on_bus_error`).
 fn remove_on_interrupt() -> Result<()> {
+    #[cfg(unix)]
+    tensorwire::mmap::remove_temporaries_on_bus_error();
     use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])?;
     std::thread::Builder::new()

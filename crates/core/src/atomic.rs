@@ -27,6 +27,88 @@ fn live() -> MutexGuard<'static, Vec<PathBuf>> {
 
 fn forget(live: &mut Vec<PathBuf>, tmp: &Path) {
     live.retain(|p| p != tmp);
+    #[cfg(unix)]
+    for_signals::withdraw(tmp);
+}
+
+/// The live temporaries' paths as C strings, for the handler of a fatal signal
+/// (SIGBUS), which may neither lock nor allocate: filled only in a program that asked
+/// for it ([`keep_temporaries_for_signal_handlers`]), since each name is leaked (a
+/// handler may be reading it when its file is renamed or removed).
+#[cfg(unix)]
+mod for_signals {
+    use std::ffi::{c_char, CString};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::{Path, PathBuf};
+    use std::ptr::null_mut;
+    use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+    use std::sync::{Mutex, PoisonError};
+
+    /// Most temporaries published at once (a writer has one at a time).
+    const SLOTS: usize = 64;
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    /// Each non-null entry is a NUL-terminated name from `CString::into_raw`, never
+    /// freed.
+    pub(super) static NAMES: [AtomicPtr<c_char>; SLOTS] =
+        [const { AtomicPtr::new(null_mut()) }; SLOTS];
+    /// Which slot holds which temporary's name.
+    static SLOT_OF: Mutex<Vec<(PathBuf, usize)>> = Mutex::new(Vec::new());
+
+    pub(super) fn enable() {
+        ON.store(true, Ordering::SeqCst);
+    }
+
+    /// Publishes `tmp` in a free slot (with none free it is not published, and its
+    /// name stays allocated: best effort).
+    pub(super) fn publish(tmp: &Path) {
+        if !ON.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(name) = CString::new(tmp.as_os_str().as_bytes()) else {
+            return;
+        };
+        let name = name.into_raw();
+        for (i, slot) in NAMES.iter().enumerate() {
+            if slot
+                .compare_exchange(null_mut(), name, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let mut slot_of = SLOT_OF.lock().unwrap_or_else(PoisonError::into_inner);
+                slot_of.push((tmp.to_owned(), i));
+                return;
+            }
+        }
+    }
+
+    /// Takes `tmp` off its slot (its name stays allocated: see the module).
+    pub(super) fn withdraw(tmp: &Path) {
+        let mut slot_of = SLOT_OF.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = slot_of.iter().position(|(path, _)| path == tmp) {
+            let (_, i) = slot_of.swap_remove(k);
+            NAMES[i].store(null_mut(), Ordering::SeqCst);
+        }
+    }
+}
+
+/// Makes [`temporary_names_for_signal_handlers`] list this process's temporaries:
+/// from now on each temporary's name is also kept where a signal handler can read it
+/// without locking. For programs that catch a fatal signal (the CLI catches SIGBUS,
+/// which a source file truncated while mapped raises), not for libraries: each name
+/// kept is leaked, a few dozen bytes per file written. Unix only.
+pub fn keep_temporaries_for_signal_handlers() {
+    #[cfg(unix)]
+    for_signals::enable();
+}
+
+/// The names (NUL-terminated, never freed) of the temporaries not yet renamed into
+/// place or removed, one per non-null slot, for the handler of a fatal signal: it may
+/// read them with atomic loads and pass them to `unlink(2)`, both async-signal-safe.
+/// Empty slots only, unless [`keep_temporaries_for_signal_handlers`] was called.
+#[cfg(unix)]
+pub fn temporary_names_for_signal_handlers(
+) -> &'static [std::sync::atomic::AtomicPtr<std::ffi::c_char>] {
+    &for_signals::NAMES
 }
 
 /// The file a write to `path` replaces: `path` itself or, when `path` is a symbolic
@@ -117,6 +199,8 @@ pub fn create_temporary(destination: &Path) -> Result<(File, PathBuf)> {
         let tmp = temporary_name(destination)?;
         match options.open(&tmp) {
             Ok(file) => {
+                #[cfg(unix)]
+                for_signals::publish(&tmp);
                 live.push(tmp.clone());
                 return Ok((file, tmp));
             }

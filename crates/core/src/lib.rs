@@ -23,9 +23,11 @@ mod source;
 pub mod strided;
 mod value;
 
+#[cfg(unix)]
+pub use crate::atomic::temporary_names_for_signal_handlers;
 pub use crate::atomic::{
-    check_replaceable, create_temporary, remove_temporaries_before_exit, remove_temporary,
-    replace_with_temporary, write_destination,
+    check_replaceable, create_temporary, keep_temporaries_for_signal_handlers,
+    remove_temporaries_before_exit, remove_temporary, replace_with_temporary, write_destination,
 };
 pub use crate::bytes::{AlignedBuf, Bytes, Owner};
 pub use crate::dtype::DType;

@@ -68,6 +68,46 @@ unsafe impl Send for MappedFile {}
 // SAFETY: see `Send`; `&MappedFile` only exposes `&[u8]` and the raw base address.
 unsafe impl Sync for MappedFile {}
 
+/// Catches SIGBUS, which reading a map of a file that another program truncated
+/// raises, for a program (the CLI) that writes files through
+/// `tensorwire_core::create_temporary`: the handler removes the temporaries not yet
+/// renamed into place (only async-signal-safe calls), says why on stderr, and lets the
+/// signal end the process as it would have. Not for libraries: it takes over the
+/// process's SIGBUS disposition, and each temporary's name is then kept for good
+/// (`tensorwire_core::keep_temporaries_for_signal_handlers`).
+#[cfg(unix)]
+pub fn remove_temporaries_on_bus_error() {
+    extern "C" fn on_bus_error(_: libc::c_int) {
+        for slot in tensorwire_core::temporary_names_for_signal_handlers() {
+            let name = slot.load(std::sync::atomic::Ordering::SeqCst);
+            if !name.is_null() {
+                // SAFETY: a non-null slot holds a NUL-terminated name that is never
+                // freed; unlink(2) is async-signal-safe.
+                unsafe { libc::unlink(name) };
+            }
+        }
+        let message = b"tensorwire: bus error: a mapped file changed size while it was \
+read (truncated by another program?); the partial output was removed\n";
+        // SAFETY: write(2) and raise(3) are async-signal-safe and the buffer is static.
+        // SA_RESETHAND made the action the default again, so the raised SIGBUS (held
+        // until the handler returns) ends the process, as the retried fault would.
+        unsafe {
+            libc::write(2, message.as_ptr().cast(), message.len());
+            libc::raise(libc::SIGBUS);
+        }
+    }
+    tensorwire_core::keep_temporaries_for_signal_handlers();
+    // SAFETY: a zeroed sigaction is a valid start; the handler is an `extern "C" fn`
+    // taking the signal number, and makes only async-signal-safe calls.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_bus_error as extern "C" fn(libc::c_int) as usize;
+        action.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+    }
+}
+
 impl MappedFile {
     /// Maps the file at `path` in `mode`. Errors carry the path. A FIFO with no
     /// writer is refused at once, not waited on (`core::open_for_reading`).
