@@ -1,6 +1,8 @@
 //! Decoding packets of every kind.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use tensorwire_core::{
     align_up, AlignedBuf, Bytes, DType, Error, NameSet, Result, Shape, TensorView,
@@ -46,20 +48,33 @@ pub fn decode_packet(input: &Bytes) -> Result<Packet> {
 /// checked against the input and `limits` before it is used; dense bodies, bundle
 /// members and sparse parts borrow `input`; XXH3 footers are verified.
 pub fn decode_packet_with(input: &Bytes, limits: &PacketLimits) -> Result<Packet> {
-    decode_counting_digests(input, limits).map(|(packet, _)| packet)
+    decode_noting(input, limits).map(|(packet, _)| packet)
 }
 
-/// [`decode_packet_with`], also returning how many integrity footers it checked (one
-/// per packet, nested ones included, that carries one).
-pub(crate) fn decode_counting_digests(
-    input: &Bytes,
-    limits: &PacketLimits,
-) -> Result<(Packet, usize)> {
+/// What [`decode_noting`] saw beside the packet, for `PacketSource`.
+#[derive(Debug, Default)]
+pub(crate) struct DecodeNotes {
+    /// Integrity footers checked (one per packet, nested ones included, that carries
+    /// one).
+    pub digests: usize,
+    /// Where each LZ4 frame lies in the input, `(offset, length)`, by the buffer it was
+    /// decoded into ([`decoded_buffer_key`] of the tensor's bytes).
+    pub frames: HashMap<usize, (u64, u64)>,
+}
+
+/// Tells decoded buffers apart: the address of their owner, which each decoded body
+/// has to itself (an empty one too) and keeps while any view of it lives.
+pub(crate) fn decoded_buffer_key(bytes: &Bytes) -> usize {
+    Arc::as_ptr(bytes.owner()) as *const u8 as usize
+}
+
+/// [`decode_packet_with`], also returning what it saw on the way ([`DecodeNotes`]).
+pub(crate) fn decode_noting(input: &Bytes, limits: &PacketLimits) -> Result<(Packet, DecodeNotes)> {
     Error::check_limit("packet length", input.len() as u64, limits.max_packet_bytes)?;
     let reader = Reader {
         input,
         limits,
-        digests: Cell::new(0),
+        notes: RefCell::new(DecodeNotes::default()),
     };
     let (packet, end) = reader.packet(0, input.len(), 0)?;
     if end != input.len() {
@@ -68,7 +83,7 @@ pub(crate) fn decode_counting_digests(
             format!("{} bytes after the end of the packet", input.len() - end),
         ));
     }
-    Ok((packet, reader.digests.get()))
+    Ok((packet, reader.notes.into_inner()))
 }
 
 /// The header fields every packet starts with.
@@ -86,8 +101,8 @@ struct Head {
 struct Reader<'a> {
     input: &'a Bytes,
     limits: &'a PacketLimits,
-    /// Integrity footers checked so far.
-    digests: Cell<usize>,
+    /// What decoding saw so far.
+    notes: RefCell<DecodeNotes>,
 }
 
 fn truncated(offset: usize, needed: usize, available: usize) -> Error {
@@ -307,7 +322,7 @@ impl Reader<'_> {
                 found: format!("{hash:016x}"),
             });
         }
-        self.digests.set(self.digests.get() + 1);
+        self.notes.borrow_mut().digests += 1;
         Ok(at + 8)
     }
 
@@ -337,8 +352,12 @@ impl Reader<'_> {
             let frame = self.take(body_at, end - body_at - footer, end)?;
             let stop = self.check_footer(head, xxh3_64(frame), end - footer, end)?;
             let what = format!("packet at offset {}", head.start);
-            let buf = crate::lz4::decompress(frame, body_len, &what)?;
-            let view = TensorView::new(&what, dtype, shape, buf.into_bytes(), false)?;
+            let buf = crate::lz4::decompress(frame, body_len, &what)?.into_bytes();
+            self.notes.borrow_mut().frames.insert(
+                decoded_buffer_key(&buf),
+                (body_at as u64, frame.len() as u64),
+            );
+            let view = TensorView::new(&what, dtype, shape, buf, false)?;
             return Ok((Packet::Dense(view), stop));
         }
         let body = self.take(body_at, body_len, end)?;

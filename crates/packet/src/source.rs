@@ -1,7 +1,7 @@
 //! A packet file as a [`TensorSource`].
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tensorwire_core::{
@@ -9,7 +9,7 @@ use tensorwire_core::{
 };
 
 use crate::codec::PacketLimits;
-use crate::read::decode_counting_digests;
+use crate::read::{decode_noting, decoded_buffer_key, DecodeNotes};
 use crate::value::{Packet, RaggedFraming};
 
 /// The name a single-packet source gives its tensor (and the prefix of the parts of a
@@ -39,6 +39,8 @@ pub struct PacketSource {
 
 struct Builder<'a> {
     input: &'a Bytes,
+    /// Where the decoder found each LZ4 frame (see [`DecodeNotes::frames`]).
+    frames: &'a HashMap<usize, (u64, u64)>,
     index: TensorIndex,
     views: Vec<TensorView>,
     attributes: BTreeMap<String, Value>,
@@ -57,108 +59,21 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Where a packet lies in the input: from its first byte to the end of the slot it
-/// has (the whole input, a bundle member's value, a sparse part), which a compressed
-/// body runs to.
-type Span = (usize, usize);
-
-/// The little-endian `u32` at `at`, as a length.
-fn u32_at(input: &[u8], at: usize) -> Option<usize> {
-    let b = input.get(at..at.checked_add(4)?)?;
-    usize::try_from(u32::from_le_bytes(b.try_into().ok()?)).ok()
-}
-
-/// The flags, dimension count and end of the fixed header of the packet at `start`
-/// (v4: a 10-byte header with `u16` flags, v3: 8 bytes with `u8` flags).
-fn head(input: &[u8], start: usize) -> Option<(u16, usize, usize)> {
-    match *input.get(start + 4)? {
-        4 => Some((
-            u16::from_le_bytes([*input.get(start + 5)?, *input.get(start + 6)?]),
-            usize::from(*input.get(start + 8)?),
-            start + 10,
-        )),
-        3 => Some((
-            u16::from(*input.get(start + 5)?),
-            usize::from(*input.get(start + 7)?),
-            start + 8,
-        )),
-        _ => None,
-    }
-}
-
-/// The LZ4 frame of the compressed dense packet in `span`: its offset in the input and
-/// its length (after the header, the shape and the alignment padding; before the
-/// integrity footer, if any). `None` when the packet is not compressed. The packet was
-/// decoded already, so this only finds again what the decoder checked.
-fn lz4_frame(input: &[u8], (start, end): Span) -> Option<(u64, u64)> {
-    use crate::flags::{ALIGNED, COMPRESSED, CUSTOM_ALIGNMENT, INTEGRITY};
-    let (flags, ndim, pos) = head(input, start)?;
-    if flags & COMPRESSED == 0 {
-        return None;
-    }
-    let mut pos = pos.checked_add(ndim.checked_mul(4)?)?;
-    let alignment = if flags & CUSTOM_ALIGNMENT != 0 {
-        let exp = *input.get(pos)?;
-        pos += 1;
-        1u64.checked_shl(exp.into())?
-    } else if flags & ALIGNED != 0 {
-        crate::DEFAULT_ALIGNMENT as u64
-    } else {
-        1
-    };
-    let body =
-        (start as u64).checked_add(tensorwire_core::align_up((pos - start) as u64, alignment)?)?;
-    let footer = if flags & INTEGRITY != 0 { 8 } else { 0 };
-    let frame_end = (end as u64).checked_sub(footer)?;
-    Some((body, frame_end.checked_sub(body)?))
-}
-
-/// The spans of the `count` members of the bundle at `start`: each a key (`u32`
-/// length, bytes) then a value (`u32` length, the member packet).
-fn bundle_spans(input: &[u8], start: usize, count: usize) -> Option<Vec<Span>> {
-    let (_, _, mut at) = head(input, start)?;
-    let mut spans = Vec::with_capacity(count);
-    for _ in 0..count {
-        let vlen_at = at.checked_add(4)?.checked_add(u32_at(input, at)?)?;
-        let value_at = vlen_at.checked_add(4)?;
-        let value_end = value_at.checked_add(u32_at(input, vlen_at)?)?;
-        spans.push((value_at, value_end));
-        at = value_end;
-    }
-    Some(spans)
-}
-
-/// The spans of the three parts of the sparse packet at `start`, after its shape:
-/// each a `u32` length then the part's packet.
-fn sparse_spans(input: &[u8], start: usize) -> Option<[Span; 3]> {
-    let (_, ndim, pos) = head(input, start)?;
-    let mut at = pos.checked_add(ndim.checked_mul(4)?)?;
-    let mut spans = [(0, 0); 3];
-    for span in &mut spans {
-        let part_at = at.checked_add(4)?;
-        let part_end = part_at.checked_add(u32_at(input, at)?)?;
-        *span = (part_at, part_end);
-        at = part_end;
-    }
-    Some(spans)
-}
-
 impl Builder<'_> {
-    /// Adds a tensor; `span` is where its own dense packet lies, when it has one (a
-    /// compressed tensor's stored bytes are the LZ4 frame found there).
+    /// Adds a tensor (a compressed one's stored bytes are the LZ4 frame the decoder
+    /// read it from).
     fn add(
         &mut self,
         name: String,
         view: &TensorView,
         layout: Layout,
         attributes: BTreeMap<String, Value>,
-        span: Option<Span>,
     ) -> Result<()> {
         let name: Arc<str> = Arc::from(name);
         let nbytes = view.bytes.len() as u64;
-        let frame = span
-            .filter(|_| !view.zero_copy)
-            .and_then(|span| lz4_frame(self.input, span));
+        let frame = (!view.zero_copy)
+            .then(|| self.frames.get(&decoded_buffer_key(&view.bytes)).copied())
+            .flatten();
         let (offset, stored_bytes, encoding) = match frame {
             Some((offset, length)) => (offset, length, Some("lz4".to_owned())),
             // A zero-copy view lies inside the input: its offset is the distance
@@ -187,49 +102,29 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn part(
-        &mut self,
-        base: &str,
-        part: &str,
-        view: &TensorView,
-        of: &str,
-        span: Option<Span>,
-    ) -> Result<()> {
+    fn part(&mut self, base: &str, part: &str, view: &TensorView, of: &str) -> Result<()> {
         let attributes = BTreeMap::from([("part_of".to_owned(), Value::Str(of.to_owned()))]);
-        self.add(
-            format!("{base}.{part}"),
-            view,
-            Layout::Dense,
-            attributes,
-            span,
-        )
+        self.add(format!("{base}.{part}"), view, Layout::Dense, attributes)
     }
 
     fn describe(&mut self, name: &str, what: String) {
         self.attributes.insert(name.to_owned(), Value::Str(what));
     }
 
-    /// Adds the tensors of `packet`, which lies in `span` of the input (`None` when
-    /// that could not be found again: its tensors then show their decoded size).
-    fn walk(&mut self, packet: &Packet, name: Option<&str>, span: Option<Span>) -> Result<()> {
+    fn walk(&mut self, packet: &Packet, name: Option<&str>) -> Result<()> {
         let base = name.unwrap_or(PACKET_TENSOR_NAME);
-        let input: &[u8] = self.input;
         match packet {
-            Packet::Dense(v) => {
-                self.add(base.to_owned(), v, Layout::Dense, BTreeMap::new(), span)?;
-            }
+            Packet::Dense(v) => self.add(base.to_owned(), v, Layout::Dense, BTreeMap::new())?,
             Packet::Bundle(b) => {
                 if let Some(name) = name {
                     self.describe(name, bundle_summary(b));
                 }
-                let spans = span.and_then(|(start, _)| bundle_spans(input, start, b.entries.len()));
-                for (i, (key, member)) in b.entries.iter().enumerate() {
+                for (key, member) in &b.entries {
                     let child = match name {
                         Some(prefix) => format!("{prefix}.{key}"),
                         None => key.clone(),
                     };
-                    let member_span = spans.as_ref().and_then(|s| s.get(i).copied());
-                    self.walk(member, Some(&child), member_span)?;
+                    self.walk(member, Some(&child))?;
                 }
             }
             Packet::Sparse(s) => {
@@ -244,16 +139,14 @@ impl Builder<'_> {
                     ),
                 );
                 let [d, i, p] = s.format.part_names();
-                let spans = span.and_then(|(start, _)| sparse_spans(input, start));
-                let at = |k: usize| spans.map(|s| s[k]);
-                self.part(base, d, &s.data, &of, at(0))?;
-                self.part(base, i, &s.indices, &of, at(1))?;
-                self.part(base, p, &s.pointers, &of, at(2))?;
+                self.part(base, d, &s.data, &of)?;
+                self.part(base, i, &s.indices, &of)?;
+                self.part(base, p, &s.pointers, &of)?;
             }
             Packet::Strings(s) => {
                 self.describe(base, format!("{} strings", s.count()));
-                self.part(base, "offsets", &s.offsets, "strings", None)?;
-                self.part(base, "payload", &s.payload, "strings", None)?;
+                self.part(base, "offsets", &s.offsets, "strings")?;
+                self.part(base, "payload", &s.payload, "strings")?;
             }
             Packet::Ragged(r) => {
                 let framing = match r.framing {
@@ -268,17 +161,8 @@ impl Builder<'_> {
                         r.flat.dtype
                     ),
                 );
-                // Bundle framing: members `__ragged_offsets__`, `__ragged_flat__`,
-                // `__ragged_count__`, each a dense packet that may be compressed.
-                let spans = match r.framing {
-                    RaggedFraming::Bundle => {
-                        span.and_then(|(start, _)| bundle_spans(input, start, 3))
-                    }
-                    RaggedFraming::Flag => None,
-                };
-                let at = |k: usize| spans.as_ref().map(|s| s[k]);
-                self.part(base, "offsets", &r.offsets, "ragged", at(0))?;
-                self.part(base, "flat", &r.flat, "ragged", at(1))?;
+                self.part(base, "offsets", &r.offsets, "ragged")?;
+                self.part(base, "flat", &r.flat, "ragged")?;
             }
             Packet::Quantized(q) => {
                 self.describe(
@@ -301,7 +185,7 @@ impl Builder<'_> {
                 ]);
                 let view = q.view()?;
                 let layout = Layout::Other("quantized".to_owned());
-                self.add(base.to_owned(), &view, layout, attributes, None)?;
+                self.add(base.to_owned(), &view, layout, attributes)?;
             }
             Packet::IpcRef(r) => {
                 let name = name.unwrap_or("ipc_ref");
@@ -324,9 +208,10 @@ impl Builder<'_> {
 impl PacketSource {
     /// Decodes `bytes` (exactly one packet of any kind).
     pub fn from_bytes(bytes: Bytes, limits: &PacketLimits) -> Result<PacketSource> {
-        let (packet, digests) = decode_counting_digests(&bytes, limits)?;
+        let (packet, DecodeNotes { digests, frames }) = decode_noting(&bytes, limits)?;
         let mut b = Builder {
             input: &bytes,
+            frames: &frames,
             index: TensorIndex::default(),
             views: Vec::new(),
             attributes: Default::default(),
@@ -336,7 +221,7 @@ impl PacketSource {
             b.attributes
                 .insert("packet".to_owned(), Value::Str(summary));
         }
-        b.walk(&packet, None, Some((0, bytes.len())))?;
+        b.walk(&packet, None)?;
         let Builder {
             index,
             views,
