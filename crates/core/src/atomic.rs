@@ -15,20 +15,34 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::{Error, Result};
 
-/// Temporaries created and not yet renamed into place or removed.
-static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// A temporary created and not yet renamed into place or removed, and the slot that
+/// holds its name for signal handlers, if it was published there.
+struct Live {
+    path: PathBuf,
+    signal_slot: Option<usize>,
+}
+
+/// The live temporaries.
+static LIVE: Mutex<Vec<Live>> = Mutex::new(Vec::new());
 
 /// Names tried before [`create_temporary`] gives up (each taken one is skipped).
 const ATTEMPTS: usize = 64;
 
-fn live() -> MutexGuard<'static, Vec<PathBuf>> {
+fn live() -> MutexGuard<'static, Vec<Live>> {
     LIVE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn forget(live: &mut Vec<PathBuf>, tmp: &Path) {
-    live.retain(|p| p != tmp);
-    #[cfg(unix)]
-    for_signals::withdraw(tmp);
+fn forget(live: &mut Vec<Live>, tmp: &Path) {
+    live.retain(|entry| {
+        if entry.path != tmp {
+            return true;
+        }
+        #[cfg(unix)]
+        if let Some(slot) = entry.signal_slot {
+            for_signals::withdraw(slot);
+        }
+        false
+    });
 }
 
 /// The live temporaries' paths as C strings, for the handler of a fatal signal
@@ -39,10 +53,9 @@ fn forget(live: &mut Vec<PathBuf>, tmp: &Path) {
 mod for_signals {
     use std::ffi::{c_char, CString};
     use std::os::unix::ffi::OsStrExt;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::ptr::null_mut;
     use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-    use std::sync::{Mutex, PoisonError};
 
     /// Most temporaries published at once (a writer has one at a time).
     const SLOTS: usize = 64;
@@ -52,42 +65,27 @@ mod for_signals {
     /// freed.
     pub(super) static NAMES: [AtomicPtr<c_char>; SLOTS] =
         [const { AtomicPtr::new(null_mut()) }; SLOTS];
-    /// Which slot holds which temporary's name.
-    static SLOT_OF: Mutex<Vec<(PathBuf, usize)>> = Mutex::new(Vec::new());
 
     pub(super) fn enable() {
         ON.store(true, Ordering::SeqCst);
     }
 
-    /// Publishes `tmp` in a free slot (with none free it is not published, and its
-    /// name stays allocated: best effort).
-    pub(super) fn publish(tmp: &Path) {
+    /// Publishes `tmp` in a free slot and returns it (with none free it is not
+    /// published, and its name stays allocated: best effort).
+    pub(super) fn publish(tmp: &Path) -> Option<usize> {
         if !ON.load(Ordering::SeqCst) {
-            return;
+            return None;
         }
-        let Ok(name) = CString::new(tmp.as_os_str().as_bytes()) else {
-            return;
-        };
-        let name = name.into_raw();
-        for (i, slot) in NAMES.iter().enumerate() {
-            if slot
-                .compare_exchange(null_mut(), name, Ordering::SeqCst, Ordering::SeqCst)
+        let name = CString::new(tmp.as_os_str().as_bytes()).ok()?.into_raw();
+        NAMES.iter().position(|slot| {
+            slot.compare_exchange(null_mut(), name, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
-            {
-                let mut slot_of = SLOT_OF.lock().unwrap_or_else(PoisonError::into_inner);
-                slot_of.push((tmp.to_owned(), i));
-                return;
-            }
-        }
+        })
     }
 
-    /// Takes `tmp` off its slot (its name stays allocated: see the module).
-    pub(super) fn withdraw(tmp: &Path) {
-        let mut slot_of = SLOT_OF.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(k) = slot_of.iter().position(|(path, _)| path == tmp) {
-            let (_, i) = slot_of.swap_remove(k);
-            NAMES[i].store(null_mut(), Ordering::SeqCst);
-        }
+    /// Empties `slot` (its name stays allocated: see the module).
+    pub(super) fn withdraw(slot: usize) {
+        NAMES[slot].store(null_mut(), Ordering::SeqCst);
     }
 }
 
@@ -200,8 +198,13 @@ pub fn create_temporary(destination: &Path) -> Result<(File, PathBuf)> {
         match options.open(&tmp) {
             Ok(file) => {
                 #[cfg(unix)]
-                for_signals::publish(&tmp);
-                live.push(tmp.clone());
+                let signal_slot = for_signals::publish(&tmp);
+                #[cfg(not(unix))]
+                let signal_slot = None;
+                live.push(Live {
+                    path: tmp.clone(),
+                    signal_slot,
+                });
                 return Ok((file, tmp));
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -246,7 +249,7 @@ pub fn remove_temporary(tmp: &Path) {
 pub fn remove_temporaries_before_exit() {
     let mut live = live();
     for tmp in live.drain(..) {
-        let _ = fs::remove_file(tmp);
+        let _ = fs::remove_file(tmp.path);
     }
     std::mem::forget(live);
 }

@@ -52,14 +52,7 @@ pub(crate) fn raise_descriptor_limit() {
 /// Sets the soft `RLIMIT_NOFILE` to `min(hard, cap)` when that is above it now; returns
 /// the soft limit after.
 fn raise_soft_nofile(cap: u64) -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a writable rlimit, as getrlimit needs.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let limit = nofile()?;
     // RLIM_INFINITY is the largest value, so `min` caps an unlimited hard limit too.
     let target = limit.rlim_max.min(cap as libc::rlim_t);
     if limit.rlim_cur >= target {
@@ -88,17 +81,21 @@ pub(crate) fn descriptor_limit_reached() -> String {
 
 /// This process's soft `RLIMIT_NOFILE`, for messages (`None` when unlimited or unknown).
 pub(crate) fn descriptor_limit() -> Option<u64> {
+    let soft = nofile().ok()?.rlim_cur;
+    (soft != libc::RLIM_INFINITY).then_some(soft)
+}
+
+/// This process's `RLIMIT_NOFILE` (soft and hard).
+fn nofile() -> std::io::Result<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `limit` is a writable rlimit, as getrlimit needs.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0
-        || limit.rlim_cur == libc::RLIM_INFINITY
-    {
-        return None;
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    Some(limit.rlim_cur)
+    Ok(limit)
 }
 
 #[cfg(test)]

@@ -314,7 +314,6 @@ impl<'a> Decoder<'a> {
                 return Err(self.err("a map key is not a string, number, bool or null"));
             }
         };
-        self.keys_made_text = true;
         Ok((key, false))
     }
 
@@ -365,6 +364,7 @@ impl<'a> Decoder<'a> {
                 })?;
                 // Keys read as text may meet (`0` and `"0"`): one would be lost.
                 if made_text {
+                    self.keys_made_text = true;
                     let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
                     keys.sort_unstable();
                     if keys.windows(2).any(|pair| pair[0] == pair[1]) {
