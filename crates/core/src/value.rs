@@ -56,9 +56,17 @@ impl fmt::Display for Value {
             Value::Null => f.write_str("null"),
             Value::Bool(b) => write!(f, "{b}"),
             Value::Int(i) => write!(f, "{i}"),
-            Value::Float(x) => write!(f, "{x}"),
+            Value::Float(x) => {
+                let mut text = String::new();
+                push_python_float(&mut text, *x);
+                f.write_str(&text)
+            }
             Value::Str(s) => write!(f, "{s:?}"),
-            Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
+            Value::Bytes(b) => {
+                let mut text = String::new();
+                push_python_bytes(&mut text, b);
+                f.write_str(&text)
+            }
             Value::List(items) => {
                 f.write_str("[")?;
                 for (i, v) in items.iter().enumerate() {
@@ -81,6 +89,37 @@ impl fmt::Display for Value {
             }
         }
     }
+}
+
+/// `bytes` as Python's `repr` writes a bytes object (`b'\x00ab'`, `b"it's"`): every
+/// byte kept, so the text reads back with `ast.literal_eval`.
+fn push_python_bytes(out: &mut String, bytes: &[u8]) {
+    use std::fmt::Write;
+    // Python quotes with `'` unless the bytes hold a `'` and no `"`.
+    let quote = if bytes.contains(&b'\'') && !bytes.contains(&b'"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push('b');
+    out.push(quote);
+    for &b in bytes {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            _ if char::from(b) == quote => {
+                out.push('\\');
+                out.push(quote);
+            }
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    out.push(quote);
 }
 
 /// `f` as Python's `repr` writes a float: the shortest text that reads back, in
@@ -116,4 +155,37 @@ pub fn push_python_float(out: &mut String, f: f64) {
         out.push('0');
     }
     out.push_str(digits);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_keeps_bytes_and_floats_as_python_writes_them() {
+        // The right-hand sides are Python's own `repr` of the same values.
+        let cases: [(Value, &str); 10] = [
+            (
+                Value::Bytes(b"\x00\x01binary".to_vec()),
+                r"b'\x00\x01binary'",
+            ),
+            (Value::Bytes(b"it's".to_vec()), r#"b"it's""#),
+            (Value::Bytes(b"both'\"".to_vec()), r#"b'both\'"'"#),
+            (
+                Value::Bytes(b"\\ \t\n\r\x7f\xff".to_vec()),
+                r"b'\\ \t\n\r\x7f\xff'",
+            ),
+            (Value::Bytes(Vec::new()), "b''"),
+            (Value::Float(1.0), "1.0"),
+            (Value::Float(65536.0), "65536.0"),
+            (Value::Float(f64::NAN), "nan"),
+            (Value::Float(f64::NEG_INFINITY), "-inf"),
+            (Value::Float(1e308), "1e+308"),
+        ];
+        for (value, python) in cases {
+            assert_eq!(value.to_string(), python);
+        }
+        let nested = Value::List(vec![Value::Float(0.5), Value::Bytes(b"a".to_vec())]);
+        assert_eq!(nested.to_string(), "[0.5, b'a']");
+    }
 }

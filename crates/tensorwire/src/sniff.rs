@@ -128,15 +128,28 @@ fn first_zip_name(head: &[u8]) -> Option<&[u8]> {
 /// say (another tool wrote the archive): torch's have a `data.pkl` record.
 fn zip_format(input: &Input, limits: &Limits) -> Result<FileFormat> {
     let archive = ZipArchive::parse(input, limits.max_tensors, limits.max_name_bytes)?;
-    let torch = archive
-        .entries()
-        .iter()
-        .any(|e| e.name.rsplit('/').next() == Some("data.pkl"));
-    Ok(if torch {
-        FileFormat::PyTorch
-    } else {
-        FileFormat::Npz
-    })
+    let last_parts = || archive.entries().iter().map(|e| e.name.rsplit('/').next());
+    if last_parts().any(|name| name == Some("data.pkl")) {
+        return Ok(FileFormat::PyTorch);
+    }
+    // torch.export's `.pt2` package: `<folder>/archive_format` holds `pt2`.
+    if last_parts().any(|name| name == Some("archive_format")) {
+        return Err(Error::unsupported(
+            "a torch.export package (.pt2: an exported program, not a torch.save \
+             checkpoint; its weights load through torch.export.load)",
+        ));
+    }
+    let npy_member = archive.entries().iter().any(|e| {
+        let name = e.name.as_ref();
+        name.ends_with(".npy") || !name.contains('/')
+    });
+    if !npy_member && !archive.entries().is_empty() {
+        return Err(Error::unsupported(
+            "a ZIP archive that is neither a torch checkpoint (no `<folder>/data.pkl` \
+             record) nor an NPZ archive (no `.npy` member)",
+        ));
+    }
+    Ok(FileFormat::Npz)
 }
 
 /// How [`open_with`] maps and checks a file.
