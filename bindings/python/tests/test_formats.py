@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import tokenize
+import zlib
 
 import numpy as np
 import pytest
@@ -208,6 +209,59 @@ def test_npz_digests_and_sizes_are_checked(tmp_path):
     np.testing.assert_array_equal(r["x"], np.arange(3.0))
     with pytest.raises(tensorwire.DecodeError, match="cannot come from"):
         r.verify()
+
+
+def test_npz_members_whose_crc_fails_stop_convert_and_copies(tmp_path):
+    # One bit of a stored member's array flipped: np.load refuses the member.
+    data = _npz_bytes(tmp_path, w=np.arange(8, dtype="<f4"), b=np.ones(3))
+    at = data.find(np.arange(8, dtype="<f4").tobytes())
+    data[at + 2] ^= 0x40
+    bad = _open_bytes(tmp_path, data, "crc_bad.npz")
+    with pytest.raises(Exception, match="CRC"):
+        np.load(str(tmp_path / "crc_bad.npz"))["w"]
+    dst = str(tmp_path / "out.zt")
+    with pytest.raises(tensorwire.ChecksumError, match="w.npy"):
+        tensorwire.convert(str(tmp_path / "crc_bad.npz"), dst)
+    assert not os.path.exists(dst)
+    with pytest.raises(tensorwire.ChecksumError):
+        bad.read_numpy("w", copy=True)
+    np.testing.assert_array_equal(bad.read_numpy("b", copy=True), np.ones(3))
+    # Zero-copy reads touch no byte, so they do not check (verify() does).
+    assert bad["w"].shape == (8,)
+    with pytest.raises(tensorwire.ChecksumError):
+        bad.verify()
+    # A deflated member is checked whenever it is inflated to its end.
+    data = _npz_bytes(tmp_path, compressed=True, w=np.arange(8, dtype="<f4"))
+    cd = data.rfind(b"PK\x01\x02")
+    data[cd + 16] ^= 0x01
+    with pytest.raises(tensorwire.ChecksumError):
+        _open_bytes(tmp_path, data, "crc_bad_deflated.npz")["w"]
+
+
+def _zip_without_utf8_flag(members):
+    """A stored ZIP of `(name bytes, data)` members, general-purpose flags all clear."""
+    out, central = bytearray(), []
+    for name, data in members:
+        crc, offset = zlib.crc32(data), len(out)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, len(data),
+                           len(data), len(name), 0) + name + data
+        central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0, crc,
+                                   len(data), len(data), len(name), 0, 0, 0, 0, 0, offset) + name)
+    directory = b"".join(central)
+    return bytes(out + directory + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members),
+                                               len(members), len(directory), len(out), 0))
+
+
+def test_npz_member_names_are_decoded_as_zipfile_decodes_them(tmp_path):
+    # Without the UTF-8 flag names are code page 437, as np.load reads them.
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.arange(3.0))
+    npy = buf.getvalue()
+    for name in (b"m\x81.npy", "café.npy".encode(), bytes(range(128, 256)) + b".npy"):
+        data = _zip_without_utf8_flag([(name, npy)])
+        with np.load(io.BytesIO(data)) as want, _open_bytes(tmp_path, data) as got:
+            assert got.keys() == want.files == [name[:-4].decode("cp437")]
+            np.testing.assert_array_equal(got[want.files[0]], want[want.files[0]])
 
 
 def test_npz_members_that_are_not_arrays_are_unsupported_stored_or_deflated(tmp_path):
@@ -440,6 +494,20 @@ def test_zt_logical_types_without_a_dtype_are_kept_or_refused(tmp_path, version)
         assert r.metadata("e8").attributes == {"safetensors.dtype": "F8_E8M0",
                                                "safetensors.shape": [2, 3]}
         assert r.read_numpy("e8").tobytes() == bytes(range(6))
+
+
+def test_gguf_lengths_past_the_end_of_a_small_file_are_truncation():
+    # A string claiming 512 MiB or 2 GiB of a 64-byte file: cut short, whether or not
+    # the claim passes the header limit.
+    def gguf_with_string_length(n):
+        kv = struct.pack("<Q", 1) + b"k" + struct.pack("<I", 8) + struct.pack("<Q", n) + b"abc"
+        return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv
+    for n in (512 << 20, 2 << 30, 1 << 62):
+        with pytest.raises(tensorwire.TruncatedError):
+            tensorwire.Reader(buffer=gguf_with_string_length(n))
+    many_pairs = b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 62)
+    with pytest.raises(tensorwire.TruncatedError):
+        tensorwire.Reader(buffer=many_pairs)
 
 
 def test_gguf_reads_what_the_gguf_package_reads():

@@ -549,22 +549,29 @@ impl<'a> Cursor<'a> {
         self.pos as u64
     }
 
-    /// Checks that `n` more bytes exist and stay within the header limit.
+    /// Checks that `n` more bytes exist and stay within the header limit. A claim
+    /// past the end of the input is [`Error::Truncated`] whatever the limit (a small
+    /// file that claims much is cut short, not too big); the limit's
+    /// [`Error::LimitExceeded`] is for a header that really is that long.
     fn need(&self, n: u64) -> Result<()> {
-        let end = self.pos().checked_add(n);
-        match end {
-            Some(end) if end <= self.limit && end <= self.buf.len() as u64 => Ok(()),
-            Some(end) if end <= self.limit => Err(Error::Truncated {
+        let available = (self.buf.len() as u64).saturating_sub(self.pos());
+        if n > available {
+            return Err(Error::Truncated {
                 offset: self.pos(),
                 needed: n,
-                available: (self.buf.len() as u64).saturating_sub(self.pos()),
-            }),
-            _ => Err(Error::LimitExceeded {
+                available,
+            });
+        }
+        // Within the input, so no overflow.
+        let end = self.pos() + n;
+        if end > self.limit {
+            return Err(Error::LimitExceeded {
                 what: "GGUF header size",
                 limit: self.limit,
-                found: end.unwrap_or(u64::MAX),
-            }),
+                found: end,
+            });
         }
+        Ok(())
     }
 
     /// Checks that `count` items of at least `min_size` bytes each can follow.

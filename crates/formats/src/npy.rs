@@ -9,17 +9,20 @@
 //! array's name.
 //!
 //! [`NumpyReader`] parses every header on open (deflated members inflate only their
-//! first bytes for it). Little-endian C-order arrays of a mapped file or a stored
-//! member are zero-copy; Fortran-order arrays are served strided (zero-copy) by
-//! [`TensorSource::strided`] and gathered into C order by [`TensorSource::view`];
-//! big-endian arrays are byte-swapped copies; deflated members are inflated on each
-//! read. Object, string, structured and datetime arrays are refused: only numeric
-//! and boolean arrays are tensors.
+//! first bytes for it, reading their compressed bytes a chunk at a time). Little-endian
+//! C-order arrays of a mapped file or a stored member are zero-copy; Fortran-order
+//! arrays are served strided (zero-copy) by [`TensorSource::strided`] and gathered
+//! into C order by [`TensorSource::view`]; big-endian arrays are byte-swapped copies;
+//! deflated members are inflated on each read. A member's CRC-32 is checked once per
+//! reader when a read holds the whole member anyway: the first `view` of a stored
+//! member's array, or an inflation that reaches the end of a deflated member
+//! ([`TensorSource::verify`] checks every member). Object, string, structured and
+//! datetime arrays are refused: only numeric and boolean arrays are tensors.
 
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::strided::{column_major_strides, swap_bytes};
 use tensorwire_core::{
@@ -491,6 +494,34 @@ enum Location {
 struct ArrayRecord {
     header: NpyHeader,
     location: Location,
+    /// The NPZ member holding the array, for its CRC-32 (`None` in an `.npy` file).
+    member: Option<ZipEntry>,
+    /// Set once the member's CRC-32 has been checked (see [`ArrayRecord::check_crc`]).
+    crc_checked: OnceLock<()>,
+}
+
+impl ArrayRecord {
+    fn new(header: NpyHeader, location: Location, member: Option<ZipEntry>) -> ArrayRecord {
+        ArrayRecord {
+            header,
+            location,
+            member,
+            crc_checked: OnceLock::new(),
+        }
+    }
+
+    /// Checks `member_bytes`, the whole of this array's NPZ member (inflated), against
+    /// the member's CRC-32, once per reader: [`Error::DigestMismatch`] on a mismatch.
+    /// An `.npy` file has no digest to check.
+    fn check_crc(&self, member_bytes: &[u8]) -> Result<()> {
+        if let Some(member) = &self.member {
+            if self.crc_checked.get().is_none() {
+                member.check_crc32(member_bytes)?;
+                let _ = self.crc_checked.set(());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An `.npy` file or `.npz` archive as a [`TensorSource`].
@@ -530,10 +561,7 @@ impl NumpyReader {
         if sniff(&bytes) {
             let header = parse_header(&bytes, limits)?;
             check_data(&header, bytes.len() as u64, NPY_TENSOR_NAME)?;
-            let record = ArrayRecord {
-                header,
-                location: Location::Mapped(bytes.clone()),
-            };
+            let record = ArrayRecord::new(header, Location::Mapped(bytes.clone()), None);
             NumpyReader::new(
                 NumpyFormat::Npy,
                 Input::mapped(bytes),
@@ -581,7 +609,7 @@ impl NumpyReader {
             check_data(&header, entry.size, &entry.name)?;
             arrays.push((
                 Arc::from(name),
-                ArrayRecord { header, location },
+                ArrayRecord::new(header, location, Some(entry.clone())),
                 entry.data_offset,
             ));
         }
@@ -659,7 +687,8 @@ impl NumpyReader {
     }
 
     /// The array's element bytes as stored (file order, file byte order), and whether
-    /// they borrow the input.
+    /// they borrow the input. A deflated member inflated whole (the array ends where
+    /// the member does, as numpy writes it) is checked against its CRC-32 on the way.
     fn stored(&self, record: &ArrayRecord) -> Result<(Bytes, bool)> {
         let h = &record.header;
         let (npy, borrowed) = match &record.location {
@@ -667,15 +696,15 @@ impl NumpyReader {
             Location::Mapped(npy) => (npy.clone(), true),
             // Inflated up to the array's end: bytes after it (numpy ignores them) are
             // never decompressed.
-            Location::Deflated(entry) => (
-                read_entry_prefix(
-                    &self.input,
-                    entry,
-                    h.data_offset.saturating_add(h.nbytes),
-                    self.limits.max_decoded_bytes,
-                )?,
-                false,
-            ),
+            Location::Deflated(entry) => {
+                let end = h.data_offset.saturating_add(h.nbytes);
+                let npy =
+                    read_entry_prefix(&self.input, entry, end, self.limits.max_decoded_bytes)?;
+                if end == entry.size {
+                    record.check_crc(&npy)?;
+                }
+                (npy, false)
+            }
         };
         Ok((npy.slice_at(h.data_offset, h.nbytes)?, borrowed))
     }
@@ -744,49 +773,125 @@ fn check_data(header: &NpyHeader, available: u64, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Inflates the first bytes of a deflated member, enough for its `.npy` header.
-fn inflate_head(input: &Input, entry: &ZipEntry) -> Result<Vec<u8>> {
-    let raw = input.read_meta(entry.data_offset, entry.compressed_size)?;
-    let decode = |reason: String| Error::Decode {
-        tensor: entry.name.to_string(),
-        encoding: "deflate".into(),
-        reason,
-    };
-    let inflate = |want: usize| -> Result<Vec<u8>> {
-        let want = want.min(usize::try_from(entry.size).unwrap_or(usize::MAX));
-        let mut out = vec![0u8; want];
-        let mut state =
-            miniz_oxide::inflate::stream::InflateState::new(miniz_oxide::DataFormat::Raw);
-        let result = miniz_oxide::inflate::stream::inflate(
-            &mut state,
-            &raw,
-            &mut out,
-            miniz_oxide::MZFlush::None,
-        );
-        match result.status {
-            Ok(_) | Err(miniz_oxide::MZError::Buf) => {
-                out.truncate(result.bytes_written);
-                Ok(out)
-            }
-            Err(e) => Err(decode(format!("{e:?}"))),
+/// Compressed bytes of a deflated member read at a time while inflating its head.
+const INFLATE_CHUNK: u64 = 16 << 10;
+
+/// The first bytes of a deflated member's stream, inflated as they are asked for:
+/// the compressed bytes are read [`INFLATE_CHUNK`] at a time (the first from the
+/// head read with the member's local header), never the whole member at once.
+struct HeadInflater<'a> {
+    input: &'a Input,
+    entry: &'a ZipEntry,
+    state: Box<miniz_oxide::inflate::stream::InflateState>,
+    /// Compressed bytes read, of which the first `consumed` went into the stream.
+    chunk: Bytes,
+    consumed: usize,
+    /// Compressed bytes of the member read so far.
+    read: u64,
+    /// The output buffer, of which the first `filled` bytes are inflated.
+    out: Vec<u8>,
+    filled: usize,
+    /// True once the stream ended or its compressed bytes ran out.
+    done: bool,
+}
+
+impl<'a> HeadInflater<'a> {
+    fn new(input: &'a Input, entry: &'a ZipEntry) -> HeadInflater<'a> {
+        let chunk = entry.head.clone().unwrap_or_else(Bytes::empty);
+        HeadInflater {
+            input,
+            entry,
+            state: miniz_oxide::inflate::stream::InflateState::new_boxed(
+                miniz_oxide::DataFormat::Raw,
+            ),
+            read: chunk.len() as u64,
+            chunk,
+            consumed: 0,
+            out: Vec::new(),
+            filled: 0,
+            done: false,
         }
-    };
-    let head = inflate(4096)?;
+    }
+
+    fn decode_error(&self, reason: String) -> Error {
+        Error::Decode {
+            tensor: self.entry.name.to_string(),
+            encoding: "deflate".into(),
+            reason,
+        }
+    }
+
+    /// Inflates until `want` bytes (at most the member's size) are out, the stream
+    /// ends or its compressed bytes run out; returns everything inflated so far.
+    fn inflate_to(&mut self, want: u64) -> Result<&[u8]> {
+        let want = usize::try_from(want.min(self.entry.size)).unwrap_or(usize::MAX);
+        if self.out.len() < want {
+            self.out.resize(want, 0);
+        }
+        while !self.done && self.filled < want {
+            if self.consumed == self.chunk.len() {
+                if self.read >= self.entry.compressed_size {
+                    self.done = true;
+                    break;
+                }
+                let len = INFLATE_CHUNK.min(self.entry.compressed_size - self.read);
+                self.chunk = self
+                    .input
+                    .read_meta(self.entry.data_offset + self.read, len)?;
+                self.consumed = 0;
+                self.read += len;
+            }
+            let result = miniz_oxide::inflate::stream::inflate(
+                &mut self.state,
+                &self.chunk[self.consumed..],
+                &mut self.out[self.filled..want],
+                miniz_oxide::MZFlush::None,
+            );
+            self.filled += result.bytes_written;
+            self.consumed += result.bytes_consumed;
+            match result.status {
+                Ok(miniz_oxide::MZStatus::StreamEnd) => self.done = true,
+                // `Buf`: the input given was used up; the next turn reads more.
+                Ok(_) | Err(miniz_oxide::MZError::Buf) => {
+                    let stalled = result.bytes_consumed == 0 && result.bytes_written == 0;
+                    if stalled && self.consumed < self.chunk.len() {
+                        // Input and room for output, and neither used: never loop.
+                        return Err(self.decode_error("the stream makes no progress".into()));
+                    }
+                }
+                Err(e) => return Err(self.decode_error(format!("{e:?}"))),
+            }
+        }
+        Ok(&self.out[..self.filled])
+    }
+
+    /// Everything inflated so far.
+    fn into_inflated(mut self) -> Vec<u8> {
+        self.out.truncate(self.filled);
+        self.out
+    }
+}
+
+/// Inflates the first bytes of a deflated member, enough for its `.npy` header,
+/// reading its compressed bytes a chunk at a time: only as many as those bytes need.
+fn inflate_head(input: &Input, entry: &ZipEntry) -> Result<Vec<u8>> {
+    let mut inflater = HeadInflater::new(input, entry);
+    let head = inflater.inflate_to(NPY_HEAD_READ)?;
     let whole = head.len() as u64 == entry.size;
-    if !sniff(&head) || whole {
+    if !sniff(head) || whole {
         // Not an array, or all of the member: `parse_member` names the problem.
-        return Ok(head);
+        return Ok(inflater.into_inflated());
     }
-    let (_, _, fixed, len) = preamble(&head).map_err(|e| match e {
-        e @ Error::Truncated { .. } => decode(format!("inflated member too short: {e}")),
-        e => e,
-    })?;
-    let total = (fixed + len) as usize;
-    if total <= head.len() {
-        Ok(head)
-    } else {
-        inflate(total)
-    }
+    let (_, _, fixed, len) = match preamble(head) {
+        Ok(found) => found,
+        Err(e @ Error::Truncated { .. }) => {
+            return Err(inflater.decode_error(format!("inflated member too short: {e}")))
+        }
+        Err(e) => return Err(e),
+    };
+    // `preamble` held `len` to `MAX_HEADER_BYTES`: at most that much is inflated.
+    inflater.inflate_to(fixed + len)?;
+    Ok(inflater.into_inflated())
 }
 
 impl TensorSource for NumpyReader {
@@ -810,8 +915,18 @@ impl TensorSource for NumpyReader {
     }
 
     /// Zero-copy for a little-endian C-order array of a map or stored member; a
-    /// row-major (and byte-swapped) copy otherwise.
+    /// row-major (and byte-swapped) copy otherwise. The first view of an NPZ member's
+    /// array checks the member's CRC-32 (as `np.load` does on each read), so the
+    /// readers that take every byte (`convert`, copies) never pass on a damaged
+    /// member; [`TensorSource::strided`] reads a stored member without touching it.
     fn view_at(&self, position: usize) -> Result<TensorView> {
+        self.index.checked_at(position)?;
+        let record = &self.records[position];
+        if let (Location::Mapped(member_bytes), Some(_)) = (&record.location, &record.member) {
+            // A stored member: all of it is mapped (deflated ones are checked when
+            // inflated whole, in `stored`).
+            record.check_crc(member_bytes)?;
+        }
         let strided = self.strided_at(position)?;
         let name = &self.index.at(position).name;
         if strided.is_contiguous() {

@@ -568,15 +568,68 @@ fn big_endian_is_unsupported() {
 fn huge_kv_count_is_refused_before_allocating() {
     let mut b = Builder::new();
     b.kv_count = Some(1 << 62);
-    assert!(matches!(
-        err(&b.build()),
-        Error::LimitExceeded {
-            what: "GGUF header size",
-            ..
-        }
-    ));
+    // The pairs cannot fit the file: cut short, not too big for the limit.
+    assert!(matches!(err(&b.build()), Error::Truncated { .. }));
     b.kv_count = Some(1000);
     assert!(matches!(err(&b.build()), Error::Truncated { .. }));
+}
+
+/// A GGUF file whose one metadata value is a string claiming `len` bytes, of which
+/// `present` follow.
+fn gguf_with_string_claim(len: u64, present: usize) -> Vec<u8> {
+    let mut v = T_STRING.to_le_bytes().to_vec();
+    v.extend_from_slice(&len.to_le_bytes());
+    v.extend(vec![b'a'; present]);
+    Builder::new().kv_raw(b"k", &v).build()
+}
+
+#[test]
+fn lying_lengths_in_a_small_file_are_truncated_not_over_the_limit() {
+    // A 2 GiB string, 2^62 pairs, 2^60 strings, claimed by files of a few dozen
+    // bytes: truncated files, whatever the header limit (the default 64 MiB, or 0).
+    let mut kv = Builder::new();
+    kv.kv_count = Some(1 << 62);
+    let files = [
+        gguf_with_string_claim(2 << 30, 3),
+        gguf_with_string_claim(512 << 20, 3),
+        gguf_with_string_claim(u64::MAX, 3),
+        kv.build(),
+        Builder::new()
+            .kv_raw(b"a", &array(T_STRING, 1 << 60, &gstr(b"a")))
+            .build(),
+        Builder::new()
+            .kv_raw(b"a", &array(T_U8, u64::MAX, &[1]))
+            .build(),
+    ];
+    // Each file's fixed fields fit a 64-byte limit; the claims pass it and the file.
+    for limit in [Limits::default().max_metadata_bytes, 64] {
+        let limits = Limits {
+            max_metadata_bytes: limit,
+            ..Limits::default()
+        };
+        for (i, data) in files.iter().enumerate() {
+            assert!(data.len() <= 64);
+            match open_with(data, &limits) {
+                Err(Error::Truncated { .. }) => {}
+                other => panic!("file {i}, limit {limit}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
+    // A string that is there, in a header longer than the limit: the limit's error.
+    let data = gguf_with_string_claim(4096, 4096);
+    let limits = Limits {
+        max_metadata_bytes: 1024,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        open_with(&data, &limits),
+        Err(Error::LimitExceeded {
+            what: "GGUF header size",
+            limit: 1024,
+            ..
+        })
+    ));
+    assert!(open_bytes(&data).is_ok());
 }
 
 #[test]
@@ -606,11 +659,11 @@ fn huge_string_lengths_are_refused() {
             ..
         }
     ));
-    // A string value claiming 2^62 bytes.
+    // A string value claiming 2^62 bytes of a small file.
     let mut v = T_STRING.to_le_bytes().to_vec();
     v.extend_from_slice(&(1u64 << 62).to_le_bytes());
     let data = Builder::new().kv_raw(b"s", &v).build();
-    assert!(matches!(err(&data), Error::LimitExceeded { .. }));
+    assert!(matches!(err(&data), Error::Truncated { .. }));
     // A string value running past the end of the file.
     let mut v = T_STRING.to_le_bytes().to_vec();
     v.extend_from_slice(&100u64.to_le_bytes());
@@ -643,14 +696,9 @@ fn string_array_with_count_2_pow_60_is_refused() {
             &array(T_STRING, 1 << 60, &gstr(b"a")),
         )
         .build();
-    assert!(matches!(
-        err(&data),
-        Error::LimitExceeded {
-            what: "GGUF header size",
-            ..
-        }
-    ));
-    // Also refused when the limit is effectively off: the bytes are not there.
+    // The strings cannot fit the file: cut short, whatever the limit.
+    assert!(matches!(err(&data), Error::Truncated { .. }));
+    // Also when the limit is effectively off: the bytes are not there.
     let limits = Limits {
         max_metadata_bytes: u64::MAX,
         ..Limits::default()

@@ -183,33 +183,55 @@ fn npz_member_headers_are_read_positionally_never_the_arrays() {
     }
 }
 
-/// A stored ZIP archive of `(name, data)` records (CRCs left 0: not checked on reads).
-fn stored_zip(records: &[(&str, Vec<u8>)]) -> Vec<u8> {
+/// The ZIP CRC-32 of `data` (bit by bit: test archives are small).
+fn crc32(data: &[u8]) -> u32 {
+    !data.iter().fold(!0u32, |crc, &byte| {
+        (0..8).fold(crc ^ u32::from(byte), |crc, _| {
+            (crc >> 1) ^ (0xedb8_8320 & (crc & 1).wrapping_neg())
+        })
+    })
+}
+
+/// How a test archive holds a member.
+#[derive(Clone, Copy, PartialEq)]
+enum Store {
+    Stored,
+    /// Deflated at this level (0: stored deflate blocks, no compression).
+    Deflated(u8),
+}
+
+/// A ZIP archive of `(name, data, store)` records, each with its data's CRC-32, and
+/// no general-purpose flags (names are ASCII).
+fn zip_archive(records: &[(&str, Vec<u8>, Store)]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut central = Vec::new();
-    for (name, data) in records {
+    for (name, data, store) in records {
         let offset = out.len() as u32;
         let fixed = |sig: u32, extra_fields: &[u8]| {
             let mut h = sig.to_le_bytes().to_vec();
             h.extend_from_slice(extra_fields);
             h
         };
+        let (method, body) = match store {
+            Store::Stored => (0u8, data.clone()),
+            Store::Deflated(level) => (8u8, miniz_oxide::deflate::compress_to_vec(data, *level)),
+        };
         let mut sizes = Vec::new();
-        sizes.extend_from_slice(&0u32.to_le_bytes()); // crc
-        sizes.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        sizes.extend_from_slice(&crc32(data).to_le_bytes());
+        sizes.extend_from_slice(&(body.len() as u32).to_le_bytes());
         sizes.extend_from_slice(&(data.len() as u32).to_le_bytes());
         let name_len = (name.len() as u16).to_le_bytes();
-        // Local header: version, flags, method 0, time, date, crc/sizes, name, extra 0.
-        let mut local = fixed(0x0403_4b50, &[20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // Local header: version, flags, method, time, date, crc/sizes, name, extra 0.
+        let mut local = fixed(0x0403_4b50, &[20, 0, 0, 0, method, 0, 0, 0, 0, 0]);
         local.extend_from_slice(&sizes);
         local.extend_from_slice(&name_len);
         local.extend_from_slice(&[0, 0]);
         local.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&local);
-        out.extend_from_slice(data);
+        out.extend_from_slice(&body);
         // Central record: versions, flags, method, time, date, crc/sizes, lengths,
         // disk, attributes, local header offset, name.
-        let mut c = fixed(0x0201_4b50, &[20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let mut c = fixed(0x0201_4b50, &[20, 0, 20, 0, 0, 0, method, 0, 0, 0, 0, 0]);
         c.extend_from_slice(&sizes);
         c.extend_from_slice(&name_len);
         c.extend_from_slice(&[0; 12]);
@@ -228,6 +250,15 @@ fn stored_zip(records: &[(&str, Vec<u8>)]) -> Vec<u8> {
     out.extend_from_slice(&dir_offset.to_le_bytes());
     out.extend_from_slice(&[0, 0]);
     out
+}
+
+/// A ZIP archive of stored `(name, data)` records.
+fn stored_zip(records: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let records: Vec<_> = records
+        .iter()
+        .map(|(name, data)| (*name, data.clone(), Store::Stored))
+        .collect();
+    zip_archive(&records)
 }
 
 /// A `.npy` v1 image of little-endian f32 values whose header dict is padded with
@@ -276,10 +307,32 @@ fn npz_member_headers_longer_than_the_first_read_are_read_whole() {
     assert_eq!(positional.header("long").unwrap().data_offset, 10 + 2038);
 }
 
-/// A file image in memory that counts the positional reads made of it.
+/// A file image in memory that counts the positional reads made of it, and their
+/// bytes.
 struct CountingFile {
     image: Vec<u8>,
     reads: std::sync::atomic::AtomicUsize,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl CountingFile {
+    fn new(image: Vec<u8>) -> CountingFile {
+        CountingFile {
+            image,
+            reads: Default::default(),
+            bytes: Default::default(),
+        }
+    }
+
+    /// The archive as `NumpyReader::open` reads it: a map, with this file for the
+    /// member headers.
+    fn open_npz(self: &std::sync::Arc<Self>) -> tensorwire_core::Result<NumpyReader> {
+        let input = tensorwire_pytorch::Input::mapped_with_file(
+            Bytes::from_vec(self.image.clone()),
+            self.clone(),
+        )?;
+        NumpyReader::npz(input, &Limits::default())
+    }
 }
 
 impl tensorwire_range::RangeRead for CountingFile {
@@ -290,6 +343,8 @@ impl tensorwire_range::RangeRead for CountingFile {
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> tensorwire_core::Result<()> {
         self.reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.bytes
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let start = offset as usize;
         buf.copy_from_slice(&self.image[start..start + buf.len()]);
         Ok(())
@@ -311,14 +366,8 @@ fn small_npz_members_share_header_reads() {
         .map(|(name, values)| (name.as_str(), padded_npy(values, 118)))
         .collect();
     let image = stored_zip(&records);
-    let file = std::sync::Arc::new(CountingFile {
-        image: image.clone(),
-        reads: Default::default(),
-    });
-    let input =
-        tensorwire_pytorch::Input::mapped_with_file(Bytes::from_vec(image.clone()), file.clone())
-            .unwrap();
-    let positional = NumpyReader::npz(input, &Limits::default()).unwrap();
+    let file = std::sync::Arc::new(CountingFile::new(image.clone()));
+    let positional = file.open_npz().unwrap();
     let in_memory = NumpyReader::from_bytes(Bytes::from_vec(image), &Limits::default()).unwrap();
     assert_same_arrays(&in_memory, &positional);
     let reads = file.reads.load(std::sync::atomic::Ordering::Relaxed);
@@ -350,4 +399,164 @@ fn verify_checks_every_npz_members_crc() {
     let npy = std::fs::read(fixture("numpy/c_order.npy")).unwrap();
     let reader = NumpyReader::from_bytes(Bytes::from(npy), &Limits::default()).unwrap();
     assert_eq!(reader.verify().unwrap(), 0, "an .npy file has no digest");
+}
+
+/// `n` bytes that do not compress (xorshift).
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A `.npy` v1 image of `data` as a `|u1` array, its header padded to `header_len`.
+fn u8_npy(data: &[u8], header_len: usize) -> Vec<u8> {
+    let dict = format!(
+        "{{'descr': '|u1', 'fortran_order': False, 'shape': ({},), }}",
+        data.len()
+    );
+    let mut header = dict.into_bytes();
+    header.resize(header_len - 1, b' ');
+    header.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(data);
+    out
+}
+
+#[test]
+fn opening_a_deflated_npz_reads_a_bounded_part_of_each_member() {
+    // 4 MiB that deflate cannot shrink, and a small member after it.
+    let big = noise(4 << 20, 7);
+    let small: Vec<f32> = (0..10).map(|i| i as f32).collect();
+    let image = zip_archive(&[
+        ("big.npy", u8_npy(&big, 118), Store::Deflated(1)),
+        ("small.npy", padded_npy(&small, 118), Store::Deflated(6)),
+    ]);
+    assert!(image.len() > 4 << 20);
+    let file = std::sync::Arc::new(CountingFile::new(image.clone()));
+    let reader = file.open_npz().unwrap();
+    let read = file.bytes.load(std::sync::atomic::Ordering::Relaxed);
+    // The directory and local headers with their heads, and at most a chunk of
+    // each member's compressed bytes: not the 4 MiB member.
+    assert!(read <= 64 << 10, "open read {read} bytes");
+    assert_eq!(&*reader.view("big").unwrap().bytes, &big[..]);
+    let in_memory = NumpyReader::from_bytes(Bytes::from_vec(image), &Limits::default()).unwrap();
+    assert_same_arrays(&in_memory, &reader);
+}
+
+#[test]
+fn long_headers_of_deflated_members_inflate_across_chunks() {
+    // A 60 000-byte header in stored deflate blocks (about 60 KiB of compressed
+    // bytes, several reads' worth) and compressed (a few hundred bytes), before
+    // 200 000 bytes of array that deflate cannot shrink.
+    let data = noise(200_000, 11);
+    let npy = u8_npy(&data, 60_000);
+    for level in [0, 6] {
+        let image = zip_archive(&[
+            ("long.npy", npy.clone(), Store::Deflated(level)),
+            ("after.npy", padded_npy(&[1.0], 118), Store::Deflated(level)),
+        ]);
+        let file = std::sync::Arc::new(CountingFile::new(image.clone()));
+        let reader = file.open_npz().unwrap();
+        assert_eq!(reader.header("long").unwrap().data_offset, 10 + 60_000);
+        let read = file.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        // The header's compressed bytes and at most one chunk more, not the array.
+        assert!(
+            read <= 60_000 + (16 << 10) + 4096,
+            "level {level}: read {read} of {}",
+            image.len()
+        );
+        assert_eq!(&*reader.view("long").unwrap().bytes, &data[..]);
+        let in_memory =
+            NumpyReader::from_bytes(Bytes::from_vec(image), &Limits::default()).unwrap();
+        assert_same_arrays(&in_memory, &reader);
+    }
+}
+
+/// Sets the CRC-32 the central directory gives every record to `crc`.
+fn set_directory_crcs(image: &mut [u8], crc: u32) {
+    let mut at = 0;
+    while let Some(found) = image[at..].windows(4).position(|w| w == b"PK\x01\x02") {
+        let record = at + found;
+        image[record + 16..record + 20].copy_from_slice(&crc.to_le_bytes());
+        at = record + 4;
+    }
+}
+
+#[test]
+fn view_checks_a_stored_members_crc_and_strided_reads_do_not() {
+    // What `tensorwire convert` reads: `view`. A bit of one array flipped, as a
+    // damaged copy would have it; `np.load` refuses the member ("Bad CRC-32").
+    let good = std::fs::read(fixture("numpy/arrays.npz")).unwrap();
+    let reader = NumpyReader::from_bytes(Bytes::from(good.clone()), &Limits::default()).unwrap();
+    let damaged_info = reader
+        .tensors()
+        .iter()
+        .find(|t| t.nbytes > 0 && t.encoding.is_none())
+        .unwrap()
+        .clone();
+    for t in reader.tensors() {
+        reader.view(&t.name).unwrap();
+    }
+    let mut bad = good;
+    bad[damaged_info.offset as usize] ^= 0x40;
+    let reader = NumpyReader::from_bytes(Bytes::from(bad), &Limits::default()).unwrap();
+    // Zero-copy strided reads touch no byte, so they do not check.
+    assert!(reader.strided(&damaged_info.name).unwrap().zero_copy);
+    for round in 0..2 {
+        match reader.view(&damaged_info.name) {
+            Err(Error::DigestMismatch {
+                tensor, algorithm, ..
+            }) => {
+                assert_eq!(tensor, format!("{}.npy", damaged_info.name));
+                assert_eq!(algorithm, "crc32");
+            }
+            other => panic!("round {round}: {:?}", other.map(|v| v.zero_copy)),
+        }
+    }
+    for t in reader
+        .tensors()
+        .iter()
+        .filter(|t| t.name != damaged_info.name)
+    {
+        reader.view(&t.name).unwrap();
+    }
+    assert!(reader.verify().is_err());
+}
+
+#[test]
+fn deflated_members_inflated_whole_are_checked_against_their_crc() {
+    let values: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let npy = padded_npy(&values, 118);
+    let mut with_tail = npy.clone();
+    with_tail.extend_from_slice(&[0; 64]);
+    let mut image = zip_archive(&[
+        ("whole.npy", npy, Store::Deflated(6)),
+        ("tail.npy", with_tail, Store::Deflated(6)),
+    ]);
+    let reader = NumpyReader::from_bytes(Bytes::from(image.clone()), &Limits::default()).unwrap();
+    assert_eq!(reader.view("whole").unwrap().bytes.len(), 64 * 4);
+    set_directory_crcs(&mut image, 0x1234_5678);
+    let reader = NumpyReader::from_bytes(Bytes::from(image), &Limits::default()).unwrap();
+    // Inflated to the member's end on every read, strided or not: checked.
+    for result in [
+        reader.view("whole").map(drop),
+        reader.strided("whole").map(drop),
+    ] {
+        match result {
+            Err(Error::DigestMismatch { tensor, .. }) => assert_eq!(tensor, "whole.npy"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Bytes after the array are never inflated on reads, so there is nothing to
+    // check the CRC against; `verify` inflates everything.
+    assert_eq!(reader.view("tail").unwrap().bytes.len(), 64 * 4);
+    assert!(matches!(reader.verify(), Err(Error::DigestMismatch { .. })));
 }

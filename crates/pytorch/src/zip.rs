@@ -6,7 +6,12 @@
 //! directory (sizes there are authoritative: torch writes data descriptors) and each
 //! record's local header (whose extra field holds torch's alignment padding). CRCs are
 //! not checked on reads, since torch can write archives with CRCs turned off; they
-//! are checked by [`ZipArchive::verify`].
+//! are checked by [`ZipArchive::verify`] (and [`ZipEntry::check_crc32`] checks one
+//! record's data for readers that hold it whole).
+//!
+//! Record names are decoded as Python's `zipfile` decodes them: UTF-8 when the
+//! record's general-purpose flag bit 11 is set, code page 437 otherwise (ASCII names,
+//! such as every name torch writes, read the same either way).
 
 use std::sync::Arc;
 
@@ -24,6 +29,8 @@ const EOCD_LEN: u64 = 22;
 /// ZIP64 locator before it and room for a short comment.
 const EOCD_SHORT_TAIL: u64 = 1024;
 const CENTRAL_LEN: usize = 46;
+/// General-purpose flag bit 11: the record's name (and comment) are UTF-8.
+const UTF8_NAME_FLAG: u16 = 1 << 11;
 const LOCAL_LEN: u64 = 30;
 /// Extra-field bytes a combined local-header-and-head read allows for.
 const LOCAL_EXTRA_SLACK: u64 = 96;
@@ -57,6 +64,23 @@ pub struct ZipEntry {
     /// many, fewer for a shorter record or when the read did not reach them); `None`
     /// otherwise.
     pub head: Option<Bytes>,
+}
+
+impl ZipEntry {
+    /// Checks `data`, the record's whole data (inflated when deflated), against its
+    /// CRC-32; a mismatch is [`Error::DigestMismatch`] naming the record.
+    pub fn check_crc32(&self, data: &[u8]) -> Result<()> {
+        let found = crc32fast::hash(data);
+        if found != self.crc32 {
+            return Err(Error::DigestMismatch {
+                tensor: self.name.to_string(),
+                algorithm: "crc32",
+                expected: format!("0x{:08x}", self.crc32),
+                found: format!("0x{found:08x}"),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The records of a ZIP archive.
@@ -278,15 +302,7 @@ impl ZipArchive {
                 continue;
             }
             let data = read_entry(input, entry, max_bytes, false)?;
-            let found = crc32fast::hash(&data);
-            if found != entry.crc32 {
-                return Err(Error::DigestMismatch {
-                    tensor: entry.name.to_string(),
-                    algorithm: "crc32",
-                    expected: format!("0x{:08x}", entry.crc32),
-                    found: format!("0x{found:08x}"),
-                });
-            }
+            entry.check_crc32(&data)?;
             checked += 1;
         }
         Ok(checked)
@@ -402,8 +418,9 @@ impl ZipDirectory {
             let var = central
                 .get(pos + CENTRAL_LEN..pos + CENTRAL_LEN + name_len + extra_len + comment_len)
                 .ok_or_else(|| bad(at, "central directory ends inside a record"))?;
-            let name = std::str::from_utf8(&var[..name_len])
-                .map_err(|_| bad(at, "record name is not UTF-8"))?;
+            let name = decode_name(&var[..name_len], flags)
+                .ok_or_else(|| bad(at, "record name is not UTF-8 (its flag bit 11 says it is)"))?;
+            Error::check_limit("zip record name length", name.len() as u64, max_name as u64)?;
             apply_zip64(
                 &var[name_len..name_len + extra_len],
                 &mut size,
@@ -414,7 +431,7 @@ impl ZipDirectory {
             if method == Method::Stored && compressed != size {
                 return Err(bad(at, format!("stored record `{name}` has two sizes")));
             }
-            let name: Arc<str> = name.into();
+            let name: Arc<str> = Arc::from(name);
             if by_name.insert(name.clone(), entries.len()).is_some() {
                 return Err(Error::Duplicate {
                     name: name.to_string(),
@@ -670,6 +687,59 @@ fn local_out_of_bounds(input: &Input, entry: &ZipEntry) -> Error {
     }
 }
 
+/// The characters of code page 437's bytes 0x80 to 0xFF (bytes below 0x80 are ASCII),
+/// as Python's `cp437` codec maps them.
+const CP437_HIGH: [char; 128] = [
+    '\u{00c7}', '\u{00fc}', '\u{00e9}', '\u{00e2}', '\u{00e4}', '\u{00e0}', '\u{00e5}', '\u{00e7}',
+    '\u{00ea}', '\u{00eb}', '\u{00e8}', '\u{00ef}', '\u{00ee}', '\u{00ec}', '\u{00c4}', '\u{00c5}',
+    '\u{00c9}', '\u{00e6}', '\u{00c6}', '\u{00f4}', '\u{00f6}', '\u{00f2}', '\u{00fb}', '\u{00f9}',
+    '\u{00ff}', '\u{00d6}', '\u{00dc}', '\u{00a2}', '\u{00a3}', '\u{00a5}', '\u{20a7}', '\u{0192}',
+    '\u{00e1}', '\u{00ed}', '\u{00f3}', '\u{00fa}', '\u{00f1}', '\u{00d1}', '\u{00aa}', '\u{00ba}',
+    '\u{00bf}', '\u{2310}', '\u{00ac}', '\u{00bd}', '\u{00bc}', '\u{00a1}', '\u{00ab}', '\u{00bb}',
+    '\u{2591}', '\u{2592}', '\u{2593}', '\u{2502}', '\u{2524}', '\u{2561}', '\u{2562}', '\u{2556}',
+    '\u{2555}', '\u{2563}', '\u{2551}', '\u{2557}', '\u{255d}', '\u{255c}', '\u{255b}', '\u{2510}',
+    '\u{2514}', '\u{2534}', '\u{252c}', '\u{251c}', '\u{2500}', '\u{253c}', '\u{255e}', '\u{255f}',
+    '\u{255a}', '\u{2554}', '\u{2569}', '\u{2566}', '\u{2560}', '\u{2550}', '\u{256c}', '\u{2567}',
+    '\u{2568}', '\u{2564}', '\u{2565}', '\u{2559}', '\u{2558}', '\u{2552}', '\u{2553}', '\u{256b}',
+    '\u{256a}', '\u{2518}', '\u{250c}', '\u{2588}', '\u{2584}', '\u{258c}', '\u{2590}', '\u{2580}',
+    '\u{03b1}', '\u{00df}', '\u{0393}', '\u{03c0}', '\u{03a3}', '\u{03c3}', '\u{00b5}', '\u{03c4}',
+    '\u{03a6}', '\u{0398}', '\u{03a9}', '\u{03b4}', '\u{221e}', '\u{03c6}', '\u{03b5}', '\u{2229}',
+    '\u{2261}', '\u{00b1}', '\u{2265}', '\u{2264}', '\u{2320}', '\u{2321}', '\u{00f7}', '\u{2248}',
+    '\u{00b0}', '\u{2219}', '\u{00b7}', '\u{221a}', '\u{207f}', '\u{00b2}', '\u{25a0}', '\u{00a0}',
+];
+
+/// The character code page 437 gives `byte`.
+fn cp437_char(byte: u8) -> char {
+    match byte {
+        0..=0x7f => char::from(byte),
+        _ => CP437_HIGH[usize::from(byte - 0x80)],
+    }
+}
+
+/// A record name's bytes decoded as Python's `zipfile` decodes them: UTF-8 when the
+/// record's `flags` have bit 11 set (`None` when the bytes are not UTF-8), code page
+/// 437 otherwise (every byte is a character; ASCII reads the same either way).
+fn decode_name(raw: &[u8], flags: u16) -> Option<std::borrow::Cow<'_, str>> {
+    if flags & UTF8_NAME_FLAG != 0 || raw.is_ascii() {
+        return std::str::from_utf8(raw)
+            .ok()
+            .map(std::borrow::Cow::Borrowed);
+    }
+    Some(std::borrow::Cow::Owned(
+        raw.iter().copied().map(cp437_char).collect(),
+    ))
+}
+
+/// True when the name bytes `raw` of a record with general-purpose `flags` decode
+/// (see [`decode_name`]) to `name`, without allocating.
+fn name_matches(raw: &[u8], flags: u16, name: &str) -> bool {
+    if flags & UTF8_NAME_FLAG != 0 || raw.is_ascii() {
+        // `name` is UTF-8, so equal bytes are valid UTF-8 that decodes to it.
+        return raw == name.as_bytes();
+    }
+    name.chars().eq(raw.iter().copied().map(cp437_char))
+}
+
 /// Where `entry`'s data starts, from its local header at the start of `local`, and
 /// the head of its data (up to `head_len` bytes of it that `local` holds).
 fn parse_local_header<'a>(
@@ -688,19 +758,21 @@ fn parse_local_header<'a>(
             format!("bad local-header signature for `{}`", entry.name),
         ));
     }
+    let flags = u16_at(local, 6);
     let name_len = usize::from(u16_at(local, 26));
     let name_at = LOCAL_LEN as usize;
     match local.get(name_at..name_at + name_len) {
-        Some(name) if name == entry.name.as_bytes() => {}
+        Some(name) if name_matches(name, flags, &entry.name) => {}
         Some(name) => {
+            let local_name =
+                decode_name(name, flags).unwrap_or_else(|| String::from_utf8_lossy(name));
             return Err(bad(
                 header_offset,
                 format!(
-                    "record `{}` is called `{}` in its local header",
+                    "record `{}` is called `{local_name}` in its local header",
                     entry.name,
-                    String::from_utf8_lossy(name)
                 ),
-            ))
+            ));
         }
         None => return Err(local_out_of_bounds(input, entry)),
     }
