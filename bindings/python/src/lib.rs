@@ -46,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packet::packet_loads, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dense_parts, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_read_stream, m)?)?;
+    m.add_class::<packet::PendingPacket>()?;
     m.add_function(wrap_pyfunction!(packet::packet_frame_need, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_length, m)?)?;
     m.add_class::<shm::ShmSegment>()?;

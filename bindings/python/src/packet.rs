@@ -3,10 +3,11 @@
 //! Python normalises what it is given into tagged tuples (`("dense", array)`,
 //! `("bundle", [(key, spec), ...])`, ...) and hands decoded values that numpy has no
 //! type for (sparse, strings, ragged, quantized, IPC references) to factories it
-//! passes in, so this module holds no Python class of its own.
+//! passes in, so this module's only Python class is `PendingPacket` (a packet
+//! `read_stream` had begun when its source had no data ready).
 
 use numpy::PyUntypedArray;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBlockingIOError, PyOSError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use tensorwire::packet::{
@@ -720,9 +721,10 @@ pub fn packet_dense_parts<'py>(
 
 /// A Python file or socket as a [`std::io::Read`]: `readinto`, `recv_into`, `read` or
 /// `recv`, whichever the object has (in that order). Each call reads into a small
-/// Python-visible buffer and copies out, so Python never sees Rust memory.
-struct PyReader<'py> {
-    source: Bound<'py, PyAny>,
+/// Python-visible buffer and copies out, so Python never sees Rust memory. The object
+/// is set for each `read_stream` call (a [`PendingPacket`] outlives the call).
+struct PySource {
+    source: Option<Py<PyAny>>,
     method: ReadMethod,
     /// The Python exception behind the last failed read, re-raised as it was.
     error: Option<PyErr>,
@@ -736,9 +738,10 @@ enum ReadMethod {
     Recv,
 }
 
-impl<'py> PyReader<'py> {
-    fn new(source: Bound<'py, PyAny>) -> PyResult<Self> {
-        let method = [
+impl ReadMethod {
+    /// The first read method `source` has.
+    fn of(source: &Bound<'_, PyAny>) -> PyResult<ReadMethod> {
+        [
             ("readinto", ReadMethod::ReadInto),
             ("recv_into", ReadMethod::RecvInto),
             ("read", ReadMethod::Read),
@@ -756,49 +759,76 @@ impl<'py> PyReader<'py> {
                     .map(|n| n.to_string())
                     .unwrap_or_default()
             ))
-        })?;
-        Ok(PyReader {
-            source,
-            method,
-            error: None,
         })
     }
 
-    fn read_py(&mut self, out: &mut [u8]) -> PyResult<usize> {
-        let py = self.source.py();
+    fn name(self) -> &'static str {
+        match self {
+            ReadMethod::ReadInto => "readinto",
+            ReadMethod::RecvInto => "recv_into",
+            ReadMethod::Read => "read",
+            ReadMethod::Recv => "recv",
+        }
+    }
+}
+
+/// The error for a read that returned `None`: a non-blocking source with no data ready.
+/// Not the end of the stream: as Python's buffered readers do, `BlockingIOError`.
+fn no_data_ready(method: ReadMethod) -> PyErr {
+    PyBlockingIOError::new_err((
+        libc::EAGAIN,
+        format!(
+            "{}() returned None (a non-blocking source with no data ready): \
+             read_stream needs a blocking source",
+            method.name()
+        ),
+    ))
+}
+
+impl PySource {
+    fn read_py(&mut self, py: Python<'_>, out: &mut [u8]) -> PyResult<usize> {
+        let Some(source) = self.source.as_ref() else {
+            return Err(to_pyerr(Error::invalid("read_stream has no source")));
+        };
+        let source = source.bind(py);
         let want = out.len();
+        let name = self.method.name();
         match self.method {
             ReadMethod::ReadInto | ReadMethod::RecvInto => {
-                let name = if matches!(self.method, ReadMethod::ReadInto) {
-                    "readinto"
-                } else {
-                    "recv_into"
-                };
                 let scratch = pyo3::types::PyByteArray::new(py, &vec![0u8; want]);
-                let got = self.source.call_method1(name, (&scratch,))?;
-                // Non-blocking files return None when no data is ready.
-                let n: usize = if got.is_none() { 0 } else { got.extract()? };
-                let n = n.min(want);
-                // SAFETY: we hold the only reference to `scratch` besides the call that
-                // just returned, and no Python code runs while the slice is used.
+                let got = source.call_method1(name, (&scratch,))?;
+                if got.is_none() {
+                    return Err(no_data_ready(self.method));
+                }
+                // The callee may have kept, resized or cleared the buffer: it holds
+                // what it now holds, and a count past that is a broken source.
+                let n: i64 = got.extract()?;
+                let held = scratch.len();
+                let n = usize::try_from(n).ok().filter(|&n| n <= held.min(want));
+                let Some(n) = n else {
+                    return Err(PyOSError::new_err(format!(
+                        "{name}() returned {got}, not between 0 and {} (the buffer's size)",
+                        held.min(want)
+                    )));
+                };
+                // SAFETY: the bytearray may be referenced elsewhere (the callee may have
+                // kept it), but it holds at least `n` bytes (checked just above), and
+                // no Python code runs from that check to the end of the copy while this
+                // thread holds the GIL (the module is built for the GIL-holding ABI),
+                // so nothing can resize or free its buffer meanwhile.
                 out[..n].copy_from_slice(unsafe { &scratch.as_bytes()[..n] });
                 Ok(n)
             }
             ReadMethod::Read | ReadMethod::Recv => {
-                let name = if matches!(self.method, ReadMethod::Read) {
-                    "read"
-                } else {
-                    "recv"
-                };
-                let got = self.source.call_method1(name, (want,))?;
+                let got = source.call_method1(name, (want,))?;
                 if got.is_none() {
-                    return Ok(0);
+                    return Err(no_data_ready(self.method));
                 }
                 // bytes, or any other buffer (bytearray, memoryview) as bytes.
-                let got = if got.is_instance_of::<pyo3::types::PyBytes>() {
+                let got = if got.is_instance_of::<PyBytes>() {
                     got
                 } else {
-                    py.get_type::<pyo3::types::PyBytes>().call1((got,))?
+                    py.get_type::<PyBytes>().call1((got,))?
                 };
                 let chunk: &[u8] = got.extract()?;
                 if chunk.len() > want {
@@ -814,37 +844,84 @@ impl<'py> PyReader<'py> {
     }
 }
 
-impl std::io::Read for PyReader<'_> {
+impl std::io::Read for PySource {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         // Ask for at most 8 MiB per call: the Python-side scratch buffer is that big.
         let cap = buf.len().min(8 << 20);
-        self.read_py(&mut buf[..cap]).map_err(|e| {
-            let message = e.to_string();
-            self.error = Some(e);
-            std::io::Error::other(message)
+        Python::attach(|py| {
+            self.read_py(py, &mut buf[..cap]).map_err(|e| {
+                // "No data yet" and a timeout leave the packet's bytes so far in the
+                // reader, to go on with; any other error ends the stream.
+                let kind = if e.is_instance_of::<PyBlockingIOError>(py) {
+                    std::io::ErrorKind::WouldBlock
+                } else if e.is_instance_of::<PyTimeoutError>(py) {
+                    std::io::ErrorKind::TimedOut
+                } else {
+                    std::io::ErrorKind::Other
+                };
+                let message = e.to_string();
+                self.error = Some(e);
+                std::io::Error::new(kind, message)
+            })
         })
     }
 }
 
+/// A packet `read_stream` had begun when its source had no data ready (or timed out):
+/// the reader, holding the packet's bytes so far. `tensorwire.packet` keeps it for the
+/// source, and the next `read_stream` of that source goes on with it.
+#[pyclass(module = "tensorwire._native", frozen)]
+pub struct PendingPacket {
+    reader: std::sync::Mutex<Option<PacketReader<PySource>>>,
+}
+
 /// `read_stream`: read one packet from a Python file or socket and decode it; None at
-/// a clean end of stream.
+/// a clean end of stream. `pending` is what an earlier call on the same source left
+/// (see [`PendingPacket`]); a call that stops the same way raises the source's
+/// `BlockingIOError` or `TimeoutError` with a new one as its `pending` attribute.
 #[pyfunction]
+#[pyo3(signature = (source, copy, factories, pending = None))]
 pub fn packet_read_stream<'py>(
     source: &Bound<'py, PyAny>,
     copy: bool,
     factories: &Bound<'py, PyTuple>,
+    pending: Option<&Bound<'py, PendingPacket>>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    // The reader never reads past the packet, so a fresh one per call loses nothing.
-    let mut reader = PacketReader::new(PyReader::new(source.clone())?);
+    let py = source.py();
+    let resumed = pending.and_then(|p| {
+        p.get()
+            .reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    });
+    let method = ReadMethod::of(source)?;
+    // The reader never reads past the packet, so a fresh one per packet loses nothing.
+    let mut reader = resumed.unwrap_or_else(|| {
+        PacketReader::new(PySource {
+            source: None,
+            method,
+            error: None,
+        })
+    });
+    reader.get_mut().method = method;
+    reader.get_mut().source = Some(source.clone().unbind());
     let read = reader.read_packet_bytes();
+    reader.get_mut().source = None;
     if let Some(err) = reader.get_mut().error.take() {
+        if reader.buffered() > 0 && !reader.is_failed() {
+            let left = PendingPacket {
+                reader: std::sync::Mutex::new(Some(reader)),
+            };
+            err.value(py).setattr("pending", Py::new(py, left)?)?;
+        }
         return Err(err);
     }
     let Some(bytes) = read.or_raise()? else {
         return Ok(None);
     };
-    let decoded = arrays::maybe_detach(source.py(), bytes.len(), || packet::decode_packet(&bytes))
-        .or_raise()?;
+    let decoded =
+        arrays::maybe_detach(py, bytes.len(), || packet::decode_packet(&bytes)).or_raise()?;
     Decoder::new(factories, copy, &decoded)?
         .value(&decoded)
         .map(Some)

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use numpy::npyffi::NPY_ARRAY_WRITEABLE;
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
@@ -35,11 +36,22 @@ struct NameCache {
 
 /// Reads tensors from a file, recognised by its magic bytes and mapped privately
 /// (copy-on-write).
-#[pyclass(module = "tensorwire._native", name = "Reader", subclass)]
+///
+/// Frozen: a read borrows nothing of the reader across the GIL being released. Each
+/// call takes its own reference to the open source ([`Open`]), so `close()` (on any
+/// thread) never waits for reads in flight: they finish with the source they took,
+/// and calls made after it raise the closed error.
+#[pyclass(module = "tensorwire._native", name = "Reader", subclass, frozen)]
 pub struct Reader {
-    source: Option<Box<dyn TensorSource>>,
+    /// The open source; `None` once closed.
+    open: Mutex<Option<Arc<Open>>>,
     /// The path opened, or `None` for a reader over a caller's buffer.
     path: Option<PathBuf>,
+}
+
+/// What an open reader holds, kept alive by each call that uses it.
+struct Open {
+    source: Box<dyn TensorSource>,
     /// The base of the zero-copy arrays over the file map.
     owner: arrays::SharedOwner,
     names: PyOnceLock<NameCache>,
@@ -49,14 +61,26 @@ pub struct Reader {
 }
 
 impl Reader {
-    fn src(&self) -> PyResult<&dyn TensorSource> {
-        self.source
-            .as_deref()
+    /// The open source, for one call; the closed error once `close()` ran.
+    fn open(&self) -> PyResult<Arc<Open>> {
+        self.slot()
+            .clone()
             .ok_or_else(|| to_pyerr(Error::invalid("the reader is closed")))
     }
 
+    /// The lock over the open source; held only to clone or take the `Arc`.
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Open>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Open {
+    fn src(&self) -> &dyn TensorSource {
+        &*self.source
+    }
+
     fn names(&self, py: Python<'_>) -> PyResult<&NameCache> {
-        let src = self.src()?;
+        let src = self.src();
         self.names.get_or_try_init(py, || {
             let names = src
                 .tensors()
@@ -706,31 +730,36 @@ impl Reader {
             (None, None) => return Err(PyTypeError::new_err("Reader needs a path or a buffer")),
         }
         .or_raise()?;
-        Ok(Reader {
-            source: Some(source),
-            path,
+        let open = Open {
+            source,
             owner: arrays::SharedOwner::default(),
             names: PyOnceLock::new(),
             attributes: PyOnceLock::new(),
+        };
+        Ok(Reader {
+            open: Mutex::new(Some(Arc::new(open))),
+            path,
         })
     }
 
     /// The tensor names, in file order (sorted by name for `.zt`).
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         // A new list of the cached strs: the caller may change it, the cache stays.
-        PyList::new(py, self.names(py)?.names.iter().map(|n| n.bind(py)))
+        let open = self.open()?;
+        PyList::new(py, open.names(py)?.names.iter().map(|n| n.bind(py)))
     }
 
     fn __len__(&self) -> PyResult<usize> {
-        Ok(self.src()?.tensors().len())
+        Ok(self.open()?.src().tensors().len())
     }
 
     fn __contains__(&self, name: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         let Ok(name) = name.cast::<PyString>() else {
             return Ok(false);
         };
-        Ok(self.position_of(src, name).is_ok())
+        Ok(open.position_of(src, name).is_ok())
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -743,16 +772,17 @@ impl Reader {
         py: Python<'py>,
         name: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let src = self.src()?;
-        let at = self.position_of_any(src, name)?;
-        dense_array(py, src, at, false, false, Lend::Any, &self.owner)
+        let open = self.open()?;
+        let src = open.src();
+        let at = open.position_of_any(src, name)?;
+        dense_array(py, src, at, false, false, Lend::Any, &open.owner)
     }
 
     /// The file format: `"zt"`, `"zt-0.1"`, `"zt-2"`, `"safetensors"`, `"gguf"`, `"npy"`,
     /// `"npz"`, `"pytorch-zip"`, `"pytorch-legacy"`, `"tenso-packet"` or `"sharded"`.
     #[getter]
     fn format(&self) -> PyResult<&'static str> {
-        Ok(self.src()?.format())
+        Ok(self.open()?.src().format())
     }
 
     /// The path the reader was opened with (`None` for a buffer).
@@ -764,7 +794,7 @@ impl Reader {
     /// True once `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.source.is_none()
+        self.slot().is_none()
     }
 
     /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (of their
@@ -778,7 +808,8 @@ impl Reader {
         tensor: &Bound<'py, PyAny>,
         torch_object: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let reader = pytorch(self.src()?)?;
+        let open = self.open()?;
+        let reader = pytorch(open.src())?;
         let tree = py.detach(|| reader.structure()).or_raise()?;
         let collections = py.import("collections")?;
         let ordered_dict = collections.getattr("OrderedDict")?;
@@ -795,7 +826,8 @@ impl Reader {
     /// Names of the tensors of a PyTorch checkpoint that share their storage or cover
     /// only part of it (see `PtReader::partial_storages`).
     fn _pytorch_partial_storages(&self) -> PyResult<Vec<String>> {
-        let reader = pytorch(self.src()?)?;
+        let open = self.open()?;
+        let reader = pytorch(open.src())?;
         let tensors = reader.tensors();
         Ok(reader
             .partial_storages()
@@ -807,7 +839,8 @@ impl Reader {
     /// `(name, first name)` for each tensor of a PyTorch checkpoint that is the same
     /// pickled object as an earlier one, which `torch.load` returns as one object.
     fn _pytorch_same_objects(&self) -> PyResult<Vec<(String, String)>> {
-        let reader = pytorch(self.src()?)?;
+        let open = self.open()?;
+        let reader = pytorch(open.src())?;
         let tensors = reader.tensors();
         Ok(reader
             .same_objects()
@@ -825,7 +858,8 @@ impl Reader {
     /// pickled as requiring grad or as an `nn.Parameter`, which `torch.load` gives
     /// back so.
     fn _pytorch_autograd(&self) -> PyResult<Vec<(String, bool, bool)>> {
-        let reader = pytorch(self.src()?)?;
+        let open = self.open()?;
+        let reader = pytorch(open.src())?;
         Ok(reader
             .tensors()
             .iter()
@@ -845,7 +879,7 @@ impl Reader {
     fn _pytorch_storages(
         &self,
     ) -> PyResult<Vec<(String, u64, String, Option<(u64, u64)>, u64, Vec<u64>)>> {
-        pytorch(self.src()?)?
+        pytorch(self.open()?.src())?
             .records()
             .iter()
             .map(|r| {
@@ -878,7 +912,8 @@ impl Reader {
         py: Python<'py>,
     ) -> PyResult<Vec<(String, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<u64>)>> {
         use tensorwire::pytorch::Quantization;
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         let reader = pytorch(src)?;
         let mut out = Vec::new();
         for (record, info) in reader.records().iter().zip(src.tensors()) {
@@ -913,7 +948,7 @@ impl Reader {
     /// `keys()` before it and `same_as` is the index of the earlier entry that is the
     /// same object (or `None`).
     fn _pytorch_meta(&self) -> PyResult<Vec<MetaRow>> {
-        Ok(pytorch(self.src()?)?
+        Ok(pytorch(self.open()?.src())?
             .meta_tensors()
             .iter()
             .map(|m| {
@@ -938,7 +973,7 @@ impl Reader {
     /// parts (tensors of `keys()`) come in the order `_rebuild_sparse_tensor` takes
     /// them, and `parameter` is `None`, or for an `nn.Parameter` its `requires_grad`.
     fn _pytorch_sparse(&self) -> PyResult<Vec<SparseRow>> {
-        Ok(pytorch(self.src()?)?
+        Ok(pytorch(self.open()?.src())?
             .sparse_tensors()
             .iter()
             .map(|(name, s)| {
@@ -969,8 +1004,9 @@ impl Reader {
         copy: bool,
         to_copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let src = self.src()?;
-        let at = self.position_of_any(src, name)?;
+        let open = self.open()?;
+        let src = open.src();
+        let at = open.position_of_any(src, name)?;
         let reader = pytorch(src)?;
         let record = &reader.records()[at];
         let (bytes, borrowed) = reader.storage_bytes(record).or_raise()?;
@@ -978,7 +1014,7 @@ impl Reader {
         let lend = Lend::for_torch(to_copy);
         // Tensors of other types may share the storage: aligned for the strictest.
         if borrowed && !copy && lendable_at(&bytes, torch_alignment(DType::Complex128), lend) {
-            return self.owner.zero_copy(py, &bytes, DType::U8, &dims);
+            return open.owner.zero_copy(py, &bytes, DType::U8, &dims);
         }
         copied_array(py, &record.storage.key, &bytes, DType::U8, &dims)
     }
@@ -987,7 +1023,8 @@ impl Reader {
     /// (`None` for other formats).
     fn _safetensors_has_metadata(&self) -> PyResult<Option<bool>> {
         Ok(self
-            .src()?
+            .open()?
+            .src()
             .as_any()
             .downcast_ref::<tensorwire::formats::safetensors::SafetensorsReader>()
             .map(|r| r.has_metadata()))
@@ -997,8 +1034,9 @@ impl Reader {
     /// change them), over values converted once.
     #[getter]
     fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let src = self.src()?;
-        let cached = self
+        let open = self.open()?;
+        let src = open.src();
+        let cached = open
             .attributes
             .get_or_try_init(py, || values::FrozenAttributes::new(py, src.attributes()))?;
         cached.to_dict(py)
@@ -1020,10 +1058,11 @@ impl Reader {
         name: &Bound<'py, PyAny>,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         if let Ok(one) = name.cast::<PyString>() {
-            let at = self.position_of(src, one)?;
-            return dense_array(py, src, at, copy, false, Lend::Any, &self.owner);
+            let at = open.position_of(src, one)?;
+            return dense_array(py, src, at, copy, false, Lend::Any, &open.owner);
         }
         if !(name.is_instance_of::<PyList>() || name.is_instance_of::<PyTuple>()) {
             return Err(PyTypeError::new_err("name must be a str or a list of str"));
@@ -1031,14 +1070,14 @@ impl Reader {
         let mut items = Vec::new();
         for n in name.try_iter()? {
             let n = n?;
-            items.push((self.position_of_any(src, &n)?, n));
+            items.push((open.position_of_any(src, &n)?, n));
         }
         sorted_by_offset(src, &mut items);
         let out = PyDict::new(py);
         for (at, n) in items {
             out.set_item(
                 n,
-                dense_array(py, src, at, copy, false, Lend::Any, &self.owner)?,
+                dense_array(py, src, at, copy, false, Lend::Any, &open.owner)?,
             )?;
         }
         Ok(out.into_any())
@@ -1052,10 +1091,11 @@ impl Reader {
         name: &Bound<'py, PyAny>,
         copy: bool,
     ) -> PyResult<(Bound<'py, PyAny>, &'static str, Vec<u64>)> {
-        let src = self.src()?;
-        let at = self.position_of_any(src, name)?;
+        let open = self.open()?;
+        let src = open.src();
+        let at = open.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
-        let array = dense_array(py, src, at, copy, true, Lend::Torch, &self.owner)?;
+        let array = dense_array(py, src, at, copy, true, Lend::Torch, &open.owner)?;
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
     }
 
@@ -1067,15 +1107,17 @@ impl Reader {
         &self,
         name: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(&'static str, Vec<u64>)>> {
-        let src = self.src()?;
-        let info = src.info_at(self.position_of_any(src, name)?).or_raise()?;
+        let open = self.open()?;
+        let src = open.src();
+        let info = src.info_at(open.position_of_any(src, name)?).or_raise()?;
         Ok(raw_safetensors_listing(info).map(|(raw, dims)| (raw.name(), dims)))
     }
 
     /// `(dtype name, shape)` of a dense tensor.
     fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(String, Vec<u64>)> {
-        let src = self.src()?;
-        let info = dense_info(src, self.position_of_any(src, name)?)?;
+        let open = self.open()?;
+        let src = open.src();
+        let info = dense_info(src, open.position_of_any(src, name)?)?;
         Ok(match torch_type(src, info) {
             Some(t) => (t.name.to_owned(), t.dims.into_owned()),
             None => (info.dtype.name().to_owned(), info.shape.dims().to_vec()),
@@ -1103,13 +1145,14 @@ impl Reader {
         copy: bool,
         to_copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let src = self.src()?;
-        let at = self.position_of_any(src, name)?;
+        let open = self.open()?;
+        let src = open.src();
+        let at = open.position_of_any(src, name)?;
         let info = dense_info(src, at)?;
         let raw_type = torch_type(src, info);
         let lend = Lend::for_torch(to_copy);
         if raw_type.is_none() && dtypes::numpy_builtin(info.dtype) {
-            return dense_array(py, src, at, copy, false, lend, &self.owner);
+            return dense_array(py, src, at, copy, false, lend, &open.owner);
         }
         let torch_only = raw_type.as_ref().and_then(|t| t.torch_only);
         if let (Some(raw), None, false) = (&raw_type, torch_only, copy || to_copy) {
@@ -1120,7 +1163,7 @@ impl Reader {
             {
                 let view = src.view_at(at).or_raise()?;
                 if view.zero_copy && lendable_as(&view.bytes, info, lend) {
-                    let array = self
+                    let array = open
                         .owner
                         .zero_copy(py, &view.bytes, DType::U8, &torch_dims)?;
                     return Ok((array, raw.name).into_pyobject(py)?.into_any());
@@ -1137,13 +1180,13 @@ impl Reader {
                         Some(strides) => {
                             arrays::strided_zero_copy(py, &strided.bytes, holder, dims, strides)?
                         }
-                        None => self.owner.zero_copy(py, &strided.bytes, holder, dims)?,
+                        None => open.owner.zero_copy(py, &strided.bytes, holder, dims)?,
                     };
                     let name = raw_type.map_or(info.dtype.name(), |t| t.name);
                     return Ok((array, name).into_pyobject(py)?.into_any());
                 }
                 let len = [strided.bytes.len() as u64];
-                let array = self.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
+                let array = open.owner.zero_copy(py, &strided.bytes, DType::U8, &len)?;
                 // torch's sizes and strides: for a torch-only dtype, whole elements
                 // (without the lanes' dimension).
                 let (name, dims, strides) = match (torch_only, raw_type) {
@@ -1165,7 +1208,7 @@ impl Reader {
                 return Ok(raw.into_pyobject(py)?.into_any());
             }
         }
-        let array = dense_array(py, src, at, copy, true, lend, &self.owner)?;
+        let array = dense_array(py, src, at, copy, true, lend, &open.owner)?;
         let (name, dims) = raw_type.map_or((info.dtype.name(), info.shape.dims().into()), |t| {
             (t.name, t.dims)
         });
@@ -1209,11 +1252,12 @@ impl Reader {
         &self,
         names: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         let mut items = Vec::new();
         for n in names.try_iter()? {
             let n = n?;
-            items.push((self.position_of_any(src, &n)?, n));
+            items.push((open.position_of_any(src, &n)?, n));
         }
         sorted_by_offset(src, &mut items);
         Ok(items.into_iter().map(|(_, n)| n).collect())
@@ -1222,7 +1266,8 @@ impl Reader {
     /// Metadata of one tensor as a dict (name, shape, format, dtype, type,
     /// components, attributes).
     fn _metadata<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         let info = src.info(name).or_raise()?;
         let d = PyDict::new(py);
         d.set_item("name", &*info.name)?;
@@ -1271,7 +1316,8 @@ impl Reader {
         name: &str,
         copy: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         let out = PyDict::new(py);
         match zt(src) {
             Some(z) => {
@@ -1285,7 +1331,7 @@ impl Reader {
                 let at = src.position(name).or_raise()?;
                 out.set_item(
                     "data",
-                    dense_array(py, src, at, copy, false, Lend::Any, &self.owner)?,
+                    dense_array(py, src, at, copy, false, Lend::Any, &open.owner)?,
                 )?;
             }
         }
@@ -1294,17 +1340,18 @@ impl Reader {
 
     /// Checks every stored digest; returns how many were checked.
     fn verify(&self, py: Python<'_>) -> PyResult<usize> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         py.detach(|| src.verify()).or_raise()
     }
 
-    /// Releases the reader. Arrays already handed out stay valid.
-    fn close(&mut self) {
-        self.source = None;
-        self.names = PyOnceLock::new();
-        self.attributes = PyOnceLock::new();
-        // Arrays handed out keep the map; the reader itself no longer does.
-        self.owner = arrays::SharedOwner::default();
+    /// Releases the reader. Arrays already handed out stay valid (each keeps the
+    /// map), and so do reads in flight on other threads (each holds the source until
+    /// it returns); a call made after this raises `InvalidArgumentError`.
+    fn close(&self) {
+        // Taken out of the lock first: the last reference may drop Python objects.
+        let open = self.slot().take();
+        drop(open);
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -1312,7 +1359,7 @@ impl Reader {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, _args: &Bound<'_, PyTuple>) -> bool {
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
         self.close();
         false
     }
@@ -1322,11 +1369,12 @@ impl Reader {
             Some(path) => format!("{path:?}"),
             None => "<buffer>".to_owned(),
         };
-        match &self.source {
-            Some(src) => format!(
+        let open = self.slot().clone();
+        match open {
+            Some(open) => format!(
                 "<tensorwire.Reader [{}, {} tensor(s)] {place}>",
-                src.format(),
-                src.tensors().len(),
+                open.src().format(),
+                open.src().tensors().len(),
             ),
             None => format!("<tensorwire.Reader (closed) {place}>"),
         }
@@ -1341,11 +1389,12 @@ impl Reader {
         dst: Option<&Bound<'_, PyAny>>,
         dest: Dest,
     ) -> PyResult<()> {
-        let src = self.src()?;
+        let open = self.open()?;
+        let src = open.src();
         if let Ok(targets) = name.cast::<PyDict>() {
             let mut items = Vec::with_capacity(targets.len());
             for (k, v) in targets.iter() {
-                items.push((self.position_of_any(src, &k)?, v));
+                items.push((open.position_of_any(src, &k)?, v));
             }
             sorted_by_offset(src, &mut items);
             for (at, v) in &items {
@@ -1357,6 +1406,6 @@ impl Reader {
             .cast::<PyString>()
             .map_err(|_| PyTypeError::new_err("name must be a str or a dict {name: dst}"))?;
         let dst = dst.ok_or_else(|| PyTypeError::new_err("dst is required when name is a str"))?;
-        read_into_one(py, src, self.position_of(src, name)?, dst, dest)
+        read_into_one(py, src, open.position_of(src, name)?, dst, dest)
     }
 }

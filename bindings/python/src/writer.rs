@@ -3,9 +3,12 @@
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyInt, PyTuple, PyType};
 use tensorwire::zt::{
     Checksum, ComponentData, Compression, WriteOptions, ZtVersion, ZtWriter, DEFAULT_ZSTD_LEVEL,
@@ -58,26 +61,56 @@ fn options(compress: Option<&Bound<'_, PyAny>>, checksum: &str) -> PyResult<Writ
 /// Writes a `.zt` file. Tensors are written as they are added; `finish()` writes the
 /// manifest (a new file appears at `path` only then). Used as a context manager it
 /// finishes on success and discards everything on an exception.
-#[pyclass(module = "tensorwire._native", name = "Writer", subclass)]
+///
+/// Frozen: calls from several threads take turns on the file writer (a lock, waited
+/// for without the GIL), so `finish()` or `discard()` waits for an add in flight on
+/// another thread instead of failing, and an add after them raises.
+#[pyclass(module = "tensorwire._native", name = "Writer", subclass, frozen)]
 pub struct Writer {
-    inner: Option<ZtWriter<BufWriter<File>>>,
+    /// The file writer; `None` once finished or discarded. Held only by Rust code
+    /// (never across a call into Python, so a thread never waits for itself).
+    inner: Mutex<Option<ZtWriter<BufWriter<File>>>>,
     path: PathBuf,
-    finished: bool,
+    /// Set when `inner` is taken, for `finished` without waiting for an add.
+    finished: AtomicBool,
     /// The `.zt` version written: 1 or 2.
     version: u32,
 }
 
+/// The file writer, locked; `None` once finished or discarded.
+type Slot<'a> = MutexGuard<'a, Option<ZtWriter<BufWriter<File>>>>;
+
 impl Writer {
-    fn writer(&mut self) -> PyResult<&mut ZtWriter<BufWriter<File>>> {
-        self.inner
-            .as_mut()
+    /// The lock over the file writer; when another thread holds it (an add in
+    /// flight), waited for without the GIL.
+    fn slot(&self, py: Python<'_>) -> Slot<'_> {
+        match self.inner.try_lock() {
+            Ok(slot) => slot,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => self
+                .inner
+                .lock_py_attached(py)
+                .unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// The file writer, or the error for a finished one.
+    fn writer<'a>(slot: &'a mut Slot<'_>) -> PyResult<&'a mut ZtWriter<BufWriter<File>>> {
+        slot.as_mut()
             .ok_or_else(|| to_pyerr(Error::invalid("the writer is already finished")))
+    }
+
+    /// Takes the file writer out (`None` when already finished or discarded).
+    fn take(&self, py: Python<'_>) -> Option<ZtWriter<BufWriter<File>>> {
+        let mut slot = self.slot(py);
+        self.finished.store(true, Ordering::Release);
+        slot.take()
     }
 
     /// Adds a dense tensor, releasing the GIL when it is large.
     #[allow(clippy::too_many_arguments)]
     fn add_dense(
-        &mut self,
+        &self,
         py: Python<'_>,
         name: &str,
         dtype: DType,
@@ -94,7 +127,8 @@ impl Writer {
             )))
             .or_raise();
         }
-        let w = self.writer()?;
+        let mut slot = self.slot(py);
+        let w = Writer::writer(&mut slot)?;
         let run = || w.add_dense_with_attributes(name, dtype, shape, data, attributes, options);
         if data.len() >= RELEASE_GIL_BYTES {
             py.detach(run)
@@ -153,9 +187,9 @@ impl Writer {
                 ZtVersion::V2 => 2,
                 _ => 1,
             },
-            inner: Some(inner),
+            inner: Mutex::new(Some(inner)),
             path,
-            finished: false,
+            finished: AtomicBool::new(false),
         })
     }
 
@@ -176,7 +210,7 @@ impl Writer {
     ///     attributes: optional dict of per-tensor metadata.
     #[pyo3(signature = (name, data, *, compress = None, checksum = "none", attributes = None))]
     fn write_numpy(
-        &mut self,
+        &self,
         py: Python<'_>,
         name: &str,
         data: &Bound<'_, PyAny>,
@@ -202,7 +236,7 @@ impl Writer {
     /// Alias of `write_numpy` (ztensor's `add`).
     #[pyo3(signature = (name, data, compress = None, checksum = "none"))]
     fn add(
-        &mut self,
+        &self,
         py: Python<'_>,
         name: &str,
         data: &Bound<'_, PyAny>,
@@ -217,7 +251,7 @@ impl Writer {
     #[pyo3(signature = (name, data, dtype, shape, *, compress = None, checksum = "none", attributes = None))]
     #[allow(clippy::too_many_arguments)]
     fn _write_raw(
-        &mut self,
+        &self,
         py: Python<'_>,
         name: &str,
         data: &Bound<'_, PyAny>,
@@ -239,7 +273,7 @@ impl Writer {
     #[pyo3(signature = (name, components, shape, format = "dense", r#type = None, attributes = None, *, compress = None, checksum = "none"))]
     #[allow(clippy::too_many_arguments)]
     fn _write_components(
-        &mut self,
+        &self,
         py: Python<'_>,
         name: &str,
         components: &Bound<'_, PyDict>,
@@ -330,7 +364,8 @@ impl Writer {
             .collect();
         let total: usize = comps.iter().map(|c| c.data.len()).sum();
         let layout = Layout::from_name(format);
-        let w = self.writer()?;
+        let mut slot = self.slot(py);
+        let w = Writer::writer(&mut slot)?;
         let run = || w.add_object(name, &shape, layout, attributes, &comps, opts);
         if total >= RELEASE_GIL_BYTES {
             py.detach(run)
@@ -340,28 +375,26 @@ impl Writer {
         .or_raise()
     }
 
-    /// Writes the manifest and footer; returns the file size in bytes.
-    fn finish(&mut self, py: Python<'_>) -> PyResult<u64> {
+    /// Writes the manifest and footer; returns the file size in bytes. An add in
+    /// flight on another thread is waited for.
+    fn finish(&self, py: Python<'_>) -> PyResult<u64> {
         let inner = self
-            .inner
-            .take()
+            .take(py)
             .ok_or_else(|| to_pyerr(Error::invalid("the writer is already finished")))?;
-        self.finished = true;
         py.detach(|| inner.finish()).or_raise()
     }
 
     /// Abandons the write: a new file is removed, an append is rolled back.
-    fn discard(&mut self) {
-        if let Some(inner) = self.inner.take() {
+    fn discard(&self, py: Python<'_>) {
+        if let Some(inner) = self.take(py) {
             inner.discard();
         }
-        self.finished = true;
     }
 
     /// True once finished or discarded.
     #[getter]
     fn finished(&self) -> bool {
-        self.finished
+        self.finished.load(Ordering::Acquire)
     }
 
     /// The `.zt` version being written: 1 (ztensor 1.2) or 2 (ztensor 2.x).
@@ -382,27 +415,23 @@ impl Writer {
 
     #[pyo3(signature = (exc_type, *_rest))]
     fn __exit__(
-        &mut self,
+        &self,
         py: Python<'_>,
         exc_type: &Bound<'_, PyAny>,
         _rest: &Bound<'_, PyTuple>,
     ) -> PyResult<bool> {
-        if self.inner.is_some() {
+        if let Some(inner) = self.take(py) {
             if exc_type.is_none() {
-                self.finish(py)?;
+                py.detach(|| inner.finish()).or_raise()?;
             } else {
-                self.discard();
+                inner.discard();
             }
         }
         Ok(false)
     }
 
     fn __repr__(&self) -> String {
-        let state = if self.inner.is_some() {
-            "open"
-        } else {
-            "finished"
-        };
+        let state = if self.finished() { "finished" } else { "open" };
         format!("<tensorwire.Writer ({state}) {:?}>", self.path)
     }
 }

@@ -123,6 +123,15 @@ def test_echo_is_zero_copy_both_ways(client):
     assert not np.shares_memory(echoed, heap) and np.array_equal(echoed, heap)
 
 
+def test_share_memory_resolves_conjugate_and_negative_views():
+    torch = pytest.importorskip("torch")
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    for view in (z.conj(), z.conj().imag):
+        shared = ipc.share_memory(view)
+        assert not shared.is_conj() and not shared.is_neg()
+        assert torch.equal(shared, view.resolve_conj().resolve_neg())
+
+
 def test_clients_and_server_share_writes(sock, client):
     with client.call("shared", n=8) as handle:
         x = handle.value["x"]

@@ -639,3 +639,115 @@ def test_awrite_stream_sends_what_the_array_held_when_called():
     asyncio.run(packet.awrite_stream(x, Writer()))
     x[:] = 7
     check_equal(packet.loads(b"".join(bytes(p) for p in queued)), np.zeros(4096, np.float32))
+
+
+def test_read_stream_readinto_that_shrinks_its_buffer_is_a_typed_error():
+    """A readinto that resizes the buffer it was lent (any Python code may) and
+    reports more bytes than the buffer then holds is a broken source: OSError, as io
+    raises for a raw readinto returning a bad length, not a Rust panic."""
+    data = bytes(packet.dumps(np.arange(8, dtype=np.float32)))
+
+    class Shrinks:
+        def __init__(self, cut):
+            self.stream, self.cut = io.BytesIO(data), cut
+
+        def readinto(self, buf):
+            n = self.stream.readinto(buf)
+            del buf[self.cut:]
+            return n
+
+    for cut in (0, 3):
+        with pytest.raises(OSError, match="readinto"):
+            packet.read_stream(Shrinks(cut))
+
+    class Overstates:
+        def readinto(self, buf):
+            return len(buf) + 1
+
+    with pytest.raises(OSError, match="readinto"):
+        packet.read_stream(Overstates())
+
+
+def test_read_stream_keeps_a_buffer_readinto_kept():
+    """The lent buffer may outlive the call (a source keeping it): read_stream copies
+    out what it holds then, and later changes to it reach nothing."""
+    x = sample("float32", (40,))
+    data = bytes(packet.dumps(x))
+    kept = []
+
+    class Keeps:
+        def __init__(self):
+            self.stream = io.BytesIO(data)
+
+        def readinto(self, buf):
+            kept.append(buf)
+            return self.stream.readinto(buf)
+
+    got = packet.read_stream(Keeps())
+    for buf in kept:
+        buf[:] = b"\xff" * len(buf)
+    check_equal(got, x)
+
+
+class _NotReadyAt:
+    """A non-blocking source: `read`/`readinto` return None (no data ready) on the
+    calls listed, as a non-blocking pipe or file does."""
+
+    def __init__(self, data, stalls, method):
+        self.stream, self.stalls, self.calls = io.BytesIO(data), set(stalls), 0
+        if method == "read":
+            self.read = self._read
+        else:
+            self.readinto = self._readinto
+
+    def _stalled(self):
+        self.calls += 1
+        return self.calls in self.stalls
+
+    def _read(self, n):
+        return None if self._stalled() else self.stream.read(n)
+
+    def _readinto(self, buf):
+        return None if self._stalled() else self.stream.readinto(buf)
+
+
+@pytest.mark.parametrize("method", ["readinto", "read"])
+def test_read_stream_none_from_a_non_blocking_source_is_not_the_end(method):
+    """None from readinto/read means "no data yet", not end of stream: BlockingIOError,
+    and the next read_stream of the same source goes on with the packet begun (no byte
+    lost, no false clean end, no StreamEndedError)."""
+    x = np.arange(1000, dtype=np.float32)
+    data = bytes(packet.dumps(x)) * 2
+    for stalls in ([1], [2], [2, 3], [1, 3, 5]):
+        src = _NotReadyAt(data, stalls, method)
+        got = []
+        for _ in range(20):
+            try:
+                value = packet.read_stream(src)
+            except BlockingIOError:
+                continue
+            if value is None:
+                break
+            got.append(value)
+        assert len(got) == 2, stalls
+        for value in got:
+            check_equal(value, x)
+
+
+def test_read_stream_non_blocking_socket_resumes_the_packet():
+    """A non-blocking socket raises BlockingIOError itself; a packet that arrives in
+    pieces is read whole once the rest is there."""
+    x = sample("float64", (300,))
+    data = bytes(packet.dumps(x))
+    left, right = socket.socketpair()
+    with left, right:
+        right.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            packet.read_stream(right)
+        left.sendall(data[:100])
+        with pytest.raises(BlockingIOError):
+            packet.read_stream(right)
+        left.sendall(data[100:])
+        check_equal(packet.read_stream(right), x)
+        left.close()
+        assert packet.read_stream(right) is None

@@ -137,6 +137,38 @@ def test_read_into_torch(zt_path):
         assert torch.equal(param.detach(), torch.from_numpy(data["a"]))
 
 
+def test_read_into_conjugate_and_negative_views(tmp_path):
+    """A lazily conjugated or negated destination keeps its bits apart from its memory:
+    read_into fills it as dst.copy_(read_torch(name)) does, not natively."""
+    path = str(tmp_path / "c.zt")
+    c = np.array([1 + 2j, 3 + 4j], np.complex64)
+    with tw.Writer(path) as w:
+        w.write_numpy("c", c)
+        w.write_numpy("f", np.array([5.0], np.float32))
+    with tw.Reader(path) as r:
+        want = torch.from_numpy(c)
+        base = torch.zeros(2, dtype=torch.complex64)
+        dst = base.conj()
+        assert dst.is_conj() and dst.is_contiguous()
+        r.read_into("c", dst)
+        assert torch.equal(dst, want)
+        assert torch.equal(base, want.conj())
+        ref = torch.zeros(2, dtype=torch.complex64)
+        ref.conj().copy_(want)
+        assert torch.equal(base, ref)
+        # A conjugate view's imaginary part is a negative view.
+        holder = torch.zeros(1, dtype=torch.complex64)
+        neg = holder.conj().imag
+        assert neg.is_neg()
+        r.read_into("f", neg)
+        assert torch.equal(neg, torch.tensor([5.0]))
+        assert holder.imag.item() == -5.0
+        # In a dict too.
+        base = torch.zeros(2, dtype=torch.complex64)
+        r.read_into({"c": base.conj()})
+        assert torch.equal(base, want.conj())
+
+
 def test_tensor_torch(zt_path):
     with tw.Writer(zt_path) as w:
         w.write_torch("bf", torch.ones(3, dtype=torch.bfloat16))

@@ -143,9 +143,13 @@ class Reader(_native.Reader):
             raise _native.InvalidArgumentError(
                 f"dst for `{name}` is {dst.dtype} {list(dst.shape)}, the tensor is "
                 f"{dtype} {list(shape)}")
-        # A tensor requiring grad, outside no_grad, is torch's to fill (a leaf refuses).
+        # A tensor requiring grad, outside no_grad, is torch's to fill (a leaf refuses);
+        # a lazily conjugated or negated view keeps its bits apart from its memory, so
+        # copy_ must resolve them.
         tracked = dst.requires_grad and tt.torch.is_grad_enabled()
-        if dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous() and not tracked:
+        lazy = dst.is_conj() or dst.is_neg()
+        if (dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous()
+                and not tracked and not lazy):
             self._read_into_raw(name, tt.torch_dst_bytes(dst))
         else:
             dst.copy_(self.read_torch(name))

@@ -113,7 +113,8 @@ def share_memory(value):
     if torch is not None and isinstance(value, torch.Tensor):
         from ._torch import torch_dst_bytes
 
-        src = value.detach().contiguous()
+        # A conjugate or negative view holds its values lazily: resolve them first.
+        src = value.detach().resolve_conj().resolve_neg().contiguous()
         raw = _native.shared_buffer(src.numel() * src.element_size())
         out = torch.from_numpy(raw).view(src.dtype).reshape(src.shape) if src.numel() else src.clone()
         if src.numel():

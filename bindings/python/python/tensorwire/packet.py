@@ -30,6 +30,7 @@ import math
 import mmap as _mmap
 import operator
 import os
+import weakref
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -285,16 +286,39 @@ def dump(tensor: Any, fp, strict: bool = False, check_integrity: bool = False) -
     write_stream(tensor, fp, strict=strict, check_integrity=check_integrity)
 
 
+# Packets read_stream had begun when their source had no data ready, by source.
+_PENDING = weakref.WeakKeyDictionary()
+
+
 def read_stream(source, copy: bool = False) -> Optional[Any]:
     """Read and decode one packet from a file-like object (``readinto``/``read``) or a
     socket (``recv_into``/``recv``). Returns None at a clean end of stream; a stream
     that ends inside a packet raises :class:`StreamEndedError` (a ``TruncatedError``
     and an ``EOFError``, as tenso raises). Announced lengths are checked against
-    limits and read in bounded chunks."""
+    limits and read in bounded chunks.
+
+    The source should block until data comes. A non-blocking one with no data ready
+    (``readinto``/``read`` returning None, a socket raising ``BlockingIOError``) makes
+    this raise ``BlockingIOError``, never end the stream; a socket timeout raises
+    ``TimeoutError``. The bytes of a packet begun before that are kept (for a source
+    that takes weak references, as files and sockets do): the next ``read_stream``
+    of the same source goes on with that packet."""
     try:
-        return _native.packet_read_stream(source, bool(copy), _FACTORIES)
+        pending = _PENDING.pop(source, None)
+    except TypeError:  # a source that is not hashable or takes no weak references
+        pending = None
+    try:
+        return _native.packet_read_stream(source, bool(copy), _FACTORIES, pending)
     except _native.TruncatedError as e:
         raise StreamEndedError(str(e)) from None
+    except (BlockingIOError, TimeoutError) as e:
+        left = e.__dict__.pop("pending", None)
+        if left is not None:
+            try:
+                _PENDING[source] = left
+            except TypeError:
+                pass
+        raise
 
 
 def load(fp, mmap_mode: bool = False, copy: bool = False) -> Any:
