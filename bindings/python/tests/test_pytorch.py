@@ -428,10 +428,15 @@ class TestTorchInterop:
                 continue
             got = r.read_torch(k)
             assert got.dtype == v.dtype and got.shape == v.shape, k
+            # A lazy conjugate or negative view: read_torch gives its values, a copy.
+            lazy = not v.is_quantized and (v.is_conj() or v.is_neg())
+            if lazy:
+                v = v.resolve_conj().resolve_neg()
             # Bytes, so NaNs and float8 compare too.
             as_bytes = lambda x: x.contiguous().flatten().view(torch.uint8)  # noqa: E731
             assert torch.equal(as_bytes(got), as_bytes(v)), k
-            if not v.is_contiguous() and v.numel() > 1 and "legacy" not in path and "big_endian" not in path:
+            if (not v.is_contiguous() and v.numel() > 1 and "legacy" not in path
+                    and "big_endian" not in path and not lazy):
                 assert got.stride() == v.stride(), k
 
     def test_torch_only_dtypes_come_back_as_torch_saved_them_sharing_the_map(self, tmp_path):

@@ -133,7 +133,7 @@ def test_load_reads_what_torch_saved(path, want):
         assert list(c.shape) == shape and c.stride() == tuple(strides), t["name"]
         assert _torch_bytes(c) == _torch_bytes(g), t["name"]
         assert _quantization(c) == _quantization(g), t["name"]
-        if "attributes" in t:
+        if "torch.qscheme" in t.get("attributes", {}):
             assert str(g.qscheme()) == t["attributes"]["torch.qscheme"], t["name"]
         if t["npy_view"] is None:
             want_bytes = np.load(os.path.join(EXPECTED, t["npy"])).tobytes()
@@ -1349,3 +1349,146 @@ def test_meta_tensors_of_dtypes_tensorwire_lacks_load_as_torch_loads_them(tmp_pa
     assert torch.equal(got["real"], want["real"])
     arrays = pytorch.load_numpy(str(path))
     assert arrays[names[0]] == pytorch.MetaTensor(names[0], (2, 3), (3, 1), False, False)
+
+
+LAZY_VIEWS = ["conj_neg.pt", "conj_neg.legacy.pt"]
+
+
+@pytest.mark.parametrize("name", LAZY_VIEWS)
+def test_lazy_conjugate_and_negative_views_read_as_their_values(name):
+    """`z.conj()` and `w.conj().imag` saved as such (torch writes their stored
+    elements and {'conj': True} / {'neg': True}): every read gives torch's values, as
+    copies, and the attributes say which bits the tensor has."""
+    path = os.path.join(FIXTURES, name)
+    arrays = pytorch.load_numpy(path)
+    z = arrays["z"]
+    assert np.array_equal(arrays["conj"], np.conj(z), equal_nan=True)
+    assert np.array_equal(arrays["conj_t"], np.conj(z).T, equal_nan=True)
+    assert np.array_equal(arrays["conj_row"], np.conj(z[1]), equal_nan=True)
+    assert arrays["imag"].tolist() == [1.0, -4.0, 8.0]  # -imag(conj(w)) = imag(w)
+    assert arrays["neg_i8"].tolist() == [-128, 1, 0, -5, -127]  # wraps, as in torch
+    assert arrays["neg_u8"].tolist() == [0, 255, 128, 1]
+    assert arrays["both"].tolist() == [-1 - 1j, 2.5 + 4j]  # -(conj(x))
+    with tw.Reader(path) as r:
+        for n in ("conj", "imag", "both"):
+            got = r.read_numpy(n)
+            assert np.array_equal(got, arrays[n], equal_nan=True)
+            assert not np.shares_memory(got, r.read_numpy("z")), n
+        assert dict(r.metadata("z").attributes) == {}
+        assert dict(r.metadata("conj").attributes) == {"torch.is_conj": True}
+        assert dict(r.metadata("imag").attributes) == {"torch.is_neg": True}
+        assert dict(r.metadata("both").attributes) == {"torch.is_conj": True,
+                                                       "torch.is_neg": True}
+        assert r.metadata("conj").components["data"]["encoding"] == "conj"
+        assert r.metadata("z").components["data"]["encoding"] == "raw"
+        assert set(r._pytorch_partial_storages()) >= {"conj", "imag", "neg_i8", "both"}
+
+
+def _same_value_bits(got, want):
+    """Whether two tensors hold the same values bit for bit (NaN payloads and signs
+    of zero included), whatever lazy bits either has."""
+    a, b = (t.detach().resolve_conj().resolve_neg() for t in (got, want))
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(torch.uint8),
+                                              b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", LAZY_VIEWS)
+@pytest.mark.parametrize("kwargs", [{}, {"mmap": False}, {"map_location": "cpu"},
+                                    {"map_location": lambda storage, loc: storage},
+                                    {"flat": False}])
+def test_lazy_views_load_with_torchs_bits_on_the_stored_elements(name, kwargs):
+    """pytorch.load gives what torch.load gives: the conjugate and negative bits set
+    over the stored elements (so `conj` shares `z`'s storage, as in torch), the
+    values, strides, offsets and the nn.Parameter."""
+    path = os.path.join(FIXTURES, name)
+    want = torch.load(path, weights_only=True)
+    got = pytorch.load(path, **kwargs)
+    assert list(got) == list(want)
+    for n, w in want.items():
+        g = got[n]
+        assert (g.is_conj(), g.is_neg()) == (w.is_conj(), w.is_neg()), n
+        assert (g.dtype, g.shape, g.stride(), g.storage_offset()) == (
+            w.dtype, w.shape, w.stride(), w.storage_offset()), n
+        assert type(g) is type(w) and g.requires_grad == w.requires_grad, n
+        assert _same_value_bits(g, w), n
+    assert got["conj"].is_conj() and got["imag"].is_neg()
+    for n in ("conj", "conj_t", "conj_row"):
+        assert got[n].untyped_storage().data_ptr() == got["z"].untyped_storage().data_ptr(), n
+    # torch's bits, so torch's own conj() of it is the stored elements again.
+    back = got["conj"].conj()
+    assert not back.is_conj() and back.data_ptr() == got["z"].data_ptr()
+    # read_torch gives the values (a copy: a torch tensor of the format's reader has
+    # no bits to set).
+    with tw.Reader(path) as r:
+        t = r.read_torch("conj")
+        assert not t.is_conj() and _same_value_bits(t, want["conj"])
+
+
+def _one_entry_checkpoint(path, key_op, value_op):
+    """A ZIP checkpoint {key: value} whose key and value are the pickle opcodes
+    given (no tensors)."""
+    _zip_checkpoint(path, b"\x80\x02}" + key_op + value_op + b"s.")
+
+
+def _short_binstring(data):
+    return b"U" + bytes([len(data)]) + data
+
+
+def test_python2_byte_strings_decode_as_utf8_as_torch_load_does(tmp_path):
+    """Python 2 `str` (SHORT_BINSTRING, BINSTRING, STRING): torch.load decodes them as
+    UTF-8 (its default encoding); bytes that are not UTF-8 as latin-1, as
+    `torch.load(f, encoding="latin1")` gives them."""
+    import struct
+
+    path = tmp_path / "py2.pt"
+    cafe = "café".encode()
+    for value_op in (_short_binstring(cafe), b"T" + struct.pack("<i", len(cafe)) + cafe,
+                     b"S'caf\\xc3\\xa9'\n"):
+        _one_entry_checkpoint(path, _short_binstring(b"name"), value_op)
+        assert pytorch.load_numpy(str(path), flat=False) == {"name": "café"}, value_op
+        if torch is not None and value_op[:1] == b"U":  # weights_only reads only U
+            assert torch.load(path, weights_only=True) == {"name": "café"}
+    _one_entry_checkpoint(path, _short_binstring(b"name"), _short_binstring(b"caf\xe9"))
+    assert pytorch.load_numpy(str(path), flat=False) == {"name": "café"}
+    if torch is not None:
+        with pytest.raises(UnicodeDecodeError):
+            torch.load(path, weights_only=True)
+        # A self-made file, with no globals: safe to unpickle.
+        assert torch.load(path, weights_only=False, encoding="latin1") == {"name": "café"}
+
+
+def test_text_integers_past_64_bits_read_as_binary_ones_do(tmp_path):
+    """Protocol 0/1 write ints as text (`I`, `L`): up to 128 bits they are values, as
+    LONG1's are; wider ones are Unsupported, as LONG1's are."""
+    path = tmp_path / "seed.pt"
+    for value in (2**64 + 1, -(2**70), 2**127 - 1, -(2**127)):
+        _one_entry_checkpoint(path, _short_binstring(b"seed"), b"L%dL\n" % value)
+        assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
+        with tw.Reader(str(path)) as r:  # a root holding no tensor is one value
+            assert r.attributes["value"] == {"seed": value}
+        if torch is not None:
+            assert pytorch.load(str(path), flat=False) == {"seed": value}
+    for value in (2**127, 2**200):
+        _one_entry_checkpoint(path, _short_binstring(b"seed"), b"I%d\n" % value)
+        with pytest.raises(tw.UnsupportedError, match="128 bits"):
+            pytorch.load_numpy(str(path))
+
+
+def test_python2_builtins_are_refused_by_their_python3_names(tmp_path):
+    """Protocol 2 names `range` and `int` `__builtin__.xrange` and `__builtin__.long`
+    (Python's fix_imports): the refusal names what Python 3 and torch resolve them
+    to."""
+    path = tmp_path / "py2_global.pt"
+    for raw, resolved in [("xrange", "builtins.range"), ("long", "builtins.int"),
+                          ("reduce", "functools.reduce"), ("unicode", "builtins.str")]:
+        _one_entry_checkpoint(path, _short_binstring(b"v"),
+                              b"c__builtin__\n" + raw.encode() + b"\n")
+        with pytest.raises(tw.UnsafePickleError, match=f"`{resolved}`"):
+            pytorch.load_numpy(str(path))
+    if torch is not None:
+        torch.save({"v": range(3)}, path)
+        with pytest.raises(tw.UnsafePickleError, match="`builtins.range`"):
+            pytorch.load(str(path))

@@ -124,11 +124,11 @@ impl Global {
 
 /// Looks up `module.name` in the allowlist.
 pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
-    // Python 2 pickles name builtins `__builtin__`.
-    let module = if module == "__builtin__" {
-        "builtins"
+    // Python 2 pickles name builtins `__builtin__`, some by their Python 2 names.
+    let (module, name) = if module == "__builtin__" {
+        python3_builtin(name)
     } else {
-        module
+        (module, name)
     };
     let global = match (module, name) {
         ("torch._utils", "_rebuild_tensor") => Some(Global::RebuildTensor),
@@ -192,6 +192,25 @@ pub fn resolve(module: &str, name: &str, offset: u64) -> Result<Global> {
         global: format!("{module}.{name}"),
         offset,
     })
+}
+
+/// The Python 3 global that Python's unpickler (so `torch.load`) resolves the Python 2
+/// builtin `__builtin__.name` to: `_compat_pickle.NAME_MAPPING` (`xrange` is
+/// `builtins.range`, `reduce` is `functools.reduce`), else `builtins.name`.
+fn python3_builtin(name: &str) -> (&str, &str) {
+    const RENAMED: &[(&str, (&str, &str))] = &[
+        ("xrange", ("builtins", "range")),
+        ("reduce", ("functools", "reduce")),
+        ("intern", ("sys", "intern")),
+        ("unichr", ("builtins", "chr")),
+        ("unicode", ("builtins", "str")),
+        ("long", ("builtins", "int")),
+        ("basestring", ("builtins", "str")),
+    ];
+    RENAMED
+        .iter()
+        .find(|(python2, _)| *python2 == name)
+        .map_or(("builtins", name), |&(_, python3)| python3)
 }
 
 /// True when the dotted name `full` is `module.name`.
@@ -531,6 +550,76 @@ fn check_storage_kind(
     ))
 }
 
+/// Sets on `record` the bits of the metadata `torch.save` passes last to
+/// `_rebuild_tensor_v2/v3` (`torch._utils.get_tensor_metadata`), which `torch.load`
+/// sets on the tensor: `None` or a dict, `{}`, `{"conj": True}`, `{"neg": True}` or
+/// both. Any other key, or a value other than `True`, is [`Error::Unsupported`],
+/// naming it (torch sets the bit of a key given `False` all the same, and never writes
+/// one). The conjugate bit on a tensor that is not complex is malformed: torch fails
+/// on it.
+fn set_tensor_metadata(
+    arena: &Arena,
+    metadata: Id,
+    record: &mut TensorRecord,
+    what: &str,
+    offset: u64,
+) -> Result<()> {
+    let items = match arena.get(metadata) {
+        Obj::None => return Ok(()),
+        Obj::Dict { items, .. } => items,
+        other => {
+            return Err(bad_args(
+                what,
+                offset,
+                format!("the tensor metadata is a {}, not a dict", other.kind()),
+            ))
+        }
+    };
+    for &(key, value) in items {
+        let Obj::Str(key) = arena.get(key) else {
+            return Err(Error::unsupported(format!(
+                "tensor metadata keyed by a {} ({what} at offset {offset})",
+                arena.get(key).kind()
+            )));
+        };
+        let bit = match &**key {
+            "conj" => &mut record.is_conj,
+            "neg" => &mut record.is_neg,
+            other => {
+                return Err(Error::unsupported(format!(
+                    "tensor metadata {other:?} ({what} at offset {offset}; torch writes \
+                     only \"conj\" and \"neg\")"
+                )))
+            }
+        };
+        match arena.get(value) {
+            Obj::Bool(true) => *bit = true,
+            other => {
+                let value = match other {
+                    Obj::Bool(false) => "False".to_owned(),
+                    other => format!("of type {}", other.kind()),
+                };
+                return Err(Error::unsupported(format!(
+                    "tensor metadata {key:?} {value} ({what} at offset {offset}; torch \
+                     writes only True, and sets the bit whatever the value)"
+                )));
+            }
+        }
+    }
+    if record.is_conj && record.complex_part_size().is_none() {
+        return Err(bad_args(
+            what,
+            offset,
+            format!(
+                "the conjugate bit on a {} tensor (only complex tensors have one; torch \
+                 fails on it)",
+                record.torch_dtype_name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn tensor_arg(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Obj> {
     match arena.get(id) {
         t @ Obj::Tensor(_) => Ok(t.clone()),
@@ -568,6 +657,9 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             )?;
             if global == Global::RebuildTensorV2 {
                 record.requires_grad = requires_grad_arg(arena, argv[4], what, offset)?;
+                if let Some(&metadata) = argv.get(6) {
+                    set_tensor_metadata(arena, metadata, &mut record, what, offset)?;
+                }
             }
             check_storage_kind(&record, false, what, offset)?;
             check_requires_grad(&record, what, offset)?;
@@ -588,6 +680,9 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 offset,
             )?;
             record.requires_grad = requires_grad_arg(arena, argv[4], what, offset)?;
+            if let Some(&metadata) = argv.get(7) {
+                set_tensor_metadata(arena, metadata, &mut record, what, offset)?;
+            }
             check_storage_kind(&record, false, what, offset)?;
             check_requires_grad(&record, what, offset)?;
             Ok(Obj::Tensor(Box::new(record)))
@@ -1625,6 +1720,114 @@ mod tests {
         };
         assert!(matches!(batched(&[2, 2, 2]), Ok(Obj::Sparse(_))));
         malformed(batched(&[5, 2, 2]), "do not make size");
+    }
+
+    /// A 1-d `_rebuild_tensor_v2` of 2 elements of storage `class`, with `metadata`
+    /// (pickle text) as its 7th argument, as torch writes a lazy view.
+    fn with_metadata(class: &str, metadata: &[u8]) -> Result<TensorRecord> {
+        let mut p = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(".to_vec();
+        p.extend(persistent_id(class, "0", 2));
+        p.extend(b"K\x00K\x02\x85K\x01\x85\x89}");
+        p.extend(metadata);
+        p.extend(b"tR.");
+        match root_of(&p)? {
+            Obj::Tensor(t) => Ok(*t),
+            other => panic!("not a tensor: {other:?}"),
+        }
+    }
+
+    const CONJ: &[u8] = b"}X\x04\x00\x00\x00conj\x88s";
+    const NEG: &[u8] = b"}X\x03\x00\x00\x00neg\x88s";
+    const BOTH: &[u8] = b"}(X\x04\x00\x00\x00conj\x88X\x03\x00\x00\x00neg\x88u";
+
+    #[test]
+    fn tensor_metadata_sets_torchs_conjugate_and_negative_bits() {
+        let bits = |t: TensorRecord| (t.is_conj, t.is_neg);
+        let read = |class, metadata| bits(with_metadata(class, metadata).unwrap());
+        assert_eq!(read("ComplexFloatStorage", CONJ), (true, false));
+        assert_eq!(read("FloatStorage", NEG), (false, true));
+        assert_eq!(read("ComplexDoubleStorage", BOTH), (true, true));
+        // torch loads a negative view of any dtype (only reading its values fails).
+        assert_eq!(read("BoolStorage", NEG), (false, true));
+        // No bits: an empty dict, None, or no 7th argument.
+        assert_eq!(read("ComplexFloatStorage", b"}"), (false, false));
+        assert_eq!(read("ComplexFloatStorage", b"N"), (false, false));
+        // `_rebuild_tensor_v3` takes it 8th: a complex32 conjugate view.
+        let mut rest = b"K\x00K\x02\x85K\x01\x85\x89}ctorch\ncomplex32\n".to_vec();
+        rest.extend(CONJ);
+        let mut p = b"\x80\x02ctorch._utils\n_rebuild_tensor_v3\n(".to_vec();
+        p.extend(persistent_id("UntypedStorage", "0", 8));
+        p.extend(rest);
+        p.extend(b"tR.");
+        let Obj::Tensor(t) = root_of(&p).unwrap() else {
+            panic!("not a tensor")
+        };
+        assert_eq!(
+            (t.torch_only, t.is_conj),
+            (Some(TorchOnlyDType::Complex32), true)
+        );
+        assert!(
+            !tensor_v3("complex32", 8, b"K\x00K\x02\x85K\x01\x85\x89")
+                .unwrap()
+                .is_conj
+        );
+    }
+
+    #[test]
+    fn tensor_metadata_tensorwire_does_not_know_is_unsupported() {
+        let unsupported = [
+            // another key
+            (&b"}X\x04\x00\x00\x00zero\x88s"[..], "\"zero\""),
+            // False: torch never writes it, and would set the bit all the same
+            (b"}X\x03\x00\x00\x00neg\x89s", "False"),
+            // not a bool
+            (b"}X\x03\x00\x00\x00negK\x01s", "of type int"),
+            // a key that is not a str
+            (b"}K\x01\x88s", "keyed by a int"),
+        ];
+        for (metadata, want) in unsupported {
+            let err = with_metadata("FloatStorage", metadata).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { .. }) && err.to_string().contains(want),
+                "{want}: {err}"
+            );
+        }
+        // Malformed: not a dict, and the conjugate bit on a real tensor (torch fails).
+        let err = with_metadata("FloatStorage", b"]").unwrap_err();
+        assert!(
+            err.is_corrupt_data() && err.to_string().contains("not a dict"),
+            "{err}"
+        );
+        let err = with_metadata("FloatStorage", CONJ).unwrap_err();
+        assert!(
+            err.is_corrupt_data() && err.to_string().contains("conjugate bit on a torch.float32"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn python2_builtins_are_named_as_python3_resolves_them() {
+        for (name, want) in [
+            ("xrange", "builtins.range"),
+            ("long", "builtins.int"),
+            ("unicode", "builtins.str"),
+            ("basestring", "builtins.str"),
+            ("unichr", "builtins.chr"),
+            ("reduce", "functools.reduce"),
+            ("intern", "sys.intern"),
+            ("eval", "builtins.eval"),
+        ] {
+            match resolve("__builtin__", name, 5) {
+                Err(Error::RefusedGlobal { global, offset: 5 }) => assert_eq!(global, want),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // The allowed ones still resolve under their Python 2 module.
+        assert_eq!(resolve("__builtin__", "set", 0).unwrap(), Global::Set);
+        assert_eq!(
+            resolve("__builtin__", "complex", 0).unwrap(),
+            Global::Complex
+        );
     }
 
     #[test]

@@ -26,7 +26,9 @@
 //! tensors (COO, CSR, CSC, BSR, BSC) read as their parts, the dense tensors of their
 //! indices and values ([`SparseTensor`]). The dtypes only torch has
 //! (`float8_e8m0fnu`, `float4_e2m1fn_x2`, `complex32`) read as the elements that hold
-//! them ([`TorchOnlyDType`]).
+//! them ([`TorchOnlyDType`]). Lazy conjugate and negative views (`z.conj()` saved as
+//! such) read as their values, copied, with torch's bits kept on the record
+//! ([`TensorRecord::is_conj`], [`TensorRecord::is_neg`]).
 //!
 //! Not in scope: writing checkpoints; meta and subclassed tensors
 //! (`Unsupported`, naming them) and nested ones (refused, as torch refuses them); the

@@ -9,6 +9,7 @@
 //! is checked against [`PickleLimits`] before anything is allocated.
 
 use std::collections::HashMap;
+use std::num::IntErrorKind;
 use std::sync::Arc;
 
 use tensorwire_core::{Error, NameMap, Result};
@@ -706,12 +707,27 @@ impl Machine<'_> {
             "00" => return self.push(FALSE),
             _ => {}
         }
-        let v: i64 = text.parse().map_err(|_| {
-            Error::unsupported(format!(
-                "pickle integer `{text}` at offset {at} (not a 64-bit integer)"
-            ))
-        })?;
-        self.int(v)
+        if let Ok(v) = text.parse::<i64>() {
+            return self.int(v);
+        }
+        // Past 64 bits, as LONG1 holds them (up to 128).
+        match text.parse::<i128>() {
+            Ok(v) => self.push_new(Obj::WideInt(wide_int_bytes(v))),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    IntErrorKind::PosOverflow | IntErrorKind::NegOverflow
+                ) =>
+            {
+                Err(Error::unsupported(format!(
+                    "pickle integer `{text}` at offset {at} (integers wider than 128 bits are \
+                     refused)"
+                )))
+            }
+            Err(_) => Err(Error::unsupported(format!(
+                "pickle integer `{text}` at offset {at} (not a decimal integer)"
+            ))),
+        }
     }
 
     fn run(&mut self, persistent: &mut dyn PersistentLoad) -> Result<Id> {
@@ -813,25 +829,25 @@ impl Machine<'_> {
                     let s = raw_unicode_escape(line, at)?;
                     self.push_new(Obj::Str(s.into()))?;
                 }
-                // Byte strings (Python 2 `str` decodes as latin-1 text, as Python 3's
-                // `encoding="latin1"` does; torch's legacy keys are ASCII).
+                // Byte strings: Python 2 `str`, text as `torch.load` decodes it
+                // (`python2_str`).
                 b'T' => {
                     let n = self.input.i32()?;
                     if n < 0 {
                         return Err(malformed(at, "negative BINSTRING length"));
                     }
-                    let s = latin1(self.input.payload(n as u64)?);
+                    let s = python2_str(self.input.payload(n as u64)?);
                     self.push_new(Obj::Str(s.into()))?;
                 }
                 b'U' => {
                     let n = self.input.u8()?;
-                    let s = latin1(self.input.take(n.into())?);
+                    let s = python2_str(self.input.take(n.into())?);
                     self.push_new(Obj::Str(s.into()))?;
                 }
                 b'S' => {
                     let line = self.input.line()?;
                     let s = python_string_literal(line, at)?;
-                    self.push_new(Obj::Str(latin1(&s).into()))?;
+                    self.push_new(Obj::Str(python2_str(&s).into()))?;
                 }
                 b'B' => {
                     let n = self.input.u32()?;
@@ -1148,6 +1164,30 @@ fn latin1(bytes: &[u8]) -> String {
     bytes.iter().map(|&b| char::from(b)).collect()
 }
 
+/// A Python 2 byte string (`BINSTRING`, `SHORT_BINSTRING`, `STRING`) as the text
+/// `torch.load` makes of it: decoded as UTF-8 (its default `encoding="utf-8"`). Bytes
+/// that are not UTF-8, on which `torch.load` fails, decode as latin-1, as
+/// `torch.load(f, encoding="latin1")` gives them.
+fn python2_str(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => latin1(bytes),
+    }
+}
+
+/// The shortest little-endian two's complement bytes of `v`, as `LONG1` writes it
+/// (9 to 16 bytes for a value past 64 bits: an [`Obj::WideInt`]).
+fn wide_int_bytes(v: i128) -> Box<[u8]> {
+    let bytes = v.to_le_bytes();
+    let sign = if v < 0 { 0xff } else { 0 };
+    let mut len = bytes.len();
+    // Drop a top byte that only repeats the sign the byte below it carries.
+    while len > 1 && bytes[len - 1] == sign && (bytes[len - 2] ^ sign) & 0x80 == 0 {
+        len -= 1;
+    }
+    bytes[..len].into()
+}
+
 /// Decodes the argument of protocol 0's `UNICODE` (raw-unicode-escape).
 fn raw_unicode_escape(line: &[u8], at: u64) -> Result<String> {
     let mut out = String::with_capacity(line.len());
@@ -1292,6 +1332,68 @@ mod tests {
                 Obj::Int(42),
                 Obj::Int(-5)
             ]
+        );
+    }
+
+    #[test]
+    fn text_integers_past_64_bits_are_values_up_to_128() {
+        // Protocols 0 and 1 write them as `I`/`L` lines: 2**64 + 1, -2**70, 2**127 - 1,
+        // -2**127, as LONG1 holds them.
+        let u = run(b"(L18446744073709551617L\nI-1180591620717411303424\n\
+              L170141183460469231731687303715884105727L\n\
+              L-170141183460469231731687303715884105728L\nt.")
+        .unwrap();
+        let got: Vec<i128> = items_of(&u)
+            .iter()
+            .map(|o| match o {
+                Obj::WideInt(b) => {
+                    assert!((9..=16).contains(&b.len()), "{b:?}");
+                    wide_int_value(b)
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [(1i128 << 64) + 1, -(1i128 << 70), i128::MAX, i128::MIN]
+        );
+        // LONG1 gives an equal object.
+        let long1 = run(b"\x80\x02\x8a\x09\x01\x00\x00\x00\x00\x00\x00\x00\x01.").unwrap();
+        let text = run(b"L18446744073709551617L\n.").unwrap();
+        assert_eq!(long1.arena.get(long1.root), text.arena.get(text.root));
+        // Wider, as the binary path: Unsupported.
+        for line in [
+            &b"L170141183460469231731687303715884105728L\n."[..],
+            b"I-170141183460469231731687303715884105729\n.",
+            b"I1606938044258990275541962092341162602522202993782792835301376\n.",
+        ] {
+            let err = run(line).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { .. }) && err.to_string().contains("128 bits"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn python2_byte_strings_decode_as_torch_load_decodes_them() {
+        // UTF-8, as torch.load's default encoding="utf-8": SHORT_BINSTRING, BINSTRING
+        // and STRING.
+        let cafe = "café".as_bytes();
+        let mut p = b"(U".to_vec();
+        p.push(cafe.len() as u8);
+        p.extend(cafe);
+        p.push(b'T');
+        p.extend((cafe.len() as i32).to_le_bytes());
+        p.extend(cafe);
+        p.extend(b"S'caf\\xc3\\xa9'\nt.");
+        let u = run(&p).unwrap();
+        assert_eq!(items_of(&u), vec![Obj::Str("café".into()); 3]);
+        // Not UTF-8 (torch.load fails): latin-1, as encoding="latin1" gives it.
+        let u = run(b"(U\x04caf\xe9S'\\xff'\nt.").unwrap();
+        assert_eq!(
+            items_of(&u),
+            vec![Obj::Str("café".into()), Obj::Str("\u{ff}".into())]
         );
     }
 

@@ -438,9 +438,20 @@ impl PtReader {
                 StorageData::Legacy { storage, .. } => (storage.data_offset, false),
             };
             let base = data_offset + record.storage.window()?.0;
-            let attributes = match sparse_parts.next_if(|&(part, _)| part == at) {
+            let mut attributes = match sparse_parts.next_if(|&(part, _)| part == at) {
                 Some((_, of_sparse)) => of_sparse,
                 None => quantization_attributes(&name, record),
+            };
+            if record.has_lazy_signs() {
+                attributes.make_mut().extend(record.sign_attributes());
+            }
+            // What the stored bytes are: deflated, and a lazy view's conjugates or
+            // negatives of the values.
+            let encoding = match (deflated, record.sign_encoding()) {
+                (false, None) => None,
+                (true, None) => Some("deflate".to_owned()),
+                (false, Some(signs)) => Some(signs.to_owned()),
+                (true, Some(signs)) => Some(format!("deflate+{signs}")),
             };
             index.push(TensorInfo {
                 name,
@@ -452,7 +463,7 @@ impl PtReader {
                 nbytes: record.shape.byte_len(record.dtype)?,
                 stored_bytes: end - start,
                 offset: base + start,
-                encoding: deflated.then(|| "deflate".to_owned()),
+                encoding,
                 attributes,
             })?;
             records.push(record.clone());
@@ -547,9 +558,12 @@ impl PtReader {
 
     /// Positions of the tensors that do not have a storage to themselves: another
     /// tensor (or storage view) lies on the same stored storage, or the tensor covers
-    /// only part of it. For a tensor not listed, a view of just its bytes is all of
-    /// its storage, as `torch.load` makes it; the listed ones need their whole
-    /// storage to match torch (one storage for all its tensors, with their offsets).
+    /// only part of it, or it is a lazy conjugate or negative view
+    /// ([`TensorRecord::has_lazy_signs`]: torch's tensor lies on the stored
+    /// elements, with its bit set). For a tensor not listed, a view of just its bytes
+    /// is all of its storage, as `torch.load` makes it; the listed ones need their
+    /// whole storage to match torch (one storage for all its tensors, with their
+    /// offsets and bits).
     pub fn partial_storages(&self) -> Vec<usize> {
         let n = self.records.len();
         let mut whole = Vec::with_capacity(n);
@@ -563,7 +577,8 @@ impl PtReader {
             // (The offset, not the extent's start: an empty tensor's extent is kept
             // inside its storage, its offset is torch's.)
             whole.push(
-                r.storage.view.is_none()
+                !r.has_lazy_signs()
+                    && r.storage.view.is_none()
                     && r.storage_offset == 0
                     && extent.is_some_and(|(_, end)| Some(end) == nbytes),
             );
@@ -629,6 +644,10 @@ impl PtReader {
     /// For big-endian files it is a copy swapped in units of the storage's element
     /// type, or of the tensor's for an untyped (byte) storage, where torch leaves the
     /// bytes as stored (`uint16` and the other types without a storage class).
+    ///
+    /// These are the stored elements, as torch's storage holds them: those of a lazy
+    /// conjugate or negative view are its values' conjugates or negatives
+    /// ([`TensorRecord::resolve_signs`] turns them into its values).
     pub fn storage_bytes(&self, record: &TensorRecord) -> Result<(Bytes, bool)> {
         let storage = &record.storage;
         let (bytes, borrowed) = self.storage_range(&storage.key, 0, storage.nbytes()?)?;
@@ -716,11 +735,20 @@ impl PtReader {
 }
 
 /// The per-tensor attributes of the tensor `name`: a quantized tensor's scheme and
-/// parameters ([`Quantization::attributes`]), none for the others.
+/// parameters ([`Quantization::attributes`]), none for the others (a lazy view's bits
+/// are added by the caller: [`TensorRecord::sign_attributes`]).
 fn quantization_attributes(name: &str, record: &TensorRecord) -> tensorwire_core::Attributes {
     match &record.quantization {
         None => Default::default(),
         Some(q) => q.attributes(name).into(),
+    }
+}
+
+/// `error`, naming the tensor `name` when it is `Unsupported`.
+fn naming_tensor(error: Error, name: &str) -> Error {
+    match error {
+        Error::Unsupported { what } => Error::unsupported(format!("tensor `{name}`: {what}")),
+        other => other,
     }
 }
 
@@ -763,17 +791,19 @@ impl TensorSource for PtReader {
     }
 
     /// Contiguous tensors of a mapped little-endian file come back zero-copy; strided
-    /// ones (transposes, slices, `expand`) as a row-major copy.
+    /// ones (transposes, slices, `expand`) as a row-major copy, and so do lazy
+    /// conjugate and negative views, with their values (`Unsupported` where torch
+    /// cannot negate the dtype either: [`TensorRecord::resolve_signs`]).
     fn view_at(&self, position: usize) -> Result<TensorView> {
         let name = &self.index.checked_at(position)?.name;
         let record = &self.records[position];
         let (bytes, borrowed) = self.extent(record)?;
         let shape = record.shape.clone();
-        if record.is_contiguous() && self.little_endian {
+        if record.is_contiguous() && self.little_endian && !record.has_lazy_signs() {
             return TensorView::new(name, record.dtype, shape, bytes, borrowed);
         }
         // One copy: gathered into row-major order (or copied as is), then swapped in
-        // place for big-endian files.
+        // place for big-endian files and given a lazy view's signs.
         let mut out = if record.is_contiguous() {
             AlignedBuf::copy_from(&bytes)?
         } else {
@@ -782,6 +812,9 @@ impl TensorSource for PtReader {
         if !self.little_endian {
             swap_bytes(out.as_mut_slice(), record.dtype);
         }
+        record
+            .resolve_signs(out.as_mut_slice())
+            .map_err(|e| naming_tensor(e, name))?;
         TensorView::new(name, record.dtype, shape, out.into_bytes(), false)
     }
 
@@ -789,16 +822,24 @@ impl TensorSource for PtReader {
     /// and strides (a transpose or slice stays strided; strides come whenever they are
     /// not those of a new row-major tensor, so also the free strides of size-1
     /// dimensions and empty tensors). Zero-copy for a mapped little-endian file with
-    /// the storage stored raw; for big-endian files the bytes are a byte-swapped copy.
+    /// the storage stored raw; for big-endian files the bytes are a byte-swapped copy,
+    /// and for a lazy conjugate or negative view a copy holding its values.
     fn strided_at(&self, position: usize) -> Result<StridedView> {
-        self.index.checked_at(position)?;
+        let name = &self.index.checked_at(position)?.name;
         let record = &self.records[position];
         let (bytes, borrowed) = self.extent(record)?;
-        let (bytes, zero_copy) = if self.little_endian {
+        let (bytes, zero_copy) = if self.little_endian && !record.has_lazy_signs() {
             (bytes, borrowed)
         } else {
             let mut copy = AlignedBuf::copy_from(&bytes)?;
-            swap_bytes(copy.as_mut_slice(), record.dtype);
+            if !self.little_endian {
+                swap_bytes(copy.as_mut_slice(), record.dtype);
+            }
+            // The extent starts and ends at whole elements: all of them get the signs
+            // (those between the tensor's, which its strides skip, too).
+            record
+                .resolve_signs(copy.as_mut_slice())
+                .map_err(|e| naming_tensor(e, name))?;
             (copy.into_bytes(), false)
         };
         Ok(StridedView {

@@ -147,6 +147,12 @@ pub struct TensorRecord {
     /// `shape`, `strides` and `storage_offset` then describe the elements holding it
     /// ([`TorchOnlyDType::holder`]); [`TensorRecord::torch_view`] gives torch's.
     pub torch_only: Option<TorchOnlyDType>,
+    /// torch's conjugate bit (`Tensor.is_conj()`, a complex tensor saved as a lazy
+    /// `conj()` view): the stored elements are the conjugates of the tensor's.
+    pub is_conj: bool,
+    /// torch's negative bit (`Tensor.is_neg()`, a lazy negative view such as
+    /// `z.conj().imag`): the stored elements are the negatives of the tensor's.
+    pub is_neg: bool,
 }
 
 /// The dtype a `_rebuild_tensor_v3` call names.
@@ -520,6 +526,8 @@ impl TensorRecord {
             requires_grad: false,
             parameter: false,
             torch_only,
+            is_conj: false,
+            is_neg: false,
         };
         if record.strides.len() != record.shape.ndim() {
             return Err(Error::malformed(
@@ -662,6 +670,139 @@ impl TensorRecord {
     pub fn gather(&self, extent: &[u8], max_bytes: u64) -> Result<AlignedBuf> {
         tensorwire_core::strided::gather(extent, self.dtype, &self.shape, &self.strides, max_bytes)
     }
+
+    /// The per-tensor attribute of a tensor with torch's conjugate bit (`true`), named
+    /// after torch's method.
+    pub const CONJ_ATTRIBUTE: &'static str = "torch.is_conj";
+    /// The per-tensor attribute of a tensor with torch's negative bit (`true`).
+    pub const NEG_ATTRIBUTE: &'static str = "torch.is_neg";
+
+    /// True when torch keeps the tensor as a lazy conjugate or negative view
+    /// ([`TensorRecord::is_conj`], [`TensorRecord::is_neg`]): its stored elements are
+    /// not its values, so it is never viewed zero-copy.
+    pub fn has_lazy_signs(&self) -> bool {
+        self.is_conj || self.is_neg
+    }
+
+    /// [`TensorRecord::CONJ_ATTRIBUTE`] and [`TensorRecord::NEG_ATTRIBUTE`] where the
+    /// tensor has those bits (none for the others).
+    pub fn sign_attributes(&self) -> BTreeMap<String, tensorwire_core::Value> {
+        [
+            (Self::CONJ_ATTRIBUTE, self.is_conj),
+            (Self::NEG_ATTRIBUTE, self.is_neg),
+        ]
+        .into_iter()
+        .filter(|&(_, set)| set)
+        .map(|(name, _)| (name.to_owned(), tensorwire_core::Value::Bool(true)))
+        .collect()
+    }
+
+    /// How the stored elements encode the tensor's values: `conj`, `neg` or
+    /// `conj+neg` for a lazy view, `None` when they are its values.
+    pub fn sign_encoding(&self) -> Option<&'static str> {
+        match (self.is_conj, self.is_neg) {
+            (false, false) => None,
+            (true, false) => Some("conj"),
+            (false, true) => Some("neg"),
+            (true, true) => Some("conj+neg"),
+        }
+    }
+
+    /// Turns stored elements of the tensor into its values, in place, as torch's
+    /// `resolve_neg()` and `resolve_conj()` do: negates them, then negates the
+    /// imaginary parts. `elements` holds whole elements of [`TensorRecord::dtype`] in
+    /// this machine's byte order, starting at one (a complex32's at its real part).
+    /// Floats and complex parts get their sign bit flipped (infinities and NaN
+    /// payloads kept); integers are negated wrapping around (`-(-128)` is `-128` in
+    /// i8 and `-1` is 255 in u8), as torch negates them. Negating a bool, u16, u32,
+    /// u64 or float8 tensor is [`Error::Unsupported`]: torch has no negation for those
+    /// either ("neg_cpu" not implemented), though it loads such a view.
+    pub fn resolve_signs(&self, elements: &mut [u8]) -> Result<()> {
+        if self.is_neg {
+            self.negate(elements)?;
+        }
+        if self.is_conj {
+            let part = self.complex_part_size().ok_or_else(|| {
+                Error::unsupported(format!(
+                    "the conjugate of a {} tensor, which is not complex",
+                    self.torch_dtype_name()
+                ))
+            })?;
+            // The imaginary parts: every second float, from the second.
+            flip_sign_bits(elements, part, 2);
+        }
+        Ok(())
+    }
+
+    /// Bytes of a complex tensor's real (or imaginary) part; `None` for the others.
+    pub(crate) fn complex_part_size(&self) -> Option<usize> {
+        match (self.dtype, self.torch_only) {
+            (DType::Complex64, None) => Some(4),
+            (DType::Complex128, None) => Some(8),
+            (DType::F16, Some(TorchOnlyDType::Complex32)) => Some(2),
+            _ => None,
+        }
+    }
+
+    /// torch's name of the tensor's dtype (`torch.complex32`, `torch.int8`).
+    pub(crate) fn torch_dtype_name(&self) -> &'static str {
+        self.torch_only.map_or_else(
+            || crate::globals::torch_dtype_name(self.dtype),
+            TorchOnlyDType::torch_name,
+        )
+    }
+
+    /// Negates every element of `elements` (see [`TensorRecord::resolve_signs`]).
+    fn negate(&self, elements: &mut [u8]) -> Result<()> {
+        use DType::*;
+        match (self.dtype, self.torch_only) {
+            (F16 | BF16, None) | (F16, Some(TorchOnlyDType::Complex32)) => {
+                flip_sign_bits(elements, 2, 1)
+            }
+            (F32 | Complex64, None) => flip_sign_bits(elements, 4, 1),
+            (F64 | Complex128, None) => flip_sign_bits(elements, 8, 1),
+            (I8 | U8, None) => elements.iter_mut().for_each(|b| *b = b.wrapping_neg()),
+            (I16, None) => negate_ints::<2>(elements, |b| {
+                i16::from_ne_bytes(b).wrapping_neg().to_ne_bytes()
+            }),
+            (I32, None) => negate_ints::<4>(elements, |b| {
+                i32::from_ne_bytes(b).wrapping_neg().to_ne_bytes()
+            }),
+            (I64, None) => negate_ints::<8>(elements, |b| {
+                i64::from_ne_bytes(b).wrapping_neg().to_ne_bytes()
+            }),
+            _ => {
+                return Err(Error::unsupported(format!(
+                    "the negative view of a {} tensor (torch.load gives it with its \
+                     negative bit set, but torch cannot negate that dtype either)",
+                    self.torch_dtype_name()
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Flips the sign bit of `part`-byte floats in `bytes` (this machine's byte order):
+/// of every one (`every` 1) or of every second one from the second (`every` 2, the
+/// imaginary parts of complex numbers).
+fn flip_sign_bits(bytes: &mut [u8], part: usize, every: usize) {
+    let sign_byte = if cfg!(target_endian = "little") {
+        part - 1
+    } else {
+        0
+    };
+    for float in bytes.chunks_exact_mut(part).skip(every - 1).step_by(every) {
+        float[sign_byte] ^= 0x80;
+    }
+}
+
+/// Replaces each `N`-byte integer of `bytes` by `negated(it)`.
+fn negate_ints<const N: usize>(bytes: &mut [u8], negated: impl Fn([u8; N]) -> [u8; N]) {
+    for int in bytes.chunks_exact_mut(N) {
+        let value: [u8; N] = (&*int).try_into().expect("chunks of N bytes");
+        int.copy_from_slice(&negated(value));
+    }
 }
 
 /// A torch storage class named in a persistent id: its dotted name and element type.
@@ -772,6 +913,8 @@ mod tests {
             requires_grad: false,
             parameter: false,
             torch_only: None,
+            is_conj: false,
+            is_neg: false,
         }
     }
 
@@ -840,6 +983,162 @@ mod tests {
             huge.gather(&storage()[..4], 1 << 30),
             Err(Error::LimitExceeded { .. })
         ));
+    }
+
+    /// `record` of `dtype` (a torch-only one's holder) with torch's bits.
+    fn lazy(
+        dtype: DType,
+        torch_only: Option<TorchOnlyDType>,
+        conj: bool,
+        neg: bool,
+    ) -> TensorRecord {
+        TensorRecord {
+            dtype,
+            torch_only,
+            is_conj: conj,
+            is_neg: neg,
+            ..record(&[1], &[1], 0)
+        }
+    }
+
+    fn resolved(record: &TensorRecord, mut bytes: Vec<u8>) -> Result<Vec<u8>> {
+        record.resolve_signs(&mut bytes).map(|()| bytes)
+    }
+
+    fn f32_bytes(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn lazy_views_resolve_to_torchs_values() {
+        use TorchOnlyDType::Complex32;
+        let nan = f32::from_bits(0x7fc0_0001);
+        let z = f32_bytes(&[1.0, 2.0, -3.0, -0.0, nan, nan]); // 3 complex64
+                                                              // conj: every imaginary part's sign flips (NaN payload kept); neg: every
+                                                              // part's; both: the real parts'.
+        let cases = [
+            (true, false, [1.0, -2.0, -3.0, 0.0, nan, -nan]),
+            (false, true, [-1.0, -2.0, 3.0, 0.0, -nan, -nan]),
+            (true, true, [-1.0, 2.0, 3.0, -0.0, -nan, nan]),
+        ];
+        for (conj, neg, want) in cases {
+            let got = resolved(&lazy(DType::Complex64, None, conj, neg), z.clone()).unwrap();
+            let got: Vec<u32> = got
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "conj {conj} neg {neg}");
+        }
+        // complex128 and complex32 (f16 pairs): the second part of each.
+        let w: Vec<u8> = [1.5f64, 2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let got = resolved(&lazy(DType::Complex128, None, true, false), w).unwrap();
+        assert_eq!(f64::from_le_bytes(got[8..].try_into().unwrap()), -2.5);
+        let c32 = vec![0x00, 0x3c, 0x00, 0x40, 0x00, 0xbc, 0x00, 0xc0]; // (1+2j), (-1-2j)
+        let got = resolved(&lazy(DType::F16, Some(Complex32), true, false), c32.clone()).unwrap();
+        assert_eq!(got, [0x00, 0x3c, 0x00, 0xc0, 0x00, 0xbc, 0x00, 0x40]);
+        let got = resolved(&lazy(DType::F16, Some(Complex32), false, true), c32).unwrap();
+        assert_eq!(got, [0x00, 0xbc, 0x00, 0xc0, 0x00, 0x3c, 0x00, 0x40]);
+        // Floats flip their sign bit, ±0 and infinities too.
+        let got = resolved(
+            &lazy(DType::F64, None, false, true),
+            [0.0f64, f64::INFINITY]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            [-0.0f64, f64::NEG_INFINITY]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+        );
+        assert_eq!(
+            resolved(&lazy(DType::BF16, None, false, true), vec![0x80, 0x3f]).unwrap(),
+            [0x80, 0xbf]
+        );
+        // Integers negate wrapping around, as torch's do; u8 too.
+        let i8s = [-128i8, -1, 0, 5, 127].map(|v| v as u8).to_vec();
+        assert_eq!(
+            resolved(&lazy(DType::I8, None, false, true), i8s).unwrap(),
+            [-128i8, 1, 0, -5, -127].map(|v| v as u8)
+        );
+        assert_eq!(
+            resolved(&lazy(DType::U8, None, false, true), vec![0, 1, 128, 255]).unwrap(),
+            [0, 255, 128, 1]
+        );
+        let i64s: Vec<u8> = [i64::MIN, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let want: Vec<u8> = [i64::MIN, -7]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            resolved(&lazy(DType::I64, None, false, true), i64s).unwrap(),
+            want
+        );
+        let i16s: Vec<u8> = [-3i16, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let want: Vec<u8> = [3i16, -300].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            resolved(&lazy(DType::I16, None, false, true), i16s).unwrap(),
+            want
+        );
+        // Without bits, nothing changes.
+        assert_eq!(
+            resolved(&lazy(DType::F32, None, false, false), z.clone()).unwrap(),
+            z
+        );
+    }
+
+    #[test]
+    fn negating_what_torch_cannot_negate_is_unsupported() {
+        for (dtype, torch_only, name) in [
+            (DType::Bool, None, "torch.bool"),
+            (DType::U16, None, "torch.uint16"),
+            (DType::U32, None, "torch.uint32"),
+            (DType::U64, None, "torch.uint64"),
+            (DType::F8E4M3Fn, None, "torch.float8_e4m3fn"),
+            (DType::F8E5M2Fnuz, None, "torch.float8_e5m2fnuz"),
+            (
+                DType::U8,
+                Some(TorchOnlyDType::Float8E8M0Fnu),
+                "torch.float8_e8m0fnu",
+            ),
+            (
+                DType::U8,
+                Some(TorchOnlyDType::Float4E2M1FnX2),
+                "torch.float4_e2m1fn_x2",
+            ),
+        ] {
+            let err = resolved(&lazy(dtype, torch_only, false, true), vec![1; 8]).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { .. }) && err.to_string().contains(name),
+                "{name}: {err}"
+            );
+        }
+        // A conjugate of a real tensor (refused when the pickle is read) is too.
+        let err = resolved(&lazy(DType::F32, None, true, false), vec![0; 4]).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    }
+
+    #[test]
+    fn lazy_views_name_their_bits() {
+        let both = lazy(DType::Complex64, None, true, true);
+        assert!(both.has_lazy_signs());
+        assert_eq!(both.sign_encoding(), Some("conj+neg"));
+        let attributes = both.sign_attributes();
+        assert_eq!(
+            attributes.keys().collect::<Vec<_>>(),
+            [TensorRecord::CONJ_ATTRIBUTE, TensorRecord::NEG_ATTRIBUTE]
+        );
+        assert_eq!(
+            lazy(DType::F32, None, false, true).sign_encoding(),
+            Some("neg")
+        );
+        let plain = lazy(DType::F32, None, false, false);
+        assert!(!plain.has_lazy_signs() && plain.sign_attributes().is_empty());
+        assert_eq!(plain.sign_encoding(), None);
     }
 
     #[test]

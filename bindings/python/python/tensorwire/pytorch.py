@@ -97,7 +97,10 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
     Zero-copy tensors keep their strides (transposes, slices), and those that share a
     storage in the checkpoint share memory here, as with ``torch.load``. Quantized
     tensors (``torch.qint8``, ``quint8``, ``qint32``; per tensor or per channel) come
-    back quantized, on their storage as well. Sparse tensors (COO, CSR, CSC, BSR,
+    back quantized, on their storage as well. Lazy conjugate and negative views
+    (``z.conj()``, ``z.conj().imag`` saved as such) come back with their conjugate or
+    negative bit set over the stored elements (``is_conj()``, ``is_neg()``), as with
+    ``torch.load``. Sparse tensors (COO, CSR, CSC, BSR,
     BSC) come back sparse, on their indices and values, with their index values
     checked as ``torch.load`` checks them (``MalformedError`` names a bad one).
     Tensors saved on torch's meta device (a model never given its weights) come back
@@ -409,6 +412,8 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
     views = {}
     on_storages = tt.StorageViews()
     tensors = {}
+    # Lazy views are among the partial ones: only those need their attributes read.
+    lazy = _lazy_signs(reader, only if only is not None else reader._pytorch_partial_storages())
     to_cuda = {}  # device_of's answer -> the CUDA device it names, or None
     staged = _staging.Batches(torch)  # the storages bound for a CUDA device
     for name, (key, nbytes, saved, view, offset, strides) in zip(
@@ -444,8 +449,29 @@ def _restored_tensors(reader, restore, device_of, copy, only=None):
                 storage = views[(key, view)] = restored[key][view[0]:view[1]]
         dtype, shape = tt.torch_type(*reader._dtype_and_shape(name))
         tensors[name] = on_storages.view(storage, dtype, offset, shape, strides)
+        if name in lazy:  # its bits, on the stored elements, as torch.load sets them
+            torch._utils.set_tensor_metadata(tensors[name], lazy[name])
     staged.flush()
     return tensors
+
+
+#: torch's tensor metadata keys (``torch._utils.get_tensor_metadata``) and the
+#: per-tensor attributes that say a checkpoint's tensor has those bits.
+_SIGN_BITS = (("conj", "torch.is_conj"), ("neg", "torch.is_neg"))
+
+
+def _lazy_signs(reader, names):
+    """``{name: torch's tensor metadata}`` (``{"conj": True}``, ``{"neg": True}`` or
+    both) for the lazy conjugate and negative views among ``names``: tensors torch
+    keeps with their conjugate or negative bit set over the stored elements (``z.conj()``,
+    ``z.conj().imag``), which ``reader._pytorch_partial_storages()`` lists."""
+    out = {}
+    for name in names:
+        attributes = reader._metadata(name)["attributes"]
+        bits = {bit: True for bit, attribute in _SIGN_BITS if attributes.get(attribute)}
+        if bits:
+            out[name] = bits
+    return out
 
 
 def load_numpy(f, *, mmap=True, flat=True):
@@ -466,6 +492,10 @@ def load_numpy(f, *, mmap=True, flat=True):
     ``m.col_indices`` and ``m.values``), each with the attributes ``torch.layout``,
     ``torch.size`` and, for COO, ``torch.is_coalesced``; with ``flat=False``, a dict
     of those parts and ``layout``, ``size`` (and ``is_coalesced``) in its place.
+
+    A lazy conjugate or negative view (``z.conj()`` saved as such; the attributes
+    ``torch.is_conj``, ``torch.is_neg``) comes as a copy holding its values: numpy has
+    no such bits.
 
     A tensor saved on torch's meta device has no data: it comes as a
     :class:`MetaTensor` (dtype, shape, stride, requires_grad, parameter) at its
