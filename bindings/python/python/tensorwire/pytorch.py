@@ -86,7 +86,10 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             file (zero-copy; writable, and writes never reach the file). ``False``,
             and always when ``f`` is bytes or a file object: each storage is copied
             once, and its tensors share the copy (a legacy file's unaligned storages
-            are copied that way too).
+            are copied that way too). The file stays mapped while its tensors live
+            (``torch.load`` copies it): to save back over the same path
+            (``torch.save(sd, path)``), load with ``mmap=False`` or save to a new path
+            and rename, or the process dies of SIGBUS and leaves the file truncated.
         weights_only: True or None (torch's default); False is refused, since
             tensorwire never runs pickled code.
         flat: False gives the checkpoint's own object, as ``torch.load`` builds it:
