@@ -52,6 +52,26 @@ def test_verify_after_a_private_write_checks_the_file_not_the_write(tmp_path, ve
     assert r.verify() == 2
 
 
+def test_tensors_stored_once_share_their_checks(tmp_path):
+    """A version 2 writer stores identical data once: both tensors' zero-copy views
+    share those bytes, so a private write through one neither fails the other's
+    first read nor verify()."""
+    path = str(tmp_path / "dedup.zt")
+    with tensorwire.Writer(path, version=2) as w:
+        w.write_numpy("x", np.arange(16, dtype=np.float32), checksum="xxh3")
+        w.write_numpy("m", np.arange(16, dtype=np.float32).reshape(4, 4), checksum="xxh3")
+    r = tensorwire.Reader(path)
+    assert np.shares_memory(r["x"], r["m"])  # stored once
+    r = tensorwire.Reader(path)
+    r["x"][3] = 99.0
+    assert r["m"].shape == (4, 4)  # its digest was checked with x's, before the write
+    assert r.verify() == 2
+    r = tensorwire.Reader(path)
+    r["x"][3] = 99.0
+    assert r.verify() == 2
+    assert tensorwire.Reader(path).verify() == 2
+
+
 def test_version_2_refuses_what_it_cannot_record(tmp_path):
     path = str(tmp_path / "v2.zt")
     with pytest.raises(tensorwire.TensorwireError, match="crc32c"):

@@ -54,7 +54,7 @@ impl Checksum {
 }
 
 /// A digest recorded in a manifest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Digest {
     /// CRC-32C value.
     Crc32c(u32),

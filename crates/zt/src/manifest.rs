@@ -20,7 +20,7 @@ use tensorwire_core::{DType, Error, Layout, Limits, Result, Shape, Value, MAX_ND
 use crate::digest::Digest;
 
 /// How a component's bytes are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Encoding {
     /// Stored as-is.
     #[default]

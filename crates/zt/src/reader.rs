@@ -1,7 +1,7 @@
 //! Reading `.zt` files.
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -12,7 +12,7 @@ use tensorwire_core::{
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
-use crate::digest::DigestState;
+use crate::digest::{Digest, DigestState};
 use crate::manifest::{decode_v01, decode_v1, Component, Ctx, Encoding, Manifest, Object};
 use crate::{manifest_v2, seekable};
 use crate::{ALIGNMENT, MAGIC, MAGIC_V01, MAGIC_V2, V2_ALIGNMENT, V2_FOOTER_LEN};
@@ -49,13 +49,18 @@ pub struct ZtReader {
     version: ZtVersion,
     manifest: Manifest,
     infos: Vec<TensorInfo>,
-    /// One cell per component (flattened in object order): set once its digest has
-    /// been checked, so zero-copy views of verified raw data cost nothing afterwards.
+    /// One cell per check slot: set once the slot's digest has been checked, so
+    /// zero-copy views of verified raw data cost nothing afterwards.
     verified: Vec<OnceLock<()>>,
-    /// One cell per component: set once its decoded bytes passed the content rules
+    /// One cell per check slot: set once its decoded bytes passed the content rules
     /// of its logical type (version 2 `bool` bytes are 0 or 1).
     content_ok: Vec<OnceLock<()>>,
     first_component: Vec<usize>,
+    /// The check slot of each component (flattened in object order). Components that
+    /// name the same stored bytes with the same encoding, digest and logical type
+    /// (a version 2 writer stores identical data once) share one: their views share
+    /// the bytes, so a private write through one must not fail the other's check.
+    check_slot: Vec<usize>,
     /// The object found by the last name lookup (a one-entry cache).
     last_position: AtomicUsize,
     limits: Limits,
@@ -118,14 +123,16 @@ impl ZtReader {
             first_component.push(n);
             n += o.components.len();
         }
+        let (check_slot, slots) = check_slots(&manifest);
         Ok(ZtReader {
             bytes,
             version,
-            verified: (0..n).map(|_| OnceLock::new()).collect(),
-            content_ok: (0..n).map(|_| OnceLock::new()).collect(),
+            verified: (0..slots).map(|_| OnceLock::new()).collect(),
+            content_ok: (0..slots).map(|_| OnceLock::new()).collect(),
             manifest,
             infos,
             first_component,
+            check_slot,
             last_position: AtomicUsize::new(0),
             limits: *limits,
         })
@@ -173,7 +180,17 @@ impl ZtReader {
 
     /// The digest cell of a located component.
     fn cell(&self, oi: usize, ci: usize) -> &OnceLock<()> {
-        &self.verified[self.first_component[oi] + ci]
+        &self.verified[self.slot(oi, ci)]
+    }
+
+    /// The content-rules cell of a located component.
+    fn content_cell(&self, oi: usize, ci: usize) -> &OnceLock<()> {
+        &self.content_ok[self.slot(oi, ci)]
+    }
+
+    /// The check slot of a located component (see `check_slot`).
+    fn slot(&self, oi: usize, ci: usize) -> usize {
+        self.check_slot[self.first_component[oi] + ci]
     }
 
     /// `name/role` of a located component, for errors.
@@ -345,7 +362,7 @@ impl ZtReader {
         if self.version != ZtVersion::V2 || !matches!(rule, Some("bool" | "f4_e2m1")) {
             return Ok(());
         }
-        let cell = &self.content_ok[self.first_component[oi] + ci];
+        let cell = self.content_cell(oi, ci);
         if cell.get().is_none() {
             let what = self.label(oi, comp);
             let obj = &self.manifest.objects[oi];
@@ -948,7 +965,7 @@ impl ZtReader {
                     checked += 1;
                 }
                 check_f4_tail(obj, c, last, &what)?;
-                let _ = self.content_ok[self.first_component[oi] + ci].set(());
+                let _ = self.content_cell(oi, ci).set(());
             }
         }
         Ok(checked)
@@ -959,10 +976,34 @@ impl ZtReader {
     fn checked_before(&self, oi: usize, ci: usize, comp: &Component) -> bool {
         let digest_done = comp.digest.is_none() || self.cell(oi, ci).get().is_some();
         let has_rules = matches!(comp.logical_type.as_deref(), Some("bool" | "f4_e2m1"));
-        let rules_done = !has_rules
-            || self.content_ok[self.first_component[oi] + ci]
-                .get()
-                .is_some();
+        let rules_done = !has_rules || self.content_cell(oi, ci).get().is_some();
         digest_done && rules_done
     }
+}
+
+/// The check slot of every component of `manifest` (flattened in object order) and
+/// the number of slots: components naming the same stored bytes (offset and length)
+/// with the same encoding, digest and logical type share the first one's slot.
+fn check_slots(manifest: &Manifest) -> (Vec<usize>, usize) {
+    // Keyed by everything a check depends on, so that many components over the same
+    // bytes cost one lookup each.
+    type Key<'a> = (u64, u64, Encoding, Option<&'a Digest>, Option<&'a str>);
+    let mut slot_by_key: HashMap<Key<'_>, usize> = HashMap::new();
+    let slot_of = manifest
+        .objects
+        .iter()
+        .flat_map(|o| o.components.iter())
+        .map(|c| {
+            let key = (
+                c.offset,
+                c.length,
+                c.encoding,
+                c.digest.as_ref(),
+                c.logical_type.as_deref(),
+            );
+            let next = slot_by_key.len();
+            *slot_by_key.entry(key).or_insert(next)
+        })
+        .collect();
+    (slot_of, slot_by_key.len())
 }
