@@ -10,6 +10,14 @@ import tensorwire as tw
 from tensorwire import formats
 
 
+def _wait_for(items, failure, timeout=5):
+    """Waits until the list `items`, which another thread fills, is not empty."""
+    deadline = time.monotonic() + timeout
+    while not items and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert items, failure
+
+
 @pytest.fixture
 def big_file(tmp_path):
     """A file whose reads release the GIL (copies of 8 MiB)."""
@@ -42,10 +50,7 @@ def test_close_succeeds_while_another_thread_reads(big_file, how):
     reader = tw.Reader(str(big_file))
     kept = reader["w"]
     thread = _reading_thread(reader, stop, results)
-    deadline = time.monotonic() + 5
-    while not results and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert results, "the reading thread read nothing"
+    _wait_for(results, "the reading thread read nothing")
     if how == "close":
         reader.close()
     else:
@@ -106,10 +111,7 @@ def test_writer_finish_waits_for_an_add_on_another_thread(tmp_path, how):
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 5
-    while not added and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert added, "the writing thread wrote nothing"
+    _wait_for(added, "the writing thread wrote nothing")
     if how == "finish":
         writer.finish()
     elif how == "discard":

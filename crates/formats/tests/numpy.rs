@@ -261,12 +261,14 @@ fn stored_zip(records: &[(&str, Vec<u8>)]) -> Vec<u8> {
     zip_archive(&records)
 }
 
-/// A `.npy` v1 image of little-endian f32 values whose header dict is padded with
-/// spaces to `header_len` bytes (the format allows any padding; numpy reads it).
-fn padded_npy(values: &[f32], header_len: usize) -> Vec<u8> {
-    let dict = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
-        values.len()
+/// A `.npy` v1 image of `count` elements of `descr` held by `data`, whose header dict
+/// is padded with spaces to `header_len` bytes (the format allows any padding; numpy
+/// reads it).
+fn npy_image(descr: &str, count: usize, data: &[u8], header_len: usize) -> Vec<u8> {
+    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}");
+    assert!(
+        dict.len() < header_len,
+        "a header of {header_len} bytes cannot hold {dict}"
     );
     let mut header = dict.into_bytes();
     header.resize(header_len - 1, b' ');
@@ -274,10 +276,14 @@ fn padded_npy(values: &[f32], header_len: usize) -> Vec<u8> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(&header);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+    out.extend_from_slice(data);
     out
+}
+
+/// A `.npy` v1 image of little-endian f32 values, its header padded to `header_len`.
+fn padded_npy(values: &[f32], header_len: usize) -> Vec<u8> {
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    npy_image("<f4", values.len(), &data, header_len)
 }
 
 #[test]
@@ -416,18 +422,7 @@ fn noise(n: usize, seed: u64) -> Vec<u8> {
 
 /// A `.npy` v1 image of `data` as a `|u1` array, its header padded to `header_len`.
 fn u8_npy(data: &[u8], header_len: usize) -> Vec<u8> {
-    let dict = format!(
-        "{{'descr': '|u1', 'fortran_order': False, 'shape': ({},), }}",
-        data.len()
-    );
-    let mut header = dict.into_bytes();
-    header.resize(header_len - 1, b' ');
-    header.push(b'\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(&header);
-    out.extend_from_slice(data);
-    out
+    npy_image("|u1", data.len(), data, header_len)
 }
 
 #[test]
