@@ -1,14 +1,14 @@
 //! Reading `.zt` files.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use tensorwire_core::{
-    AlignedBuf, Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource,
-    TensorView, Value,
+    AlignedBuf, Bytes, DType, Error, Layout, Limits, NameMap, Result, Shape, TensorInfo,
+    TensorSource, TensorView, Value,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -985,14 +985,19 @@ impl ZtReader {
 /// the number of slots: components naming the same stored bytes (offset and length)
 /// with the same encoding, digest and logical type share the first one's slot.
 fn check_slots(manifest: &Manifest) -> (Vec<usize>, usize) {
+    let components = || manifest.objects.iter().flat_map(|o| o.components.iter());
+    let count = components().count();
+    // Most files store every part apart: one slot each, found without hashing.
+    let mut offsets: Vec<u64> = components().map(|c| c.offset).collect();
+    offsets.sort_unstable();
+    if offsets.windows(2).all(|w| w[0] != w[1]) {
+        return ((0..count).collect(), count);
+    }
     // Keyed by everything a check depends on, so that many components over the same
     // bytes cost one lookup each.
     type Key<'a> = (u64, u64, Encoding, Option<&'a Digest>, Option<&'a str>);
-    let mut slot_by_key: HashMap<Key<'_>, usize> = HashMap::new();
-    let slot_of = manifest
-        .objects
-        .iter()
-        .flat_map(|o| o.components.iter())
+    let mut slot_by_key: NameMap<Key<'_>, usize> = NameMap::default();
+    let slot_of = components()
         .map(|c| {
             let key = (
                 c.offset,
