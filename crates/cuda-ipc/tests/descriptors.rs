@@ -5,7 +5,7 @@
 //! it and is ignored in normal runs). The parent's own limit is never touched.
 
 use std::io::{BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdout};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,10 +134,9 @@ fn counter(info: &ServerInfo, name: &str) -> u64 {
 #[test]
 #[ignore = "run as a child process by the other tests"]
 fn child() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, path)) = support::child_role(ROLE, SOCKET) else {
         return;
     };
-    let path = PathBuf::from(std::env::var(SOCKET).unwrap());
     match role.as_str() {
         // 1: starting a server raises a low soft limit to the hard one.
         "server-raises" => {

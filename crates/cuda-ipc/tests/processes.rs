@@ -150,10 +150,9 @@ fn storage_f32(incoming: Incoming) -> (Vec<f32>, Vec<ReceivedStorage>) {
 #[test]
 #[ignore = "run as a child process by the other tests"]
 fn child() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, path)) = support::child_role(ROLE, SOCKET) else {
         return;
     };
-    let path = PathBuf::from(std::env::var(SOCKET).unwrap());
     match role.as_str() {
         "server" => {
             let server = start_server(&path);

@@ -1013,9 +1013,9 @@ mod tests {
     fn lazy_views_resolve_to_torchs_values() {
         use TorchOnlyDType::Complex32;
         let nan = f32::from_bits(0x7fc0_0001);
-        let z = f32_bytes(&[1.0, 2.0, -3.0, -0.0, nan, nan]); // 3 complex64
-                                                              // conj: every imaginary part's sign flips (NaN payload kept); neg: every
-                                                              // part's; both: the real parts'.
+        // 3 complex64. conj: every imaginary part's sign flips (NaN payload kept);
+        // neg: every part's; both: the real parts'.
+        let z = f32_bytes(&[1.0, 2.0, -3.0, -0.0, nan, nan]);
         let cases = [
             (true, false, [1.0, -2.0, -3.0, 0.0, nan, -nan]),
             (false, true, [-1.0, -2.0, 3.0, 0.0, -nan, -nan]),

@@ -2,7 +2,7 @@
 //! runs only its ignored `child` test, in a role named by an environment variable.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 
@@ -53,6 +53,14 @@ pub fn spawn_child(
         .unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
     (child, out)
+}
+
+/// In the child [`spawn_child`] started: its role and socket path, read from
+/// `role_var` and `socket_var`; `None` when the `child` test runs in a normal test run.
+pub fn child_role(role_var: &str, socket_var: &str) -> Option<(String, PathBuf)> {
+    let role = std::env::var(role_var).ok()?;
+    let path = PathBuf::from(std::env::var(socket_var).unwrap());
+    Some((role, path))
 }
 
 /// Reads the child's stdout until a line ending in `want`.
