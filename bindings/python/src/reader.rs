@@ -94,8 +94,8 @@ impl Open {
         })
     }
 
-    /// The position of the tensor `name` (a str) in `src`.
-    fn position_of(&self, src: &dyn TensorSource, name: &Bound<'_, PyString>) -> PyResult<usize> {
+    /// The position of the tensor `name` (a str) in the source.
+    fn position_of(&self, name: &Bound<'_, PyString>) -> PyResult<usize> {
         let cache = self.names.get(name.py());
         if let Some(cache) = cache {
             // The expected position, or the last hit again (a name looked up twice).
@@ -111,19 +111,19 @@ impl Open {
                 }
             }
         }
-        let at = src.position(&name.to_cow()?).or_raise()?;
+        let at = self.src().position(&name.to_cow()?).or_raise()?;
         if let Some(cache) = cache {
             cache.next.store(at + 1, Ordering::Relaxed);
         }
         Ok(at)
     }
 
-    /// [`Reader::position_of`] for an argument that must be a str.
-    fn position_of_any(&self, src: &dyn TensorSource, name: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// [`Open::position_of`] for an argument that must be a str.
+    fn position_of_any(&self, name: &Bound<'_, PyAny>) -> PyResult<usize> {
         let name = name
             .cast::<PyString>()
             .map_err(|_| PyTypeError::new_err("name must be a str"))?;
-        self.position_of(src, name)
+        self.position_of(name)
     }
 }
 
@@ -755,11 +755,10 @@ impl Reader {
 
     fn __contains__(&self, name: &Bound<'_, PyAny>) -> PyResult<bool> {
         let open = self.open()?;
-        let src = open.src();
         let Ok(name) = name.cast::<PyString>() else {
             return Ok(false);
         };
-        Ok(open.position_of(src, name).is_ok())
+        Ok(open.position_of(name).is_ok())
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -774,7 +773,7 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let open = self.open()?;
         let src = open.src();
-        let at = open.position_of_any(src, name)?;
+        let at = open.position_of_any(name)?;
         dense_array(py, src, at, false, false, Lend::Any, &open.owner)
     }
 
@@ -1006,7 +1005,7 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let open = self.open()?;
         let src = open.src();
-        let at = open.position_of_any(src, name)?;
+        let at = open.position_of_any(name)?;
         let reader = pytorch(src)?;
         let record = &reader.records()[at];
         let (bytes, borrowed) = reader.storage_bytes(record).or_raise()?;
@@ -1061,7 +1060,7 @@ impl Reader {
         let open = self.open()?;
         let src = open.src();
         if let Ok(one) = name.cast::<PyString>() {
-            let at = open.position_of(src, one)?;
+            let at = open.position_of(one)?;
             return dense_array(py, src, at, copy, false, Lend::Any, &open.owner);
         }
         if !(name.is_instance_of::<PyList>() || name.is_instance_of::<PyTuple>()) {
@@ -1070,7 +1069,7 @@ impl Reader {
         let mut items = Vec::new();
         for n in name.try_iter()? {
             let n = n?;
-            items.push((open.position_of_any(src, &n)?, n));
+            items.push((open.position_of_any(&n)?, n));
         }
         sorted_by_offset(src, &mut items);
         let out = PyDict::new(py);
@@ -1093,7 +1092,7 @@ impl Reader {
     ) -> PyResult<(Bound<'py, PyAny>, &'static str, Vec<u64>)> {
         let open = self.open()?;
         let src = open.src();
-        let at = open.position_of_any(src, name)?;
+        let at = open.position_of_any(name)?;
         let info = dense_info(src, at)?;
         let array = dense_array(py, src, at, copy, true, Lend::Torch, &open.owner)?;
         Ok((array, info.dtype.name(), info.shape.dims().to_vec()))
@@ -1109,7 +1108,7 @@ impl Reader {
     ) -> PyResult<Option<(&'static str, Vec<u64>)>> {
         let open = self.open()?;
         let src = open.src();
-        let info = src.info_at(open.position_of_any(src, name)?).or_raise()?;
+        let info = src.info_at(open.position_of_any(name)?).or_raise()?;
         Ok(raw_safetensors_listing(info).map(|(raw, dims)| (raw.name(), dims)))
     }
 
@@ -1117,7 +1116,7 @@ impl Reader {
     fn _dtype_and_shape(&self, name: &Bound<'_, PyAny>) -> PyResult<(String, Vec<u64>)> {
         let open = self.open()?;
         let src = open.src();
-        let info = dense_info(src, open.position_of_any(src, name)?)?;
+        let info = dense_info(src, open.position_of_any(name)?)?;
         Ok(match torch_type(src, info) {
             Some(t) => (t.name.to_owned(), t.dims.into_owned()),
             None => (info.dtype.name().to_owned(), info.shape.dims().to_vec()),
@@ -1147,7 +1146,7 @@ impl Reader {
     ) -> PyResult<Bound<'py, PyAny>> {
         let open = self.open()?;
         let src = open.src();
-        let at = open.position_of_any(src, name)?;
+        let at = open.position_of_any(name)?;
         let info = dense_info(src, at)?;
         let raw_type = torch_type(src, info);
         let lend = Lend::for_torch(to_copy);
@@ -1257,7 +1256,7 @@ impl Reader {
         let mut items = Vec::new();
         for n in names.try_iter()? {
             let n = n?;
-            items.push((open.position_of_any(src, &n)?, n));
+            items.push((open.position_of_any(&n)?, n));
         }
         sorted_by_offset(src, &mut items);
         Ok(items.into_iter().map(|(_, n)| n).collect())
@@ -1394,7 +1393,7 @@ impl Reader {
         if let Ok(targets) = name.cast::<PyDict>() {
             let mut items = Vec::with_capacity(targets.len());
             for (k, v) in targets.iter() {
-                items.push((open.position_of_any(src, &k)?, v));
+                items.push((open.position_of_any(&k)?, v));
             }
             sorted_by_offset(src, &mut items);
             for (at, v) in &items {
@@ -1406,6 +1405,6 @@ impl Reader {
             .cast::<PyString>()
             .map_err(|_| PyTypeError::new_err("name must be a str or a dict {name: dst}"))?;
         let dst = dst.ok_or_else(|| PyTypeError::new_err("dst is required when name is a str"))?;
-        read_into_one(py, src, open.position_of(src, name)?, dst, dest)
+        read_into_one(py, src, open.position_of(name)?, dst, dest)
     }
 }

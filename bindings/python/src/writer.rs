@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -84,14 +84,10 @@ impl Writer {
     /// The lock over the file writer; when another thread holds it (an add in
     /// flight), waited for without the GIL.
     fn slot(&self, py: Python<'_>) -> Slot<'_> {
-        match self.inner.try_lock() {
-            Ok(slot) => slot,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => self
-                .inner
-                .lock_py_attached(py)
-                .unwrap_or_else(PoisonError::into_inner),
-        }
+        // `lock_py_attached` tries the lock first and detaches only to wait.
+        self.inner
+            .lock_py_attached(py)
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The file writer, or the error for a finished one.
