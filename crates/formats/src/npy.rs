@@ -485,27 +485,36 @@ pub enum NumpyFormat {
 /// Where an array's `.npy` bytes are.
 #[derive(Debug, Clone)]
 enum Location {
-    /// In memory (a map, a stored member): the whole `.npy`, header included.
+    /// An `.npy` file in memory (a map, a buffer), header included.
     Mapped(Bytes),
+    /// A stored NPZ member: its whole `.npy` in memory, and the member's record.
+    Stored { npy: Bytes, member: ZipEntry },
     /// A deflated NPZ member.
     Deflated(ZipEntry),
+}
+
+impl Location {
+    /// The NPZ member holding the array (`None` in an `.npy` file).
+    fn member(&self) -> Option<&ZipEntry> {
+        match self {
+            Location::Mapped(_) => None,
+            Location::Stored { member, .. } | Location::Deflated(member) => Some(member),
+        }
+    }
 }
 
 struct ArrayRecord {
     header: NpyHeader,
     location: Location,
-    /// The NPZ member holding the array, for its CRC-32 (`None` in an `.npy` file).
-    member: Option<ZipEntry>,
     /// Set once the member's CRC-32 has been checked (see [`ArrayRecord::check_crc`]).
     crc_checked: OnceLock<()>,
 }
 
 impl ArrayRecord {
-    fn new(header: NpyHeader, location: Location, member: Option<ZipEntry>) -> ArrayRecord {
+    fn new(header: NpyHeader, location: Location) -> ArrayRecord {
         ArrayRecord {
             header,
             location,
-            member,
             crc_checked: OnceLock::new(),
         }
     }
@@ -514,7 +523,7 @@ impl ArrayRecord {
     /// the member's CRC-32, once per reader: [`Error::DigestMismatch`] on a mismatch.
     /// An `.npy` file has no digest to check.
     fn check_crc(&self, member_bytes: &[u8]) -> Result<()> {
-        if let Some(member) = &self.member {
+        if let Some(member) = self.location.member() {
             if self.crc_checked.get().is_none() {
                 member.check_crc32(member_bytes)?;
                 let _ = self.crc_checked.set(());
@@ -561,7 +570,7 @@ impl NumpyReader {
         if sniff(&bytes) {
             let header = parse_header(&bytes, limits)?;
             check_data(&header, bytes.len() as u64, NPY_TENSOR_NAME)?;
-            let record = ArrayRecord::new(header, Location::Mapped(bytes.clone()), None);
+            let record = ArrayRecord::new(header, Location::Mapped(bytes.clone()));
             NumpyReader::new(
                 NumpyFormat::Npy,
                 Input::mapped(bytes),
@@ -592,7 +601,10 @@ impl NumpyReader {
                     let head = stored_member_header(&input, entry, limits)?;
                     (
                         parse_member(&head, &entry.name, limits)?,
-                        Location::Mapped(npy),
+                        Location::Stored {
+                            npy,
+                            member: entry.clone(),
+                        },
                     )
                 }
                 Method::Deflated => {
@@ -609,7 +621,7 @@ impl NumpyReader {
             check_data(&header, entry.size, &entry.name)?;
             arrays.push((
                 Arc::from(name),
-                ArrayRecord::new(header, location, Some(entry.clone())),
+                ArrayRecord::new(header, location),
                 entry.data_offset,
             ));
         }
@@ -631,7 +643,7 @@ impl NumpyReader {
         for (name, record, member_offset) in arrays {
             let h = &record.header;
             let (encoding, stored_bytes) = match &record.location {
-                Location::Mapped(_) => (None, h.nbytes),
+                Location::Mapped(_) | Location::Stored { .. } => (None, h.nbytes),
                 Location::Deflated(e) => (Some("deflate".to_owned()), e.compressed_size),
             };
             let known = shared
@@ -693,7 +705,7 @@ impl NumpyReader {
         let h = &record.header;
         let (npy, borrowed) = match &record.location {
             // Inputs are always maps (see `from_bytes`), so stored members borrow.
-            Location::Mapped(npy) => (npy.clone(), true),
+            Location::Mapped(npy) | Location::Stored { npy, .. } => (npy.clone(), true),
             // Inflated up to the array's end: bytes after it (numpy ignores them) are
             // never decompressed.
             Location::Deflated(entry) => {
@@ -922,7 +934,10 @@ impl TensorSource for NumpyReader {
     fn view_at(&self, position: usize) -> Result<TensorView> {
         self.index.checked_at(position)?;
         let record = &self.records[position];
-        if let (Location::Mapped(member_bytes), Some(_)) = (&record.location, &record.member) {
+        if let Location::Stored {
+            npy: member_bytes, ..
+        } = &record.location
+        {
             // A stored member: all of it is mapped (deflated ones are checked when
             // inflated whole, in `stored`).
             record.check_crc(member_bytes)?;
