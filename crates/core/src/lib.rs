@@ -40,7 +40,7 @@ pub use crate::source::{
     Attributes, Layout, TensorInfo, TensorSource, TensorView, SOURCE_LAYOUT_KEY,
 };
 pub use crate::strided::StridedView;
-pub use crate::value::{push_python_float, Value};
+pub use crate::value::{push_python_float, push_python_str, Value};
 
 /// Rounds `offset` up to the next multiple of `align` (a power of two or any non-zero
 /// value), returning `None` on overflow.

@@ -91,35 +91,107 @@ impl fmt::Display for Value {
     }
 }
 
+/// `s` as Python's `repr` writes a str: single quotes unless `s` holds one and no
+/// double quote; backslashes, the quote, tab, newline and carriage return escaped;
+/// the characters Python does not print (`str.isprintable` of Python 3.11) as
+/// `\xNN`, `\uNNNN` or `\UNNNNNNNN`.
+pub fn push_python_str(out: &mut String, s: &str) {
+    push_python_quoted(out, s.chars(), is_printable);
+}
+
 /// `bytes` as Python's `repr` writes a bytes object (`b'\x00ab'`, `b"it's"`): every
 /// byte kept, so the text reads back with `ast.literal_eval`.
 fn push_python_bytes(out: &mut String, bytes: &[u8]) {
-    use std::fmt::Write;
-    // Python quotes with `'` unless the bytes hold a `'` and no `"`.
-    let quote = if bytes.contains(&b'\'') && !bytes.contains(&b'"') {
-        '"'
-    } else {
-        '\''
-    };
     out.push('b');
+    // Each byte as the character of its value: printable ASCII as it is, the others
+    // as `\xNN`.
+    push_python_quoted(out, bytes.iter().map(|&b| char::from(b)), |c| {
+        matches!(c, ' '..='~')
+    });
+}
+
+/// `chars` quoted as Python's `repr` quotes str and bytes: `'` unless they hold a `'`
+/// and no `"`; backslash, the quote, tab, newline and carriage return escaped; the
+/// others `printable` refuses as `\xNN`, `\uNNNN` or `\UNNNNNNNN` by their value.
+fn push_python_quoted(
+    out: &mut String,
+    chars: impl Iterator<Item = char> + Clone,
+    printable: impl Fn(char) -> bool,
+) {
+    use std::fmt::Write;
+    let (mut single, mut double) = (false, false);
+    for c in chars.clone() {
+        single |= c == '\'';
+        double |= c == '"';
+    }
+    let quote = if single && !double { '"' } else { '\'' };
     out.push(quote);
-    for &b in bytes {
-        match b {
-            b'\\' => out.push_str("\\\\"),
-            b'\t' => out.push_str("\\t"),
-            b'\n' => out.push_str("\\n"),
-            b'\r' => out.push_str("\\r"),
-            _ if char::from(b) == quote => {
+    for c in chars {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c == quote => {
                 out.push('\\');
-                out.push(quote);
+                out.push(c);
             }
-            0x20..=0x7e => out.push(char::from(b)),
-            _ => {
-                let _ = write!(out, "\\x{b:02x}");
+            c if !printable(c) => {
+                let _ = match u32::from(c) {
+                    n @ 0..=0xff => write!(out, "\\x{n:02x}"),
+                    n @ 0x100..=0xffff => write!(out, "\\u{n:04x}"),
+                    n => write!(out, "\\U{n:08x}"),
+                };
             }
+            c => out.push(c),
         }
     }
     out.push(quote);
+}
+
+/// The assigned characters Python's `str.isprintable` rejects, as inclusive ranges:
+/// the categories Cc, Cf, Co, Zs (but the ASCII space), Zl and Zp of Unicode 14
+/// (Python 3.11's table), made by
+/// `[c for c in range(0x110000) if c != 0x20 and unicodedata.category(chr(c)) in
+/// {"Cc", "Cf", "Co", "Zs", "Zl", "Zp"}]`, runs joined. Unassigned code points
+/// (category Cn, which Python also escapes) are kept as they are: which ones are
+/// unassigned changes with each Unicode version, and so with each Python.
+const NOT_PRINTABLE: [(u32, u32); 28] = [
+    (0x0, 0x1f),
+    (0x7f, 0xa0),
+    (0xad, 0xad),
+    (0x600, 0x605),
+    (0x61c, 0x61c),
+    (0x6dd, 0x6dd),
+    (0x70f, 0x70f),
+    (0x890, 0x891),
+    (0x8e2, 0x8e2),
+    (0x1680, 0x1680),
+    (0x180e, 0x180e),
+    (0x2000, 0x200f),
+    (0x2028, 0x202f),
+    (0x205f, 0x2064),
+    (0x2066, 0x206f),
+    (0x3000, 0x3000),
+    (0xe000, 0xf8ff),
+    (0xfeff, 0xfeff),
+    (0xfff9, 0xfffb),
+    (0x110bd, 0x110bd),
+    (0x110cd, 0x110cd),
+    (0x13430, 0x13438),
+    (0x1bca0, 0x1bca3),
+    (0x1d173, 0x1d17a),
+    (0xe0001, 0xe0001),
+    (0xe0020, 0xe007f),
+    (0xf0000, 0xffffd),
+    (0x100000, 0x10fffd),
+];
+
+fn is_printable(c: char) -> bool {
+    let c = u32::from(c);
+    // The last range starting at or before `c` is the only one that may hold it.
+    let after = NOT_PRINTABLE.partition_point(|&(start, _)| start <= c);
+    after == 0 || NOT_PRINTABLE[after - 1].1 < c
 }
 
 /// `f` as Python's `repr` writes a float: the shortest text that reads back, in

@@ -281,7 +281,8 @@ fn child_name(arena: &Arena, prefix: &str, key: Id) -> Result<Arc<str>> {
 /// A dict key as text: a str as it is; any other key as Python's `repr` writes it
 /// (`0`, `True`, `None`, `1e-07`, `(1, 'a')`), as `str(key)` gives it, so tuple keys
 /// (an optimizer state keyed by `(group, index)`) name their values too. Inside a
-/// tuple, strs are quoted and escaped as `repr` does ([`push_str_repr`]).
+/// tuple, strs are quoted and escaped as `repr` does
+/// ([`tensorwire_core::push_python_str`]).
 fn key_text(arena: &Arena, key: Id) -> Result<Cow<'_, str>> {
     if let Obj::Str(s) = arena.get(key) {
         return Ok(Cow::Borrowed(&**s));
@@ -311,7 +312,7 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
             // Refused before its text is written (escapes may make it 4x longer).
             let most = (out.len() + s.len()) as u64;
             Error::check_limit("dict key text, in bytes", most, MAX_KEY_BYTES)?;
-            push_str_repr(out, s)
+            tensorwire_core::push_python_str(out, s)
         }
         Obj::Int(n) => {
             let _ = write!(out, "{n}");
@@ -354,86 +355,6 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
         }
     }
     Ok(())
-}
-
-/// `s` quoted as Python's `repr` quotes it: single quotes unless `s` holds one and
-/// no double quote; backslashes, the quote, tab, newline and carriage return escaped;
-/// the characters Python does not print (see [`NOT_PRINTABLE`]) as `\xNN`, `\uNNNN`
-/// or `\UNNNNNNNN`.
-fn push_str_repr(out: &mut String, s: &str) {
-    use std::fmt::Write;
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if !is_printable(c) => {
-                let _ = match u32::from(c) {
-                    n @ 0..=0xff => write!(out, "\\x{n:02x}"),
-                    n @ 0x100..=0xffff => write!(out, "\\u{n:04x}"),
-                    n => write!(out, "\\U{n:08x}"),
-                };
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-}
-
-/// The assigned characters Python's `str.isprintable` rejects, as inclusive ranges:
-/// the categories Cc, Cf, Co, Zs (but the ASCII space), Zl and Zp of Unicode 14
-/// (Python 3.11's table), made by
-/// `[c for c in range(0x110000) if c != 0x20 and unicodedata.category(chr(c)) in
-/// {"Cc", "Cf", "Co", "Zs", "Zl", "Zp"}]`, runs joined. Unassigned code points
-/// (category Cn, which Python also escapes) are kept as they are: which ones are
-/// unassigned changes with each Unicode version, and so with each Python.
-const NOT_PRINTABLE: [(u32, u32); 28] = [
-    (0x0, 0x1f),
-    (0x7f, 0xa0),
-    (0xad, 0xad),
-    (0x600, 0x605),
-    (0x61c, 0x61c),
-    (0x6dd, 0x6dd),
-    (0x70f, 0x70f),
-    (0x890, 0x891),
-    (0x8e2, 0x8e2),
-    (0x1680, 0x1680),
-    (0x180e, 0x180e),
-    (0x2000, 0x200f),
-    (0x2028, 0x202f),
-    (0x205f, 0x2064),
-    (0x2066, 0x206f),
-    (0x3000, 0x3000),
-    (0xe000, 0xf8ff),
-    (0xfeff, 0xfeff),
-    (0xfff9, 0xfffb),
-    (0x110bd, 0x110bd),
-    (0x110cd, 0x110cd),
-    (0x13430, 0x13438),
-    (0x1bca0, 0x1bca3),
-    (0x1d173, 0x1d17a),
-    (0xe0001, 0xe0001),
-    (0xe0020, 0xe007f),
-    (0xf0000, 0xffffd),
-    (0x100000, 0x10fffd),
-];
-
-fn is_printable(c: char) -> bool {
-    let c = u32::from(c);
-    // The last range starting at or before `c` is the only one that may hold it.
-    let after = NOT_PRINTABLE.partition_point(|&(start, _)| start <= c);
-    after == 0 || NOT_PRINTABLE[after - 1].1 < c
 }
 
 /// Python's `repr` of `complex(re, im)`: `1j` when the real part is +0, else
@@ -920,8 +841,9 @@ fn name_taken(name: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{push_complex_repr, push_str_repr};
+    use super::push_complex_repr;
     use tensorwire_core::push_python_float as push_float_repr;
+    use tensorwire_core::push_python_str as push_str_repr;
 
     fn float(f: f64) -> String {
         let mut out = String::new();
