@@ -346,6 +346,9 @@ fn fill_dense(
         }
         return maybe_detach(py, dst.len(), || zt.read_into(name, dst)).or_raise();
     }
+    // Every byte is copied: the record's CRC-32 first (an NPZ member's, a `.pt`
+    // record's), so damage is an error rather than a faithful copy of it.
+    src.check_record_at(at).or_raise()?;
     let view = src.view_at(at).or_raise()?;
     if overlaps(dst, &view.bytes) {
         // `dst` views the very bytes it is to receive (a zero-copy array of this

@@ -632,3 +632,30 @@ class TestTorchInterop:
             assert got["bf16_t"].data_ptr() == got["bf16"].data_ptr()
             assert got["f8_t"].data_ptr() == got["f8"].data_ptr()
         assert r.read_torch("bf16").data_ptr() == r.read_numpy("bf16").ctypes.data
+
+
+def test_copies_and_convert_check_a_records_crc(tmp_path):
+    """A `.pt` record whose bytes no longer match its CRC-32 (a damaged copy, which
+    torch.load reads without noticing): zero-copy reads touch no byte and show the
+    damage, as torch.load would; copies, read_into and convert refuse it."""
+    data = bytearray(open(os.path.join(FIXTURES, "single.pt"), "rb").read())
+    good = tw.Reader(os.path.join(FIXTURES, "single.pt"))
+    name = max(good.keys(), key=lambda k: good[k].nbytes)
+    want = good.read_numpy(name, copy=True)
+    offset = bytes(data).find(want.tobytes())
+    assert offset > 0
+    data[offset] ^= 0x40
+    path = tmp_path / "bad.pt"
+    path.write_bytes(bytes(data))
+    bad = tw.Reader(str(path))
+    assert not np.array_equal(bad.read_numpy(name), want)
+    with pytest.raises(tw.ChecksumError, match="archive/data/"):
+        bad.read_numpy(name, copy=True)
+    with pytest.raises(tw.ChecksumError):
+        bad.read_into(name, np.empty_like(want))
+    dst = str(tmp_path / "out.zt")
+    with pytest.raises(tw.ChecksumError):
+        tw.convert(str(path), dst)
+    assert not os.path.exists(dst)
+    with pytest.raises(tw.ChecksumError):
+        bad.verify()

@@ -289,6 +289,18 @@ pub trait TensorSource: Send + Sync {
         (0, self.tensors()[position].offset)
     }
 
+    /// Checks the CRC-32 the container stores for the record that the tensor at
+    /// `position` lies in (an NPZ member, a ZIP checkpoint's storage record), once per
+    /// reader, as `np.load` and `zipfile` do when they read a member. Readers that
+    /// take every byte (a conversion, a copy) call it first, so a damaged file is an
+    /// error rather than a faithful copy of the damage; zero-copy views skip it and
+    /// touch no byte they need not. Sources without such checksums return `Ok(())`
+    /// (a `.zt` file's digests are checked on request, by [`Self::verify`]).
+    fn check_record_at(&self, position: usize) -> Result<()> {
+        let _ = position;
+        Ok(())
+    }
+
     /// Checks every stored digest, returning how many were checked. Sources without
     /// digests return `Ok(0)`.
     fn verify(&self) -> Result<usize> {

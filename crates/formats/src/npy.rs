@@ -14,9 +14,9 @@
 //! arrays are served strided (zero-copy) by [`TensorSource::strided`] and gathered
 //! into C order by [`TensorSource::view`]; big-endian arrays are byte-swapped copies;
 //! deflated members are inflated on each read. A member's CRC-32 is checked once per
-//! reader when a read holds the whole member anyway: the first `view` of a stored
-//! member's array, or an inflation that reaches the end of a deflated member
-//! ([`TensorSource::verify`] checks every member). Object, string, structured and
+//! reader: a stored member's by [`TensorSource::check_record_at`] (which copies and
+//! conversions call first; zero-copy views touch no byte), a deflated member's by the
+//! inflation that reaches its end ([`TensorSource::verify`] checks every member). Object, string, structured and
 //! datetime arrays are refused: only numeric and boolean arrays are tensors.
 
 use std::any::Any;
@@ -926,22 +926,9 @@ impl TensorSource for NumpyReader {
         self.index.position(name)
     }
 
-    /// Zero-copy for a little-endian C-order array of a map or stored member; a
-    /// row-major (and byte-swapped) copy otherwise. The first view of an NPZ member's
-    /// array checks the member's CRC-32 (as `np.load` does on each read), so the
-    /// readers that take every byte (`convert`, copies) never pass on a damaged
-    /// member; [`TensorSource::strided`] reads a stored member without touching it.
+    /// Zero-copy for a little-endian C-order array of a map or stored member (no byte
+    /// of it is read); a row-major (and byte-swapped) copy otherwise.
     fn view_at(&self, position: usize) -> Result<TensorView> {
-        self.index.checked_at(position)?;
-        let record = &self.records[position];
-        if let Location::Stored {
-            npy: member_bytes, ..
-        } = &record.location
-        {
-            // A stored member: all of it is mapped (deflated ones are checked when
-            // inflated whole, in `stored`).
-            record.check_crc(member_bytes)?;
-        }
         let strided = self.strided_at(position)?;
         let name = &self.index.at(position).name;
         if strided.is_contiguous() {
@@ -985,6 +972,20 @@ impl TensorSource for NumpyReader {
             bytes,
             zero_copy,
         })
+    }
+
+    /// A stored member's CRC-32, over the member as mapped, once per reader. A
+    /// deflated member is checked by the read that inflates it to its end (the
+    /// array's read: numpy writes nothing after it), so this inflates nothing.
+    fn check_record_at(&self, position: usize) -> Result<()> {
+        self.index.checked_at(position)?;
+        let record = &self.records[position];
+        match &record.location {
+            Location::Stored {
+                npy: member_bytes, ..
+            } => record.check_crc(member_bytes),
+            Location::Mapped(_) | Location::Deflated(_) => Ok(()),
+        }
     }
 
     /// Checks every `.npz` member's CRC-32 (inflating deflated ones), as `np.load`

@@ -1160,7 +1160,11 @@ pub fn write_source(
         let info = &source.tensors()[i];
         let bytes = match same_format {
             Some(st) => st.raw(&info.name)?,
-            None => source.view(&info.name)?.bytes,
+            None => {
+                // Every byte is copied: the record's CRC-32 first (NPZ, `.pt`).
+                source.check_record_at(i)?;
+                source.view_at(i)?.bytes
+            }
         };
         if bytes.len() as u64 != entries[i].nbytes {
             return Err(Error::SizeMismatch {

@@ -486,43 +486,42 @@ fn set_directory_crcs(image: &mut [u8], crc: u32) {
 }
 
 #[test]
-fn view_checks_a_stored_members_crc_and_strided_reads_do_not() {
-    // What `tensorwire convert` reads: `view`. A bit of one array flipped, as a
-    // damaged copy would have it; `np.load` refuses the member ("Bad CRC-32").
+fn check_record_checks_a_stored_members_crc_and_views_do_not() {
+    // What `tensorwire convert` and copies call before reading every byte:
+    // `check_record_at`. A bit of one array flipped, as a damaged copy would have
+    // it; `np.load` refuses the member ("Bad CRC-32").
     let good = std::fs::read(fixture("numpy/arrays.npz")).unwrap();
     let reader = NumpyReader::from_bytes(Bytes::from(good.clone()), &Limits::default()).unwrap();
-    let damaged_info = reader
+    let damaged_at = reader
         .tensors()
         .iter()
-        .find(|t| t.nbytes > 0 && t.encoding.is_none())
-        .unwrap()
-        .clone();
-    for t in reader.tensors() {
-        reader.view(&t.name).unwrap();
+        .position(|t| t.nbytes > 0 && t.encoding.is_none())
+        .unwrap();
+    let damaged_info = reader.tensors()[damaged_at].clone();
+    for at in 0..reader.tensors().len() {
+        reader.check_record_at(at).unwrap();
     }
     let mut bad = good;
     bad[damaged_info.offset as usize] ^= 0x40;
     let reader = NumpyReader::from_bytes(Bytes::from(bad), &Limits::default()).unwrap();
-    // Zero-copy strided reads touch no byte, so they do not check.
+    // Reads that need not touch the bytes do not check (and stay zero-copy).
     assert!(reader.strided(&damaged_info.name).unwrap().zero_copy);
+    reader.view(&damaged_info.name).unwrap();
     for round in 0..2 {
-        match reader.view(&damaged_info.name) {
+        match reader.check_record_at(damaged_at) {
             Err(Error::DigestMismatch {
                 tensor, algorithm, ..
             }) => {
                 assert_eq!(tensor, format!("{}.npy", damaged_info.name));
                 assert_eq!(algorithm, "crc32");
             }
-            other => panic!("round {round}: {:?}", other.map(|v| v.zero_copy)),
+            other => panic!("round {round}: {other:?}"),
         }
     }
-    for t in reader
-        .tensors()
-        .iter()
-        .filter(|t| t.name != damaged_info.name)
-    {
-        reader.view(&t.name).unwrap();
+    for at in (0..reader.tensors().len()).filter(|&at| at != damaged_at) {
+        reader.check_record_at(at).unwrap();
     }
+    assert!(reader.check_record_at(reader.tensors().len()).is_err());
     assert!(reader.verify().is_err());
 }
 

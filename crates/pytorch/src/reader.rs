@@ -95,6 +95,33 @@ struct ZipParts {
     /// The index of the `data.pkl` record, run again by [`PtReader::structure`]
     /// (rather than keeping every object for the reader's lifetime).
     pickle: usize,
+    /// Set for each record (by index) once its CRC-32 has been checked.
+    crc_checked: Vec<OnceLock<()>>,
+}
+
+impl ZipParts {
+    fn new(archive: ZipArchive, pickle: usize) -> ZipParts {
+        let crc_checked = archive.entries().iter().map(|_| OnceLock::new()).collect();
+        ZipParts {
+            archive,
+            pickle,
+            crc_checked,
+        }
+    }
+
+    /// Checks record `index`'s bytes, `data` (inflated), against its CRC-32 once. A
+    /// zero CRC is not checked: torch writes zeros when its CRCs are switched off
+    /// (`torch.serialization.set_crc32_options(False)`), as [`ZipArchive::verify`]
+    /// is told.
+    fn check_crc(&self, index: usize, data: &[u8]) -> Result<()> {
+        let entry = &self.archive.entries()[index];
+        let checked = &self.crc_checked[index];
+        if entry.crc32 != 0 && checked.get().is_none() {
+            entry.check_crc32(data)?;
+            let _ = checked.set(());
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for PtReader {
@@ -348,10 +375,7 @@ impl PtReader {
             .collect();
         PtReader::build(
             input,
-            Some(ZipParts {
-                archive,
-                pickle: pkl_index,
-            }),
+            Some(ZipParts::new(archive, pkl_index)),
             &unpickled.arena,
             unpickled.root,
             data,
@@ -677,6 +701,8 @@ impl PtReader {
                 if entry.method == Method::Deflated {
                     let all =
                         zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
+                    // Inflated whole anyway: its CRC costs little beside that.
+                    zip_parts(&self.zip).check_crc(*i, &all)?;
                     Ok((all.slice_at(start, end - start)?, false))
                 } else {
                     Ok((
@@ -752,12 +778,14 @@ fn naming_tensor(error: Error, name: &str) -> Error {
     }
 }
 
-/// Record `index` of a ZIP checkpoint's archive (which every ZIP storage names).
+/// A ZIP checkpoint's archive (which every ZIP storage is a record of).
+fn zip_parts(zip: &Option<ZipParts>) -> &ZipParts {
+    zip.as_ref().expect("a ZIP checkpoint keeps its archive")
+}
+
+/// Record `index` of a ZIP checkpoint's archive.
 fn zip_entry(zip: &Option<ZipParts>, index: usize) -> &ZipEntry {
-    &zip.as_ref()
-        .expect("a ZIP checkpoint keeps its archive")
-        .archive
-        .entries()[index]
+    &zip_parts(zip).archive.entries()[index]
 }
 
 impl TensorSource for PtReader {
@@ -850,6 +878,24 @@ impl TensorSource for PtReader {
             bytes,
             zero_copy,
         })
+    }
+
+    /// The CRC-32 of the ZIP record holding the tensor's storage (all of it, once per
+    /// reader), which `torch.load` itself does not check. A deflated record is
+    /// checked by the reads that inflate it; a legacy checkpoint has no checksums
+    /// (its storages' element counts are checked by every read).
+    fn check_record_at(&self, position: usize) -> Result<()> {
+        self.index.checked_at(position)?;
+        let key = &self.records[position].storage.key;
+        let Some(StorageData::Zip(i)) = self.storages.get(key) else {
+            return Ok(());
+        };
+        let entry = zip_entry(&self.zip, *i);
+        if entry.method == Method::Stored {
+            let data = self.input.read(entry.data_offset, entry.compressed_size)?;
+            zip_parts(&self.zip).check_crc(*i, &data)?;
+        }
+        Ok(())
     }
 
     fn verify(&self) -> Result<usize> {

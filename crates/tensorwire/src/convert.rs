@@ -110,10 +110,13 @@ pub fn convert_source(
     // Write in file order so the source is read sequentially.
     let mut order: Vec<usize> = (0..source.tensors().len()).collect();
     order.sort_by_key(|&at| source.read_order(at));
-    let infos = order.into_iter().map(|at| &source.tensors()[at]);
     let total = source.tensors().len();
     let mut done_bytes = 0u64;
-    for (i, info) in infos.enumerate() {
+    for (i, at) in order.into_iter().enumerate() {
+        let info = &source.tensors()[at];
+        // Every byte is read: the record's checksum (an NPZ member's, a `.pt`
+        // record's CRC-32) first, so a damaged source stops the conversion.
+        source.check_record_at(at)?;
         // Within the tensor, bytes as the writer consumes them; its end is reported
         // once, as done (below).
         let mut within = within_tensor(progress, (i, total), done_bytes, info.nbytes);
@@ -141,7 +144,7 @@ pub fn convert_source(
         } else if let Some((logical, shape)) = zt_byte_type(info, version)? {
             // Another format's bytes of a type version 2 registers: written as that
             // type, which ztensor 2.x and tensorwire's reader name (as torch does).
-            let view = source.view(&info.name)?;
+            let view = source.view_at(at)?;
             let mut attributes = info.attributes.clone().into_map();
             for listing in [SOURCE_LAYOUT_KEY, "safetensors.dtype", "safetensors.shape"] {
                 attributes.remove(listing);
@@ -168,7 +171,7 @@ pub fn convert_source(
             // Blocks another format names but tensorwire does not decode (GGUF
             // quantized types, safetensors' packed floats) travel as their raw bytes,
             // with the layout and the source's attributes (type, logical shape).
-            let view = source.view(&info.name)?;
+            let view = source.view_at(at)?;
             let attributes = match &info.layout {
                 Layout::Other(layout) => {
                     let mut attributes = info.attributes.clone().into_map();

@@ -298,6 +298,11 @@ impl TensorSource for ShardedSource {
         shard.strided_at(at)
     }
 
+    fn check_record_at(&self, position: usize) -> Result<()> {
+        let (shard, at) = self.place(position)?;
+        shard.check_record_at(at)
+    }
+
     /// Checks every shard's digests (only those the shards' formats carry).
     fn verify(&self) -> Result<usize> {
         self.shards.iter().try_fold(0, |checked, (name, source)| {
