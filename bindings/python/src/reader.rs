@@ -651,6 +651,17 @@ fn node_to_py<'py>(
         }
         Node::List(items) => PyList::new(py, all(items)?)?.into_any(),
         Node::Tuple(items) => PyTuple::new(py, all(items)?)?.into_any(),
+        Node::Size(dims) => {
+            let dims = PyTuple::new(py, dims)?;
+            match make.torch {
+                Some(torch) => torch.getattr("Size")?.call1((dims,))?,
+                None => dims.into_any(),
+            }
+        }
+        Node::Device(text) => match make.torch {
+            Some(torch) => torch.getattr("device")?.call1((&**text,))?,
+            None => pyo3::types::PyString::new(py, text).into_any(),
+        },
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
         Node::FrozenSet(items) => pyo3::types::PyFrozenSet::new(py, all(items)?)?.into_any(),
         Node::ByteArray(bytes) => pyo3::types::PyByteArray::new(py, bytes).into_any(),
@@ -704,6 +715,9 @@ struct NodeMakers<'a, 'py> {
     ordered_dict: &'a Bound<'py, PyAny>,
     /// `collections.Counter`.
     counter: &'a Bound<'py, PyAny>,
+    /// The `torch` module, which makes `torch.Size` and `torch.device` objects
+    /// (`None`: a tuple and a str).
+    torch: Option<&'a Bound<'py, PyAny>>,
 }
 
 #[pymethods]
@@ -803,12 +817,15 @@ impl Reader {
     /// class: `dict`, `OrderedDict`, `Counter`), lists, tuples, sets and scalars, with
     /// each tensor replaced by `tensor(name)` and each torch object (a dtype,
     /// quantization scheme, class or function) by `torch_object(name)`
-    /// (`"torch.float16"`).
+    /// (`"torch.float16"`). With the `torch` module, sizes and devices are
+    /// `torch.Size` and `torch.device` objects; without, a tuple and a str.
+    #[pyo3(signature = (tensor, torch_object, torch = None))]
     fn _pytorch_structure<'py>(
         &self,
         py: Python<'py>,
         tensor: &Bound<'py, PyAny>,
         torch_object: &Bound<'py, PyAny>,
+        torch: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let open = self.open()?;
         let reader = pytorch(open.src())?;
@@ -821,6 +838,7 @@ impl Reader {
             torch_object,
             ordered_dict: &ordered_dict,
             counter: &counter,
+            torch,
         };
         node_to_py(py, &tree, &make, &mut Default::default())
     }

@@ -1157,6 +1157,35 @@ def test_hostile_tuple_keys_are_bounded(tmp_path):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("legacy", [False, True])
+def test_sizes_and_devices_load_as_torch_loads_them(tmp_path, legacy):
+    """A saved torch.Size or torch.device (an input shape, the device a run trained
+    on) is that class again from load(flat=False), as torch.load gives it, also as a
+    dict key; load_numpy (no torch) gives a tuple and a str, the flat view a list and
+    the device's text, and keys are named as str() writes them."""
+    t = torch.arange(6.0).reshape(2, 3)
+    obj = {"w": t, "shape": t.shape, "dev": torch.device("cuda", 1),
+           "cpu": torch.device("cpu"), "more": [torch.Size([]), (torch.device("meta"),)],
+           "by_key": {torch.Size([4]): t[0], (torch.device("cuda:0"), 2): "x"}}
+    path = tmp_path / "sizes.pt"
+    torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
+    want = torch.load(path, weights_only=True)
+    for mmap in (True, False):
+        compare_trees(pytorch.load(path, flat=False, mmap=mmap), want, _same_values)
+    assert type(pytorch.load(path, flat=False)["more"][0]) is torch.Size
+    assert list(pytorch.load(path)) == ["w", "by_key.torch.Size([4])"]
+    nested = pytorch.load_numpy(path, flat=False)
+    assert (nested["shape"], nested["dev"], nested["cpu"]) == ((2, 3), "cuda:1", "cpu")
+    assert type(nested["shape"]) is tuple
+    assert nested["more"] == [(), ("meta",)]
+    assert list(nested["by_key"]) == [(4,), ("cuda:0", 2)]
+    with tw.Reader(str(path)) as r:
+        assert {k: r.attributes[k] for k in ("shape", "dev", "cpu", "more")} == {
+            "shape": [2, 3], "dev": "cuda:1", "cpu": "cpu", "more": [[], ["meta"]]}
+        assert r.attributes["by_key.(device(type='cuda', index=0), 2)"] == "x"
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_tuple_keys_next_to_tensors_load_as_torch_loads_them(tmp_path):
     t = torch.arange(6.0).reshape(2, 3)
     obj = {(0, "w"): t, "state": {(1, 2): {"exp_avg": t * 2}, 1e-7: t[0]}, 3: [t]}

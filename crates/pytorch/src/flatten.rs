@@ -68,6 +68,10 @@ pub enum Node {
     List(Vec<Node>),
     /// A tuple.
     Tuple(Vec<Node>),
+    /// A `torch.Size`: its sizes (a list of ints in the flat view's metadata).
+    Size(Vec<i64>),
+    /// A `torch.device`, as its text (`"cuda:0"`; so in the flat view's metadata).
+    Device(Arc<str>),
     /// A set.
     Set(Vec<Node>),
     /// A frozenset.
@@ -117,7 +121,12 @@ impl Node {
             Node::Tensor(name) => f(name, false),
             Node::Meta(name) => f(name, true),
             Node::Sparse { parts, .. } => parts.iter().for_each(|p| f(p, false)),
-            Node::Value(_) | Node::Complex { .. } | Node::TorchObject(_) | Node::ByteArray(_) => {}
+            Node::Value(_)
+            | Node::Complex { .. }
+            | Node::TorchObject(_)
+            | Node::ByteArray(_)
+            | Node::Size(_)
+            | Node::Device(_) => {}
             Node::Dict { items, .. } => items.iter().for_each(|(_, v)| v.for_each_leaf(f)),
             Node::List(items) | Node::Tuple(items) | Node::Set(items) | Node::FrozenSet(items) => {
                 items.iter().for_each(|v| v.for_each_leaf(f))
@@ -343,6 +352,29 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
             }
             if items.len() == 1 {
                 out.push(',');
+            }
+            out.push(')');
+        }
+        // `str(torch.Size([1, 2]))` and its `repr` alike.
+        Obj::Size(dims) => {
+            out.push_str("torch.Size([");
+            for (i, n) in dims.iter().enumerate() {
+                let _ = write!(out, "{}{n}", if i > 0 { ", " } else { "" });
+            }
+            out.push_str("])");
+        }
+        // `str(torch.device("cuda:0"))` is its text; its `repr` (inside a tuple) is
+        // `device(type='cuda', index=0)`.
+        Obj::Device(text) if depth == 0 => out.push_str(text),
+        Obj::Device(text) => {
+            let (kind, index) = match text.split_once(':') {
+                Some((kind, index)) => (kind, Some(index)),
+                None => (&**text, None),
+            };
+            out.push_str("device(type=");
+            tensorwire_core::push_python_str(out, kind);
+            if let Some(index) = index {
+                let _ = write!(out, ", index={index}");
             }
             out.push(')');
         }
@@ -668,6 +700,11 @@ impl<'a> Walker<'a> {
                 Node::ByteArray(b.to_vec())
             }
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
+            Obj::Size(dims) => Node::Size(dims.to_vec()),
+            Obj::Device(text) => {
+                self.copy(&**text)?;
+                Node::Device(text.clone())
+            }
             Obj::Global(g) if g.name().starts_with("torch.") => Node::TorchObject(g.name()),
             Obj::Complex(real, imag) => Node::Complex {
                 real: *real,
@@ -722,6 +759,8 @@ impl<'a> Walker<'a> {
                 self.key_nodes(arena.tuple_items(*span), depth)?,
             )),
             Obj::FrozenSet(items) => Ok(Node::FrozenSet(self.key_nodes(items, depth)?)),
+            Obj::Size(dims) => Ok(Node::Size(dims.to_vec())),
+            Obj::Device(text) => Ok(Node::Device(text.clone())),
             Obj::Complex(real, imag) => Ok(Node::Complex {
                 real: *real,
                 imag: *imag,
@@ -811,6 +850,11 @@ impl<'a> Walker<'a> {
                 Value::List(self.values(items, depth)?)
             }
             Obj::Tuple(span) => Value::List(self.values(arena.tuple_items(*span), depth)?),
+            Obj::Size(dims) => Value::List(dims.iter().map(|&n| Value::Int(n.into())).collect()),
+            Obj::Device(text) => {
+                self.copy(&**text)?;
+                Value::Str(text.to_string())
+            }
             Obj::Dict { items, .. } => Value::Map(
                 items
                     .iter()

@@ -9,7 +9,7 @@
 
 use tensorwire_core::{DType, Error, Result};
 
-use crate::pickle::{wide_int_value, Arena, DictKind, Id, Obj, Span};
+use crate::pickle::{wide_int_value, Arena, DictKind, Id, Obj};
 use crate::sparse::SparseTensor;
 use crate::tensor::{
     MetaTensor, Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType,
@@ -73,9 +73,9 @@ pub enum Global {
     },
     /// `collections.OrderedDict`.
     OrderedDict,
-    /// `torch.Size` (a tuple).
+    /// `torch.Size`, called with an iterable of ints.
     Size,
-    /// `torch.device` (kept as its string).
+    /// `torch.device`, called with its type and index, or its text.
     Device,
     /// `_codecs.encode`, which protocol 2 uses for Python 3 `bytes`.
     CodecsEncode,
@@ -809,28 +809,49 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
             }
             _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
         },
-        Global::Size => match argv {
-            [dims] => match arena.get(*dims) {
-                // The same items (tuples are immutable).
-                Obj::Tuple(span) => Ok(Obj::Tuple(*span)),
-                // A list's items may change later: a copy, as a list (a shape reads
-                // the same from either).
-                Obj::List(items) => Ok(Obj::List(items.clone())),
-                other => Err(bad_args(what, offset, format!("a {}", other.kind()))),
-            },
-            [] => Ok(Obj::Tuple(Span::EMPTY)),
-            _ => Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
-        },
+        Global::Size => {
+            // torch.Size takes any iterable of ints (a bool is an int); torch pickles
+            // its own tuple. Copied: a list's items may change later.
+            let items: &[Id] = match argv {
+                [] => &[],
+                [dims] => match arena.get(*dims) {
+                    Obj::Tuple(span) => arena.tuple_items(*span),
+                    Obj::List(items) => items,
+                    Obj::Size(dims) => return Ok(Obj::Size(dims.clone())),
+                    other => return Err(bad_args(what, offset, format!("a {}", other.kind()))),
+                },
+                _ => return Err(bad_args(what, offset, format!("{} arguments", argv.len()))),
+            };
+            let dims = items
+                .iter()
+                .map(|&item| match arena.get(item) {
+                    Obj::Int(n) => Ok(*n),
+                    Obj::Bool(b) => Ok(i64::from(*b)),
+                    other => Err(bad_args(
+                        what,
+                        offset,
+                        format!("a size that is a {}", other.kind()),
+                    )),
+                })
+                .collect::<Result<_>>()?;
+            Ok(Obj::Size(dims))
+        }
         Global::Device => {
+            // torch pickles `device(type)` or `device(type, index)`; `device("cuda:0")`
+            // reads the same.
             let mut text = String::new();
             for (i, &a) in argv.iter().enumerate() {
                 match arena.get(a) {
                     Obj::Str(s) if i == 0 => text.push_str(s),
                     Obj::Int(n) if i == 1 => text.push_str(&format!(":{n}")),
+                    Obj::None if i == 1 => {}
                     other => return Err(bad_args(what, offset, format!("a {}", other.kind()))),
                 }
             }
-            Ok(Obj::Str(text.into()))
+            if text.is_empty() {
+                return Err(bad_args(what, offset, "no device type"));
+            }
+            Ok(Obj::Device(text.into()))
         }
         Global::CodecsEncode => {
             let (text, encoding) = match argv {

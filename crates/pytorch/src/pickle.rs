@@ -78,6 +78,11 @@ pub enum Obj {
     /// A tuple: its items are [`Arena::items`] (tuples are immutable, so they live
     /// in one buffer shared by all tuples, and a copy of a tuple shares its items).
     Tuple(Span),
+    /// A `torch.Size`: its sizes (torch's tuple of ints, which `torch.load` gives
+    /// back as a `torch.Size`).
+    Size(Box<[i64]>),
+    /// A `torch.device`, as its text (`"cuda:0"`, `"cpu"`).
+    Device(Arc<str>),
     /// A dict, items in insertion order.
     Dict {
         /// Key and value ids, in insertion order.
@@ -146,6 +151,8 @@ impl Obj {
             Obj::Bytes(_) => "bytes",
             Obj::List(_) => "list",
             Obj::Tuple(_) => "tuple",
+            Obj::Size(_) => "torch.Size",
+            Obj::Device(_) => "torch.device",
             Obj::Dict { .. } => "dict",
             Obj::Set(_) => "set",
             Obj::FrozenSet(_) => "frozenset",
@@ -166,6 +173,7 @@ impl Obj {
         match self {
             Obj::List(items) | Obj::Set(items) | Obj::FrozenSet(items) => items.len(),
             Obj::Tuple(span) => span.len,
+            Obj::Size(dims) => dims.len(),
             Obj::Dict { items, .. } => items.len() * 2,
             _ => 0,
         }
@@ -175,7 +183,7 @@ impl Obj {
     /// budget counts.
     fn text_len(&self) -> usize {
         match self {
-            Obj::Str(s) => s.len(),
+            Obj::Str(s) | Obj::Device(s) => s.len(),
             Obj::Bytes(b) | Obj::ByteArray(b) | Obj::WideInt(b) => b.len(),
             _ => 0,
         }

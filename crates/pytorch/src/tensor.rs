@@ -472,9 +472,23 @@ fn int_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<u64> {
     }
 }
 
-/// The ints of the tuple (or list) `id`: sizes or strides (inline `Dims`: no
+/// The ints of the tuple (or list, or `torch.Size`) `id`: sizes or strides (inline `Dims`: no
 /// allocation for the usual ranks).
 pub(crate) fn dims_of(arena: &Arena, id: Id, what: &str, offset: u64) -> Result<Dims> {
+    if let Obj::Size(dims) = arena.get(id) {
+        Error::check_limit("number of dimensions", dims.len() as u64, MAX_NDIM as u64)?;
+        return dims
+            .iter()
+            .map(|&n| {
+                u64::try_from(n).map_err(|_| {
+                    Error::malformed(
+                        offset,
+                        format!("tensor {what}: expected a non-negative int, found {n}"),
+                    )
+                })
+            })
+            .collect();
+    }
     let items = arena.items(id).ok_or_else(|| {
         Error::malformed(offset, format!("tensor {what}: expected a tuple of ints"))
     })?;

@@ -150,7 +150,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             return tensors
         import torch
 
-        return reader._pytorch_structure(tensors.__getitem__, _torch_object)
+        return reader._pytorch_structure(tensors.__getitem__, _torch_object, torch)
 
 
 MetaTensor = collections.namedtuple("MetaTensor", "dtype shape stride requires_grad parameter")
