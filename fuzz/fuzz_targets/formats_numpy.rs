@@ -1,5 +1,6 @@
 //! Opens arbitrary bytes as an `.npy` file or `.npz` archive and, when it opens, reads
-//! every array through `info`, `header`, `view` and `strided`; a view must hold
+//! every array through `info`, `header`, `view`, `strided` and `check_record_at` (and
+//! `verify`); a view must hold
 //! `nbytes` bytes and a strided view, gathered, the same bytes as the view. Any read
 //! may fail (a deflated member can be corrupt); none may panic or allocate beyond the
 //! small limits below. An archive opened with its member headers read positionally
@@ -53,4 +54,16 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
+    // Every member `verify` passes, `check_record_at` (what copies and `convert` call
+    // first) passes too.
+    let records_checked: Vec<bool> = (0..names.len())
+        .map(|at| reader.check_record_at(at).is_ok())
+        .collect();
+    if reader.verify().is_ok() {
+        assert!(
+            records_checked.iter().all(|&ok| ok),
+            "verify passes but a member's check fails"
+        );
+    }
+    assert!(reader.check_record_at(names.len()).is_err());
 });

@@ -1,6 +1,7 @@
 //! Opens arbitrary bytes as a PyTorch checkpoint (ZIP or legacy) and, when it opens,
 //! reads every tensor through every path: `info`, `record`, `view`, `strided`, its
-//! whole storage (`storage_bytes`), `verify` and the nested object (`structure`);
+//! whole storage (`storage_bytes`), each record's CRC (`check_record_at`), `verify` and
+//! the nested object (`structure`);
 //! meta tensors (no data) must not be listed or viewable.
 //! Any call may return an error; none may panic, hang or allocate beyond the small
 //! limits below. Opening with the metadata read positionally (as `tensorwire::open`
@@ -92,7 +93,18 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let _ = reader.verify();
+    // Every record `verify` passes, `check_record_at` (what copies and `convert`
+    // call first) passes too.
+    let records_checked: Vec<bool> = (0..names.len())
+        .map(|at| reader.check_record_at(at).is_ok())
+        .collect();
+    if reader.verify().is_ok() {
+        assert!(
+            records_checked.iter().all(|&ok| ok),
+            "verify passes but a record's check fails"
+        );
+    }
+    assert!(reader.check_record_at(names.len()).is_err());
 
     // Partial storages are listed once each, in order, within the tensors.
     let partial = reader.partial_storages();
