@@ -29,7 +29,7 @@ use tensorwire_core::{
     AlignedBuf, Attributes, Bytes, DType, Dims, Error, Layout, Limits, Result, Shape, StridedView,
     TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
-use tensorwire_pytorch::zip::{read_entry_prefix, Method, ZipArchive, ZipEntry};
+use tensorwire_pytorch::zip::{read_entry, read_entry_prefix, Method, ZipArchive, ZipEntry};
 use tensorwire_pytorch::Input;
 use tensorwire_range::RangeFile;
 
@@ -67,6 +67,13 @@ pub struct NpyHeader {
     pub data_offset: u64,
     /// Bytes of the elements.
     pub nbytes: u64,
+}
+
+impl NpyHeader {
+    /// Where the array's bytes end, from the start of the `.npy` data.
+    fn data_end(&self) -> u64 {
+        self.data_offset.saturating_add(self.nbytes)
+    }
 }
 
 /// Length of the magic, version and header-length fields, and the header length,
@@ -709,7 +716,7 @@ impl NumpyReader {
             // Inflated up to the array's end: bytes after it (numpy ignores them) are
             // never decompressed.
             Location::Deflated(entry) => {
-                let end = h.data_offset.saturating_add(h.nbytes);
+                let end = h.data_end();
                 let npy =
                     read_entry_prefix(&self.input, entry, end, self.limits.max_decoded_bytes)?;
                 if end == entry.size {
@@ -976,7 +983,8 @@ impl TensorSource for NumpyReader {
 
     /// A stored member's CRC-32, over the member as mapped, once per reader. A
     /// deflated member is checked by the read that inflates it to its end (the
-    /// array's read: numpy writes nothing after it), so this inflates nothing.
+    /// array's read: numpy writes nothing after it), so this inflates it only when
+    /// bytes follow the array, which reads never inflate.
     fn check_record_at(&self, position: usize) -> Result<()> {
         self.index.checked_at(position)?;
         let record = &self.records[position];
@@ -984,6 +992,12 @@ impl TensorSource for NumpyReader {
             Location::Stored {
                 npy: member_bytes, ..
             } => record.check_crc(member_bytes),
+            Location::Deflated(entry)
+                if record.crc_checked.get().is_none() && record.header.data_end() < entry.size =>
+            {
+                let member = read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
+                record.check_crc(&member)
+            }
             Location::Mapped(_) | Location::Deflated(_) => Ok(()),
         }
     }

@@ -537,6 +537,9 @@ fn deflated_members_inflated_whole_are_checked_against_their_crc() {
     ]);
     let reader = NumpyReader::from_bytes(Bytes::from(image.clone()), &Limits::default()).unwrap();
     assert_eq!(reader.view("whole").unwrap().bytes.len(), 64 * 4);
+    for at in 0..2 {
+        reader.check_record_at(at).unwrap();
+    }
     set_directory_crcs(&mut image, 0x1234_5678);
     let reader = NumpyReader::from_bytes(Bytes::from(image), &Limits::default()).unwrap();
     // Inflated to the member's end on every read, strided or not: checked.
@@ -550,7 +553,15 @@ fn deflated_members_inflated_whole_are_checked_against_their_crc() {
         }
     }
     // Bytes after the array are never inflated on reads, so there is nothing to
-    // check the CRC against; `verify` inflates everything.
+    // check the CRC against; `check_record_at` (copies, `convert`) and `verify`
+    // inflate the whole member.
     assert_eq!(reader.view("tail").unwrap().bytes.len(), 64 * 4);
+    let tail = reader.position("tail").unwrap();
+    for _ in 0..2 {
+        match reader.check_record_at(tail) {
+            Err(Error::DigestMismatch { tensor, .. }) => assert_eq!(tensor, "tail.npy"),
+            other => panic!("{other:?}"),
+        }
+    }
     assert!(matches!(reader.verify(), Err(Error::DigestMismatch { .. })));
 }
