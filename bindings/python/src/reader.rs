@@ -843,6 +843,15 @@ impl Reader {
         node_to_py(py, &tree, &make, &mut Default::default())
     }
 
+    /// Checks the CRC-32 the container stores for the record tensor `name` lies in
+    /// (an NPZ member, a ZIP checkpoint's storage record; once per reader, without
+    /// the GIL), for the Python copies that read through a zero-copy view.
+    fn _check_record(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let open = self.open()?;
+        let at = open.position_of_any(name)?;
+        py.detach(|| open.src().check_record_at(at)).or_raise()
+    }
+
     /// Names of the tensors of a PyTorch checkpoint that share their storage or cover
     /// only part of it (see `PtReader::partial_storages`).
     fn _pytorch_partial_storages(&self) -> PyResult<Vec<String>> {

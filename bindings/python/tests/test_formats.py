@@ -226,6 +226,16 @@ def test_npz_members_whose_crc_fails_stop_convert_and_copies(tmp_path):
     with pytest.raises(tensorwire.ChecksumError):
         bad.read_numpy("w", copy=True)
     np.testing.assert_array_equal(bad.read_numpy("b", copy=True), np.ones(3))
+    with pytest.raises(tensorwire.ChecksumError):
+        bad.read_into("w", np.empty(8, np.float64))  # a cast: numpy copies it
+    # A write to a zero-copy array (a private map) is not damage: a copy reads it,
+    # and the CRC is checked against the file's bytes.
+    good = _open_bytes(tmp_path, _npz_bytes(tmp_path, w=np.arange(8, dtype="<f4")), "crc_good.npz")
+    v = good.read_numpy("w")
+    assert v.flags.writeable
+    v[0] = 42
+    assert good.read_numpy("w", copy=True)[0] == 42
+    good.verify()
     # Zero-copy reads touch no byte, so they do not check (verify() does).
     assert bad["w"].shape == (8,)
     with pytest.raises(tensorwire.ChecksumError):

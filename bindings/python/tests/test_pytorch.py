@@ -653,9 +653,35 @@ def test_copies_and_convert_check_a_records_crc(tmp_path):
         bad.read_numpy(name, copy=True)
     with pytest.raises(tw.ChecksumError):
         bad.read_into(name, np.empty_like(want))
+    # Destinations numpy or torch fill by casting or strided copies read through a
+    # zero-copy view: the CRC is checked first all the same.
+    for dst in (np.empty(want.shape, np.float64), np.empty(want.shape, want.dtype, order="F")):
+        with pytest.raises(tw.ChecksumError):
+            bad.read_into(name, dst)
+    if torch is not None:
+        with pytest.raises(tw.ChecksumError):
+            bad.read_into(name, torch.empty(want.shape, dtype=torch.float64))
     dst = str(tmp_path / "out.zt")
     with pytest.raises(tw.ChecksumError):
         tw.convert(str(path), dst)
     assert not os.path.exists(dst)
     with pytest.raises(tw.ChecksumError):
         bad.verify()
+
+
+def test_writes_to_zero_copy_arrays_are_not_damage(tmp_path):
+    """A zero-copy array of a `.pt` file is a writable view of a private map: writing
+    to it changes what later copies of this reader read, never the file, and the
+    record's CRC is checked against the file's bytes, so it still passes."""
+    path = os.path.join(FIXTURES, "single.pt")
+    r = tw.Reader(path)
+    name = max(r.keys(), key=lambda k: r[k].nbytes)
+    v = r.read_numpy(name)
+    assert v.flags.writeable
+    v.flat[0] = 42
+    assert r.read_numpy(name, copy=True).flat[0] == 42
+    out = np.empty_like(v)
+    r.read_into(name, out)
+    assert out.flat[0] == 42
+    assert r.verify() >= 1
+    assert tw.Reader(path).read_numpy(name).flat[0] != 42

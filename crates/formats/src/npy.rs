@@ -29,7 +29,7 @@ use tensorwire_core::{
     AlignedBuf, Attributes, Bytes, DType, Dims, Error, Layout, Limits, Result, Shape, StridedView,
     TensorIndex, TensorInfo, TensorSource, TensorView, Value,
 };
-use tensorwire_pytorch::zip::{read_entry, read_entry_prefix, Method, ZipArchive, ZipEntry};
+use tensorwire_pytorch::zip::{read_entry_prefix, Method, ZipArchive, ZipEntry};
 use tensorwire_pytorch::Input;
 use tensorwire_range::RangeFile;
 
@@ -526,13 +526,13 @@ impl ArrayRecord {
         }
     }
 
-    /// Checks `member_bytes`, the whole of this array's NPZ member (inflated), against
-    /// the member's CRC-32, once per reader: [`Error::DigestMismatch`] on a mismatch.
-    /// An `.npy` file has no digest to check.
-    fn check_crc(&self, member_bytes: &[u8]) -> Result<()> {
+    /// Checks this array's NPZ member against its CRC-32 once per reader, by `check`
+    /// (which computes and compares it): [`Error::DigestMismatch`] on a mismatch. An
+    /// `.npy` file has no digest to check.
+    fn check_crc(&self, check: impl FnOnce(&ZipEntry) -> Result<()>) -> Result<()> {
         if let Some(member) = self.location.member() {
             if self.crc_checked.get().is_none() {
-                member.check_crc32(member_bytes)?;
+                check(member)?;
                 let _ = self.crc_checked.set(());
             }
         }
@@ -720,7 +720,7 @@ impl NumpyReader {
                 let npy =
                     read_entry_prefix(&self.input, entry, end, self.limits.max_decoded_bytes)?;
                 if end == entry.size {
-                    record.check_crc(&npy)?;
+                    record.check_crc(|member| member.check_crc32(&npy))?;
                 }
                 (npy, false)
             }
@@ -981,25 +981,26 @@ impl TensorSource for NumpyReader {
         })
     }
 
-    /// A stored member's CRC-32, over the member as mapped, once per reader. A
-    /// deflated member is checked by the read that inflates it to its end (the
-    /// array's read: numpy writes nothing after it), so this inflates it only when
-    /// bytes follow the array, which reads never inflate.
+    /// A stored member's CRC-32, over its bytes as the file holds them, once per
+    /// reader. A deflated member is checked by the read that inflates it to its end
+    /// (the array's read: numpy writes nothing after it), so this inflates it only
+    /// when bytes follow the array, which reads never inflate.
     fn check_record_at(&self, position: usize) -> Result<()> {
         self.index.checked_at(position)?;
         let record = &self.records[position];
-        match &record.location {
-            Location::Stored {
-                npy: member_bytes, ..
-            } => record.check_crc(member_bytes),
-            Location::Deflated(entry)
-                if record.crc_checked.get().is_none() && record.header.data_end() < entry.size =>
-            {
-                let member = read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
-                record.check_crc(&member)
-            }
-            Location::Mapped(_) | Location::Deflated(_) => Ok(()),
+        let unchecked_by_reads = match &record.location {
+            Location::Mapped(_) => false,
+            Location::Stored { .. } => true,
+            Location::Deflated(entry) => record.header.data_end() < entry.size,
+        };
+        if !unchecked_by_reads {
+            return Ok(());
         }
+        // The stored bytes as the file holds them (not the private map, which a
+        // zero-copy array may have written to); a deflated member inflated whole.
+        record.check_crc(|member| {
+            member.check_stored_data(&self.input, self.limits.max_decoded_bytes)
+        })
     }
 
     /// Checks every `.npz` member's CRC-32 (inflating deflated ones), as `np.load`

@@ -61,9 +61,18 @@ pub struct MappedFile {
     mode: MapMode,
 }
 
-// SAFETY: `base` points into `map`, which this struct owns and never remaps; the
-// pointer is only handed out (via `writable_base`) to consumers that write private,
-// copy-on-write pages. Sharing it between threads is as safe as sharing `MmapMut`.
+// SAFETY: `base` points into `map`, which this struct owns and never remaps or
+// unmaps before it is dropped; the pointer is only handed out (via `writable_base`)
+// to consumers that write private, copy-on-write pages (numpy and torch arrays).
+// Sharing it between threads is as safe as sharing `MmapMut`.
+//
+// Such a consumer may write while `&[u8]` views of the same bytes (`as_slice`, a
+// `Bytes`) are alive elsewhere, which Rust's aliasing rules do not allow for shared
+// references: the same contract a writable numpy array over a map makes. No memory
+// safety rests on those bytes' values: every length, offset and header was read and
+// checked at open (or positionally, from the file), and later reads of tensor bytes
+// only copy them (a copy racing a write may see either value, as with any numpy
+// array written by another thread). docs/architecture.md lists this limit.
 unsafe impl Send for MappedFile {}
 // SAFETY: see `Send`; `&MappedFile` only exposes `&[u8]` and the raw base address.
 unsafe impl Sync for MappedFile {}
@@ -208,7 +217,7 @@ impl MappedFile {
         // madvise needs a page-aligned start: round down.
         let page = page_size();
         let start = offset - offset % page;
-        let len = len + (offset - start);
+        let len = len.saturating_add(offset - start);
         if start >= self.len() {
             return Ok(());
         }

@@ -360,6 +360,7 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
             out.push_str("torch.Size([");
             for (i, n) in dims.iter().enumerate() {
                 let _ = write!(out, "{}{n}", if i > 0 { ", " } else { "" });
+                Error::check_limit("dict key text, in bytes", out.len() as u64, MAX_KEY_BYTES)?;
             }
             out.push_str("])");
         }
@@ -437,7 +438,12 @@ impl<'a> Walker<'a> {
     }
 
     fn count(&mut self) -> Result<()> {
-        self.nodes += 1;
+        self.count_items(1)
+    }
+
+    /// Counts `n` nodes at once: the items a `torch.Size` copies on each visit.
+    fn count_items(&mut self, n: usize) -> Result<()> {
+        self.nodes = self.nodes.saturating_add(n as u64);
         Error::check_limit(
             "checkpoint object nodes visited",
             self.nodes,
@@ -700,7 +706,10 @@ impl<'a> Walker<'a> {
                 Node::ByteArray(b.to_vec())
             }
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
-            Obj::Size(dims) => Node::Size(dims.to_vec()),
+            Obj::Size(dims) => {
+                self.count_items(dims.len())?;
+                Node::Size(dims.to_vec())
+            }
             Obj::Device(text) => {
                 self.copy(&**text)?;
                 Node::Device(text.clone())
@@ -759,8 +768,14 @@ impl<'a> Walker<'a> {
                 self.key_nodes(arena.tuple_items(*span), depth)?,
             )),
             Obj::FrozenSet(items) => Ok(Node::FrozenSet(self.key_nodes(items, depth)?)),
-            Obj::Size(dims) => Ok(Node::Size(dims.to_vec())),
-            Obj::Device(text) => Ok(Node::Device(text.clone())),
+            Obj::Size(dims) => {
+                self.count_items(dims.len())?;
+                Ok(Node::Size(dims.to_vec()))
+            }
+            Obj::Device(text) => {
+                self.copy(&**text)?;
+                Ok(Node::Device(text.clone()))
+            }
             Obj::Complex(real, imag) => Ok(Node::Complex {
                 real: *real,
                 imag: *imag,
@@ -850,7 +865,10 @@ impl<'a> Walker<'a> {
                 Value::List(self.values(items, depth)?)
             }
             Obj::Tuple(span) => Value::List(self.values(arena.tuple_items(*span), depth)?),
-            Obj::Size(dims) => Value::List(dims.iter().map(|&n| Value::Int(n.into())).collect()),
+            Obj::Size(dims) => {
+                self.count_items(dims.len())?;
+                Value::List(dims.iter().map(|&n| Value::Int(n.into())).collect())
+            }
             Obj::Device(text) => {
                 self.copy(&**text)?;
                 Value::Str(text.to_string())

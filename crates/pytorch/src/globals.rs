@@ -405,6 +405,51 @@ fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'
     }
 }
 
+/// The text of `torch.device(*argv)` (`"cuda:0"`), as torch parses it: a type of
+/// letters and `_`, then an index (a non-negative int, no leading zeros in text)
+/// either after a `:` or as the second argument (`None`: no index), not both. torch
+/// pickles `device(type)` or `device(type, index)`; other writers may pickle the
+/// one-string form. Anything else is the reason torch would refuse it.
+fn device_text(arena: &Arena, argv: &[Id]) -> std::result::Result<String, String> {
+    let (spec, index) = match argv {
+        [spec] => (*spec, None),
+        [spec, index] => (*spec, Some(*index)),
+        _ => return Err(format!("{} arguments", argv.len())),
+    };
+    let Obj::Str(spec) = arena.get(spec) else {
+        return Err(format!(
+            "a device type that is a {}",
+            arena.get(spec).kind()
+        ));
+    };
+    let (kind, text_index) = match spec.split_once(':') {
+        Some((kind, index)) => (kind, Some(index)),
+        None => (&**spec, None),
+    };
+    if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') {
+        return Err(format!("invalid device string {spec:?}"));
+    }
+    if let Some(index) = text_index {
+        let digits = !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit());
+        if !digits || (index.len() > 1 && index.starts_with('0')) || index.len() > 18 {
+            return Err(format!("invalid device string {spec:?}"));
+        }
+    }
+    let index = match index.map(|i| arena.get(i)) {
+        None | Some(Obj::None) => None,
+        Some(_) if text_index.is_some() => {
+            return Err(format!("an index given twice ({spec:?} and an argument)"))
+        }
+        Some(Obj::Int(n)) if *n >= 0 => Some(*n),
+        Some(Obj::Int(n)) => return Err(format!("a negative device index {n}")),
+        Some(other) => return Err(format!("a device index that is a {}", other.kind())),
+    };
+    Ok(match index {
+        Some(n) => format!("{kind}:{n}"),
+        None => spec.to_string(),
+    })
+}
+
 /// Whether tensors of `dtype` can require grad: torch's "only Tensors of floating
 /// point and complex dtype can require gradients".
 fn differentiable(dtype: Option<DType>) -> bool {
@@ -836,23 +881,9 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 .collect::<Result<_>>()?;
             Ok(Obj::Size(dims))
         }
-        Global::Device => {
-            // torch pickles `device(type)` or `device(type, index)`; `device("cuda:0")`
-            // reads the same.
-            let mut text = String::new();
-            for (i, &a) in argv.iter().enumerate() {
-                match arena.get(a) {
-                    Obj::Str(s) if i == 0 => text.push_str(s),
-                    Obj::Int(n) if i == 1 => text.push_str(&format!(":{n}")),
-                    Obj::None if i == 1 => {}
-                    other => return Err(bad_args(what, offset, format!("a {}", other.kind()))),
-                }
-            }
-            if text.is_empty() {
-                return Err(bad_args(what, offset, "no device type"));
-            }
-            Ok(Obj::Device(text.into()))
-        }
+        Global::Device => device_text(arena, argv)
+            .map(|text| Obj::Device(text.into()))
+            .map_err(|reason| bad_args(what, offset, reason)),
         Global::CodecsEncode => {
             let (text, encoding) = match argv {
                 [t] => (*t, None),

@@ -124,6 +124,32 @@ impl Input {
         }
     }
 
+    /// The CRC-32 of the file's bytes `offset..offset + len`, as the file holds them:
+    /// read positionally, a chunk at a time, when a file is at hand, so a write to
+    /// the private copy-on-write map (a caller's zero-copy array is writable) never
+    /// reads as damage; over the map otherwise (an image in memory, which callers
+    /// get read-only).
+    pub fn crc32(&self, offset: u64, len: u64) -> Result<u32> {
+        self.check(offset, len)?;
+        let mut hasher = crc32fast::Hasher::new();
+        match (&self.file, &self.map) {
+            (Some(file), _) => {
+                const CHUNK: u64 = 1 << 20;
+                let mut buf = vec![0u8; CHUNK.min(len) as usize];
+                let mut done = 0;
+                while done < len {
+                    let n = CHUNK.min(len - done) as usize;
+                    file.read_exact_at(offset + done, &mut buf[..n])?;
+                    hasher.update(&buf[..n]);
+                    done += n as u64;
+                }
+            }
+            (None, Some(map)) => hasher.update(&map.slice_at(offset, len)?),
+            (None, None) => unreachable!("an Input has a map or a file"),
+        }
+        Ok(hasher.finalize())
+    }
+
     /// Up to `len` metadata bytes from `offset` (fewer at the end of the file).
     pub fn read_meta_up_to(&self, offset: u64, len: u64) -> Result<Bytes> {
         let len = len.min(self.len.saturating_sub(offset));

@@ -109,15 +109,15 @@ impl ZipParts {
         }
     }
 
-    /// Checks record `index`'s bytes, `data` (inflated), against its CRC-32 once. A
-    /// zero CRC is not checked: torch writes zeros when its CRCs are switched off
-    /// (`torch.serialization.set_crc32_options(False)`), as [`ZipArchive::verify`]
-    /// is told.
-    fn check_crc(&self, index: usize, data: &[u8]) -> Result<()> {
+    /// Checks record `index` against its CRC-32 once, by `check` (which computes and
+    /// compares it). A zero CRC is not checked: torch writes zeros when its CRCs are
+    /// switched off (`torch.serialization.set_crc32_options(False)`), as
+    /// [`ZipArchive::verify`] is told.
+    fn check_crc(&self, index: usize, check: impl FnOnce(&ZipEntry) -> Result<()>) -> Result<()> {
         let entry = &self.archive.entries()[index];
         let checked = &self.crc_checked[index];
         if entry.crc32 != 0 && checked.get().is_none() {
-            entry.check_crc32(data)?;
+            check(entry)?;
             let _ = checked.set(());
         }
         Ok(())
@@ -702,7 +702,7 @@ impl PtReader {
                     let all =
                         zip::read_entry(&self.input, entry, self.limits.max_decoded_bytes, false)?;
                     // Inflated whole anyway: its CRC costs little beside that.
-                    zip_parts(&self.zip).check_crc(*i, &all)?;
+                    zip_parts(&self.zip).check_crc(*i, |entry| entry.check_crc32(&all))?;
                     Ok((all.slice_at(start, end - start)?, false))
                 } else {
                     Ok((
@@ -890,10 +890,10 @@ impl TensorSource for PtReader {
         let Some(StorageData::Zip(i)) = self.storages.get(key) else {
             return Ok(());
         };
-        let entry = zip_entry(&self.zip, *i);
-        if entry.method == Method::Stored {
-            let data = self.input.read(entry.data_offset, entry.compressed_size)?;
-            zip_parts(&self.zip).check_crc(*i, &data)?;
+        if zip_entry(&self.zip, *i).method == Method::Stored {
+            let max = self.limits.max_decoded_bytes;
+            zip_parts(&self.zip)
+                .check_crc(*i, |entry| entry.check_stored_data(&self.input, max))?;
         }
         Ok(())
     }

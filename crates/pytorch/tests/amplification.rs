@@ -121,3 +121,39 @@ fn a_large_list_shared_under_several_keys_opens() {
         .collect();
     assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
 }
+
+/// One `torch.Size` of 20 000 ints, memoized, then a list of 20 000 references to
+/// it: a 100 KB pickle whose structure would copy 400 M ints. Each visit counts the
+/// size's items, as a tuple's would be counted, in the flat view and the structure.
+#[test]
+fn one_size_referenced_everywhere_is_refused() {
+    let mut object = Pickle::new();
+    object.op(b"}(").str("sizes").op(b"](");
+    object.global("torch", "Size").op(b"((");
+    for i in 0..20_000 {
+        object.int(i);
+    }
+    object.op(b"ttRq\x01");
+    for _ in 1..20_000 {
+        object.op(b"h\x01");
+    }
+    object.op(b"eu");
+    let err = open(object.stop(), &[]).unwrap_err();
+    assert!(
+        matches!(&err, Error::LimitExceeded { what, .. } if what.contains("nodes visited")),
+        "{err}"
+    );
+    // The same as a dict key, whose text (`torch.Size([0, 1, ...])`) is capped.
+    let mut object = Pickle::new();
+    object.op(b"}(").str("by_size").op(b"}(");
+    object.global("torch", "Size").op(b"((");
+    for i in 0..20_000 {
+        object.int(i);
+    }
+    object.op(b"ttR").int(1).op(b"uu");
+    let err = open(object.stop(), &[]).unwrap_err();
+    assert!(
+        matches!(&err, Error::LimitExceeded { what, .. } if what.contains("dict key text")),
+        "{err}"
+    );
+}

@@ -62,6 +62,8 @@ fn sizes_and_devices_keep_their_class_in_the_structure() {
     device(&mut p, "cuda", Some(1));
     p.str("cpu_dev");
     device(&mut p, "cpu", None);
+    p.str("one_string");
+    device(&mut p, "privateuseone:3", None);
     p.str("by_key").op(b"}(");
     size(&mut p, |p| {
         p.int(4);
@@ -81,6 +83,10 @@ fn sizes_and_devices_keep_their_class_in_the_structure() {
     assert_eq!(attributes["scalar_shape"], ints(&[]));
     assert_eq!(attributes["dev"], Value::Str("cuda:1".into()));
     assert_eq!(attributes["cpu_dev"], Value::Str("cpu".into()));
+    assert_eq!(
+        attributes["one_string"],
+        Value::Str("privateuseone:3".into())
+    );
     // Keys written as Python's str() writes them.
     assert_eq!(
         attributes["by_key"],
@@ -150,8 +156,28 @@ fn sizes_and_devices_torch_would_not_make_are_refused() {
             p.str("2");
         })
     });
-    assert_refused("no device type", |p| {
+    assert_refused("0 arguments", |p| {
         p.global("torch", "device").op(b")R");
+    });
+    // What torch refuses: a negative index, an index given twice, a malformed type
+    // or index.
+    assert_refused("a negative device index -1", |p| {
+        device(p, "cuda", Some(-1))
+    });
+    assert_refused("an index given twice", |p| device(p, "cuda:0", Some(1)));
+    for spec in [
+        "not a device",
+        "",
+        "cuda:",
+        "cuda:01",
+        "cuda:-1",
+        "cuda:0:1",
+        "cu3da",
+    ] {
+        assert_refused("invalid device string", |p| device(p, spec, None));
+    }
+    assert_refused("a device type that is a int", |p| {
+        p.global("torch", "device").op(b"(").int(1).op(b"tR");
     });
     assert_refused("a float", |p| {
         p.global("torch", "device").op(b"(").str("cuda");

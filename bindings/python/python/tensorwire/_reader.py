@@ -130,6 +130,7 @@ class Reader(_native.Reader):
                 src = self.read_numpy(name) if dst.flags.writeable else None
                 if src is None or src.shape != dst.shape:
                     raise refused
+                self._check_record(name)  # every byte is copied: its CRC first
             import numpy as np
 
             np.copyto(dst, src)
@@ -152,6 +153,7 @@ class Reader(_native.Reader):
                 and not tracked and not lazy):
             self._read_into_raw(name, tt.torch_dst_bytes(dst))
         else:
+            self._check_record(name)  # every byte is copied: its CRC first
             dst.copy_(self.read_torch(name))
 
     def __repr__(self):
