@@ -981,26 +981,21 @@ impl TensorSource for NumpyReader {
         })
     }
 
-    /// A stored member's CRC-32, over its bytes as the file holds them, once per
-    /// reader. A deflated member is checked by the read that inflates it to its end
-    /// (the array's read: numpy writes nothing after it), so this inflates it only
-    /// when bytes follow the array, which reads never inflate.
+    /// A stored member's CRC-32, over its bytes as the file holds them (not the
+    /// private map, which a zero-copy array may have written to), once per reader.
+    /// A deflated member is checked by the read that inflates it to its end (the
+    /// array's read: numpy writes nothing after it); one with bytes after its array
+    /// is not inflated again to check them, as `np.load`, which reads just the
+    /// array, never checks it either.
     fn check_record_at(&self, position: usize) -> Result<()> {
         self.index.checked_at(position)?;
         let record = &self.records[position];
-        let unchecked_by_reads = match &record.location {
-            Location::Mapped(_) => false,
-            Location::Stored { .. } => true,
-            Location::Deflated(entry) => record.header.data_end() < entry.size,
-        };
-        if !unchecked_by_reads {
-            return Ok(());
+        match &record.location {
+            Location::Stored { .. } => record.check_crc(|member| {
+                member.check_stored_data(&self.input, self.limits.max_decoded_bytes)
+            }),
+            Location::Mapped(_) | Location::Deflated(_) => Ok(()),
         }
-        // The stored bytes as the file holds them (not the private map, which a
-        // zero-copy array may have written to); a deflated member inflated whole.
-        record.check_crc(|member| {
-            member.check_stored_data(&self.input, self.limits.max_decoded_bytes)
-        })
     }
 
     /// Checks every `.npz` member's CRC-32 (inflating deflated ones), as `np.load`
