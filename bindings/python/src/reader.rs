@@ -346,9 +346,7 @@ fn fill_dense(
         }
         return maybe_detach(py, dst.len(), || zt.read_into(name, dst)).or_raise();
     }
-    // Every byte is copied: the record's CRC-32 first (an NPZ member's, a `.pt`
-    // record's), so damage is an error rather than a faithful copy of it.
-    src.check_record_at(at).or_raise()?;
+    check_before_copying(py, src, at)?;
     let view = src.view_at(at).or_raise()?;
     if overlaps(dst, &view.bytes) {
         // `dst` views the very bytes it is to receive (a zero-copy array of this
@@ -357,6 +355,13 @@ fn fill_dense(
         return copy_exact(py, name, dst, &tmp);
     }
     copy_exact(py, name, dst, &view.bytes)
+}
+
+/// Checks the CRC-32 of the record (an NPZ member, a `.pt` storage record) that the
+/// tensor at `at` lies in, before a copy of its bytes, so damage is an error rather
+/// than a faithful copy of it: once per reader, without the GIL.
+fn check_before_copying(py: Python<'_>, src: &dyn TensorSource, at: usize) -> PyResult<()> {
+    py.detach(|| src.check_record_at(at)).or_raise()
 }
 
 /// Copies `src` into `dst` (which must be as long), on tensorwire's copy helpers and
@@ -456,11 +461,17 @@ fn dense_array<'py>(
             } else if strided.is_contiguous() {
                 (strided.bytes, strided.zero_copy)
             } else if fortran {
+                if strided.zero_copy {
+                    check_before_copying(py, src, at)?;
+                }
                 // The C-order array of the reversed shape, transposed: F-contiguous.
                 let reversed: Vec<u64> = strided.shape.dims().iter().rev().copied().collect();
                 let array = copied_array(py, name, &strided.bytes, strided.dtype, &reversed)?;
                 return array.call_method0("transpose");
             } else {
+                if strided.zero_copy {
+                    check_before_copying(py, src, at)?;
+                }
                 let max = tensorwire::Limits::default().max_decoded_bytes;
                 (strided.to_contiguous(max).or_raise()?.into_bytes(), false)
             }
@@ -471,7 +482,10 @@ fn dense_array<'py>(
             return owner.zero_copy(py, &bytes, dtype, &dims);
         }
         // The bytes are already read (and gathered or swapped): copy them rather than
-        // reading the tensor again.
+        // reading the tensor again (the map's bytes after their record's CRC check).
+        if zero_copy {
+            check_before_copying(py, src, at)?;
+        }
         return copied_array(py, name, &bytes, dtype, &dims);
     }
     let (array, mut buf) = arrays::fresh(py, dtype, &dims)?;
@@ -659,7 +673,11 @@ fn node_to_py<'py>(
             }
         }
         Node::Device(text) => match make.torch {
-            Some(torch) => torch.getattr("device")?.call1((&**text,))?,
+            // A type this process's torch does not know (another build's backend)
+            // is torch's refusal, as a typed error.
+            Some(torch) => torch.getattr("device")?.call1((&**text,)).or_else(|e| {
+                Err(Error::unsupported(format!("torch.device({text:?}): {e}"))).or_raise()
+            })?,
             None => pyo3::types::PyString::new(py, text).into_any(),
         },
         Node::Set(items) => pyo3::types::PySet::new(py, all(items)?)?.into_any(),
@@ -849,7 +867,7 @@ impl Reader {
     fn _check_record(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<()> {
         let open = self.open()?;
         let at = open.position_of_any(name)?;
-        py.detach(|| open.src().check_record_at(at)).or_raise()
+        check_before_copying(py, open.src(), at)
     }
 
     /// Names of the tensors of a PyTorch checkpoint that share their storage or cover
@@ -1044,6 +1062,9 @@ impl Reader {
         // Tensors of other types may share the storage: aligned for the strictest.
         if borrowed && !copy && lendable_at(&bytes, torch_alignment(DType::Complex128), lend) {
             return open.owner.zero_copy(py, &bytes, DType::U8, &dims);
+        }
+        if borrowed {
+            check_before_copying(py, src, at)?;
         }
         copied_array(py, &record.storage.key, &bytes, DType::U8, &dims)
     }

@@ -228,6 +228,21 @@ def test_npz_members_whose_crc_fails_stop_convert_and_copies(tmp_path):
     np.testing.assert_array_equal(bad.read_numpy("b", copy=True), np.ones(3))
     with pytest.raises(tensorwire.ChecksumError):
         bad.read_into("w", np.empty(8, np.float64))  # a cast: numpy copies it
+    # Every copy of a stored member's bytes checks: a byte swap, a gather, and the
+    # copy torch needs of an unaligned member (np.savez puts arrays at odd offsets).
+    for arr in (np.arange(8, dtype=">f4"), np.asfortranarray(np.arange(8, dtype=">f8").reshape(2, 4))):
+        data = _npz_bytes(tmp_path, w=arr)
+        data[data.find(arr.tobytes(order="A")) + 2] ^= 0x40
+        swapped = _open_bytes(tmp_path, data, "crc_bad_copy.npz")
+        with pytest.raises(tensorwire.ChecksumError):
+            swapped.read_numpy("w")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None:
+        with pytest.raises(tensorwire.ChecksumError):
+            bad.read_torch("w")
     # A write to a zero-copy array (a private map) is not damage: a copy reads it,
     # and the CRC is checked against the file's bytes.
     good = _open_bytes(tmp_path, _npz_bytes(tmp_path, w=np.arange(8, dtype="<f4")), "crc_good.npz")

@@ -661,6 +661,16 @@ def test_copies_and_convert_check_a_records_crc(tmp_path):
     if torch is not None:
         with pytest.raises(tw.ChecksumError):
             bad.read_into(name, torch.empty(want.shape, dtype=torch.float64))
+    # Copies of the map's bytes that torch needs or load makes check too: a
+    # Reader over bytes (read-only: torch gets a copy), pytorch.load(mmap=False).
+    with pytest.raises(tw.ChecksumError):
+        tw.Reader(buffer=bytes(data)).read_numpy(name, copy=True)
+    if torch is not None:
+        with pytest.raises(tw.ChecksumError):
+            tw.Reader(buffer=bytes(data)).read_torch(name)
+        with pytest.raises(tw.ChecksumError):
+            tw.pytorch.load(str(path), mmap=False)
+        assert not torch.equal(tw.pytorch.load(str(path))[name], torch.from_numpy(want))
     dst = str(tmp_path / "out.zt")
     with pytest.raises(tw.ChecksumError):
         tw.convert(str(path), dst)

@@ -1185,6 +1185,35 @@ def test_sizes_and_devices_load_as_torch_loads_them(tmp_path, legacy):
         assert r.attributes["by_key.(device(type='cuda', index=0), 2)"] == "x"
 
 
+class _PickledDevice:
+    """Pickles as ``torch.device(*args)`` without building one (torch would refuse
+    some of these args)."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return (torch.device, self.args)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_devices_torch_does_not_know_are_typed_errors(tmp_path):
+    """A device type of another torch build (a renamed private backend) reads as its
+    text; load(flat=False), which must build a torch.device, fails with a typed error
+    where this torch refuses the type. What torch can never read is malformed."""
+    path = tmp_path / "metal.pt"
+    _pickle_checkpoint(path, {"dev": _PickledDevice("metal", 1), "idx": _PickledDevice(3)})
+    assert pytorch.load_numpy(path, flat=False) == {"dev": "metal:1", "idx": "cuda:3"}
+    with pytest.raises(tw.UnsupportedError, match="metal:1"):
+        pytorch.load(path, flat=False)
+    for args in [("cuda", -1), ("cuda:0", 1), ("cuda:0", None), ("not a device",)]:
+        _pickle_checkpoint(path, {"dev": _PickledDevice(*args)})
+        with pytest.raises(tw.MalformedError):
+            tw.Reader(str(path))
+        with pytest.raises(Exception):
+            torch.load(path, weights_only=True)
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_tuple_keys_next_to_tensors_load_as_torch_loads_them(tmp_path):
     t = torch.arange(6.0).reshape(2, 3)

@@ -934,7 +934,9 @@ impl TensorSource for NumpyReader {
     }
 
     /// Zero-copy for a little-endian C-order array of a map or stored member (no byte
-    /// of it is read); a row-major (and byte-swapped) copy otherwise.
+    /// of it is read); a row-major (and byte-swapped) copy otherwise, made after the
+    /// member's CRC-32 is checked ([`TensorSource::check_record_at`]), as for every
+    /// copy of a stored member.
     fn view_at(&self, position: usize) -> Result<TensorView> {
         let strided = self.strided_at(position)?;
         let name = &self.index.at(position).name;
@@ -946,6 +948,9 @@ impl TensorSource for NumpyReader {
                 strided.bytes,
                 strided.zero_copy,
             );
+        }
+        if strided.zero_copy {
+            self.check_record_at(position)?; // a copy of the map's bytes: the CRC first
         }
         let row_major = strided.to_contiguous(self.limits.max_decoded_bytes)?;
         TensorView::new(
@@ -965,6 +970,9 @@ impl TensorSource for NumpyReader {
         let h = &record.header;
         let (mut bytes, mut zero_copy) = self.stored(record)?;
         if h.big_endian {
+            if zero_copy {
+                self.check_record_at(position)?; // a copy of the map's bytes: the CRC first
+            }
             let mut copy = AlignedBuf::copy_from(&bytes)?;
             swap_bytes(copy.as_mut_slice(), h.dtype);
             (bytes, zero_copy) = (copy.into_bytes(), false);

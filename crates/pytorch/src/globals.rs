@@ -407,15 +407,24 @@ fn args_of<'a>(arena: &'a Arena, args: Id, what: &str, offset: u64) -> Result<&'
 
 /// The text of `torch.device(*argv)` (`"cuda:0"`), as torch parses it: a type of
 /// letters and `_`, then an index (a non-negative int, no leading zeros in text)
-/// either after a `:` or as the second argument (`None`: no index), not both. torch
-/// pickles `device(type)` or `device(type, index)`; other writers may pickle the
-/// one-string form. Anything else is the reason torch would refuse it.
+/// either after a `:` or as the second argument (`None`: no index), not both; or an
+/// index alone, a CUDA device. torch pickles `device(type)` or `device(type, index)`;
+/// other writers may pickle the other forms. Anything else is the reason torch would
+/// refuse it. Types torch does not know are kept (a renamed private backend, such as
+/// `npu`, is one only in a process that registered it).
 fn device_text(arena: &Arena, argv: &[Id]) -> std::result::Result<String, String> {
     let (spec, index) = match argv {
         [spec] => (*spec, None),
         [spec, index] => (*spec, Some(*index)),
         _ => return Err(format!("{} arguments", argv.len())),
     };
+    if let (Obj::Int(n), None) = (arena.get(spec), index) {
+        // `torch.device(0)`: an index alone names a CUDA device.
+        return match *n {
+            n if n >= 0 => Ok(format!("cuda:{n}")),
+            n => Err(format!("a negative device index {n}")),
+        };
+    }
     let Obj::Str(spec) = arena.get(spec) else {
         return Err(format!(
             "a device type that is a {}",
@@ -436,10 +445,12 @@ fn device_text(arena: &Arena, argv: &[Id]) -> std::result::Result<String, String
         }
     }
     let index = match index.map(|i| arena.get(i)) {
-        None | Some(Obj::None) => None,
+        None => None,
+        // torch refuses a second argument, even `None`, beside an index in the text.
         Some(_) if text_index.is_some() => {
             return Err(format!("an index given twice ({spec:?} and an argument)"))
         }
+        Some(Obj::None) => None,
         Some(Obj::Int(n)) if *n >= 0 => Some(*n),
         Some(Obj::Int(n)) => return Err(format!("a negative device index {n}")),
         Some(other) => return Err(format!("a device index that is a {}", other.kind())),

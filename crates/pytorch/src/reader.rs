@@ -830,6 +830,10 @@ impl TensorSource for PtReader {
         if record.is_contiguous() && self.little_endian && !record.has_lazy_signs() {
             return TensorView::new(name, record.dtype, shape, bytes, borrowed);
         }
+        if borrowed {
+            // A copy of the map's bytes: its record's CRC first, as for every copy.
+            self.check_record_at(position)?;
+        }
         // One copy: gathered into row-major order (or copied as is), then swapped in
         // place for big-endian files and given a lazy view's signs.
         let mut out = if record.is_contiguous() {
@@ -859,6 +863,9 @@ impl TensorSource for PtReader {
         let (bytes, zero_copy) = if self.little_endian && !record.has_lazy_signs() {
             (bytes, borrowed)
         } else {
+            if borrowed {
+                self.check_record_at(position)?; // a copy: its record's CRC first
+            }
             let mut copy = AlignedBuf::copy_from(&bytes)?;
             if !self.little_endian {
                 swap_bytes(copy.as_mut_slice(), record.dtype);

@@ -64,6 +64,8 @@ fn sizes_and_devices_keep_their_class_in_the_structure() {
     device(&mut p, "cpu", None);
     p.str("one_string");
     device(&mut p, "privateuseone:3", None);
+    p.str("index_alone");
+    p.global("torch", "device").op(b"(").int(2).op(b"tR");
     p.str("by_key").op(b"}(");
     size(&mut p, |p| {
         p.int(4);
@@ -87,6 +89,7 @@ fn sizes_and_devices_keep_their_class_in_the_structure() {
         attributes["one_string"],
         Value::Str("privateuseone:3".into())
     );
+    assert_eq!(attributes["index_alone"], Value::Str("cuda:2".into()));
     // Keys written as Python's str() writes them.
     assert_eq!(
         attributes["by_key"],
@@ -176,8 +179,18 @@ fn sizes_and_devices_torch_would_not_make_are_refused() {
     ] {
         assert_refused("invalid device string", |p| device(p, spec, None));
     }
-    assert_refused("a device type that is a int", |p| {
-        p.global("torch", "device").op(b"(").int(1).op(b"tR");
+    assert_refused("an index given twice", |p| {
+        p.global("torch", "device")
+            .op(b"(")
+            .str("cuda:0")
+            .op(b"NtR");
+    });
+    assert_refused("a negative device index -2", |p| {
+        p.global("torch", "device").op(b"(").int(-2).op(b"tR");
+    });
+    assert_refused("a device type that is a float", |p| {
+        p.global("torch", "device").op(b"(G");
+        p.op(&1.0f64.to_be_bytes()).op(b"tR");
     });
     assert_refused("a float", |p| {
         p.global("torch", "device").op(b"(").str("cuda");
