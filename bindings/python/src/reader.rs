@@ -658,7 +658,7 @@ fn node_to_py<'py>(
         Node::Tensor(name) | Node::Sparse { name, .. } | Node::Meta(name) => {
             make.tensor.call1((&**name,))?
         }
-        Node::TorchObject(name) => make.torch_object.call1((*name,))?,
+        Node::Global(name) => make.torch_object.call1((*name,))?,
         Node::Value(value) => values::to_py(py, value)?,
         Node::Complex { real, imag } => {
             pyo3::types::PyComplex::from_doubles(py, *real, *imag).into_any()
@@ -726,8 +726,9 @@ fn node_to_py<'py>(
 struct NodeMakers<'a, 'py> {
     /// `tensor(name)`: the tensor (or array) of that flat name.
     tensor: &'a Bound<'py, PyAny>,
-    /// `torch_object(name)`: a torch object (dtype, quantization scheme, class,
-    /// function) from its dotted name.
+    /// `torch_object(name)`: an allowlisted global (a torch dtype, quantization
+    /// scheme, class or function, or a Python class such as `collections.OrderedDict`)
+    /// from its dotted name.
     torch_object: &'a Bound<'py, PyAny>,
     /// `collections.OrderedDict`.
     ordered_dict: &'a Bound<'py, PyAny>,
@@ -833,9 +834,9 @@ impl Reader {
 
     /// A PyTorch checkpoint's object as `torch.load` builds it: dicts (of their
     /// class: `dict`, `OrderedDict`, `Counter`), lists, tuples, sets and scalars, with
-    /// each tensor replaced by `tensor(name)` and each torch object (a dtype,
-    /// quantization scheme, class or function) by `torch_object(name)`
-    /// (`"torch.float16"`). With the `torch` module, sizes and devices are
+    /// each tensor replaced by `tensor(name)` and each allowlisted global pickled as a
+    /// value (a torch dtype, quantization scheme, class or function; a Python class)
+    /// by `torch_object(name)` (`"torch.float16"`, `"collections.OrderedDict"`). With the `torch` module, sizes and devices are
     /// `torch.Size` and `torch.device` objects; without, a tuple and a str.
     #[pyo3(signature = (tensor, torch_object, torch = None))]
     fn _pytorch_structure<'py>(

@@ -322,6 +322,23 @@ def test_sparse_packets_that_are_not_matrices_are_malformed(flag, shape):
         list(packet.read_stream(io.BytesIO(data)))
 
 
+@pytest.mark.skipif(sparse is None, reason="scipy not installed")
+@pytest.mark.parametrize("flag", [0x08, 0x20, 0x40], ids=["coo", "csr", "csc"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_sparse_packets_of_types_scipy_lacks_are_unsupported(flag, dtype):
+    """scipy builds a float16 CSR matrix that its own methods then refuse: such a
+    packet is refused by name instead (float32 reads as before)."""
+    parts = [np.array([1, 2], dtype), np.array([0, 1], np.int64),
+             np.array([0, 1] if flag == 0x08 else [0, 1, 2], np.int64)]
+    data = _sparse_packet(flag, [2, 2], parts)
+    if dtype == np.float16:
+        with pytest.raises(tensorwire.UnsupportedError, match="scipy.sparse has no float16"):
+            packet.loads(data)
+    else:
+        m = packet.loads(data)
+        assert m.tocoo().dtype == np.float32 and m.sum() == 3
+
+
 @pytest.mark.skipif(sparse is None or not hasattr(sparse, "csr_array"),
                     reason="scipy with sparse arrays not installed")
 def test_one_dimensional_sparse_arrays_are_not_written():

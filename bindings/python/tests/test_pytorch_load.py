@@ -1185,6 +1185,24 @@ def test_sizes_and_devices_load_as_torch_loads_them(tmp_path, legacy):
         assert r.attributes["by_key.(device(type='cuda', index=0), 2)"] == "x"
 
 
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_python_classes_pickled_as_values_are_those_classes(tmp_path):
+    """An allowlisted class saved as a value (not called) is that class again from
+    load(flat=False), as torch.load gives it; load_numpy and the flat view name it."""
+    import collections
+
+    obj = {"w": torch.ones(2), "kinds": [collections.OrderedDict, collections.Counter, set,
+                                         bytearray, complex, torch.float16]}
+    path = tmp_path / "classes.pt"
+    torch.save(obj, path)
+    want = torch.load(path, weights_only=True)
+    got = pytorch.load(path, flat=False)
+    assert got["kinds"] == want["kinds"] == obj["kinds"]
+    assert pytorch.load_numpy(path, flat=False)["kinds"] == [
+        "collections.OrderedDict", "collections.Counter", "builtins.set", "builtins.bytearray",
+        "builtins.complex", "torch.float16"]
+
+
 class _PickledDevice:
     """Pickles as ``torch.device(*args)`` without building one (torch would refuse
     some of these args)."""

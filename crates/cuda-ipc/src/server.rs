@@ -378,8 +378,11 @@ fn turn_away(
                 };
                 let _ = send_response(&stream, 0, &error, &[]);
             }
-            warner.warn(&format!("refused a connection: {message}"));
+            // The spare back first (the accepted stream was closed above): the
+            // client already has its answer, and the next request must find the
+            // server at its limit again, not one descriptor short of it.
             *spare = open_spare();
+            warner.warn(&format!("refused a connection: {message}"));
         }
         None => {
             warner.warn(&format!(

@@ -50,10 +50,11 @@ pub enum Node {
         /// The imaginary part.
         imag: f64,
     },
-    /// An allowlisted torch object as a value, by its dotted name: a dtype
-    /// (`torch.float16`), a quantization scheme (`torch.per_tensor_affine`), a class
-    /// (`torch.cuda.FloatTensor`, `torch.nn.parameter.Parameter`) or a function.
-    TorchObject(&'static str),
+    /// An allowlisted global as a value (not called), by its dotted name: a torch
+    /// dtype (`torch.float16`), quantization scheme (`torch.per_tensor_affine`),
+    /// class (`torch.cuda.FloatTensor`, `torch.nn.parameter.Parameter`) or function,
+    /// or a Python class (`collections.OrderedDict`, `builtins.set`).
+    Global(&'static str),
     /// A dict, in insertion order.
     Dict {
         /// Keys and values.
@@ -123,7 +124,7 @@ impl Node {
             Node::Sparse { parts, .. } => parts.iter().for_each(|p| f(p, false)),
             Node::Value(_)
             | Node::Complex { .. }
-            | Node::TorchObject(_)
+            | Node::Global(_)
             | Node::ByteArray(_)
             | Node::Size(_)
             | Node::Device(_) => {}
@@ -714,7 +715,7 @@ impl<'a> Walker<'a> {
                 self.copy(&**text)?;
                 Node::Device(text.clone())
             }
-            Obj::Global(g) if g.name().starts_with("torch.") => Node::TorchObject(g.name()),
+            Obj::Global(g) => Node::Global(g.name()),
             Obj::Complex(real, imag) => Node::Complex {
                 real: *real,
                 imag: *imag,

@@ -98,11 +98,20 @@ def _check_compressed(fmt, shape, indices, indptr):
         raise ValueError(f"an index lies outside [0, {minor})")
 
 
+# The element types scipy.sparse supports (its `supported_dtypes`), by type char.
+_SCIPY_SPARSE_TYPES = frozenset("?bBhHiIlLqQfdgFDG")
+
+
 def _make_sparse(fmt, shape, data, first, second):
     try:
         import scipy.sparse as sparse
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("scipy is required to decode sparse packets") from e
+    # scipy builds some matrices of types it has no kernels for (float16, bfloat16),
+    # which then fail in its own methods: refused here, by name.
+    if np.dtype(data.dtype).char not in _SCIPY_SPARSE_TYPES:
+        raise _native.UnsupportedError(
+            f"sparse {fmt} packet of {data.dtype}: scipy.sparse has no {data.dtype} matrices")
     # scipy checks COO indices as it builds the matrix; CSR/CSC structure is checked
     # here first, as scipy's kernels would read outside the arrays otherwise.
     try:

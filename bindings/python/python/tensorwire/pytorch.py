@@ -232,11 +232,17 @@ def _torch_object(name):
     """The torch object a checkpoint names (``"torch.float16"``,
     ``"torch.cuda.FloatTensor"``). The names come from the reader's allowlist (torch's
     ``weights_only`` one: dtypes, quantization schemes, classes, rebuild functions),
-    never from the file's text. A legacy storage class (``torch.FloatStorage``) is the
-    ``torch.serialization.StorageType`` that ``torch.load(weights_only=True)`` gives
-    in its place."""
+    never from the file's text; those outside torch are Python's own classes
+    (``"collections.OrderedDict"``, ``"builtins.set"``). A legacy storage class
+    (``torch.FloatStorage``) is the ``torch.serialization.StorageType`` that
+    ``torch.load(weights_only=True)`` gives in its place."""
     import torch
 
+    if not name.startswith("torch."):
+        import importlib
+
+        module, _, attribute = name.rpartition(".")
+        return getattr(importlib.import_module(module), attribute)
     obj = torch
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)
