@@ -124,12 +124,26 @@ impl Input {
         }
     }
 
-    /// The CRC-32 of the file's bytes `offset..offset + len`, as the file holds them:
-    /// read positionally, a chunk at a time, when a file is at hand, so a write to
-    /// the private copy-on-write map (a caller's zero-copy array is writable) never
-    /// reads as damage; over the map otherwise (an image in memory, which callers
-    /// get read-only).
+    /// The CRC-32 of bytes `offset..offset + len`: over the map when there is one
+    /// (one pass, which leaves its pages ready for a copy that follows), read
+    /// positionally otherwise. The map is private: a caller's zero-copy array may
+    /// have written to it, so a mismatch is worth confirming with
+    /// [`Input::file_crc32`].
     pub fn crc32(&self, offset: u64, len: u64) -> Result<u32> {
+        match &self.map {
+            Some(map) => {
+                self.check(offset, len)?;
+                Ok(crc32fast::hash(&map.slice_at(offset, len)?))
+            }
+            None => self.file_crc32(offset, len),
+        }
+    }
+
+    /// The CRC-32 of bytes `offset..offset + len` as the file holds them: read
+    /// positionally, a chunk at a time, when a file is at hand, so a write to the
+    /// private copy-on-write map is not counted; over the map otherwise (an image in
+    /// memory, which callers get read-only).
+    pub fn file_crc32(&self, offset: u64, len: u64) -> Result<u32> {
         self.check(offset, len)?;
         let mut hasher = crc32fast::Hasher::new();
         match (&self.file, &self.map) {
