@@ -8,6 +8,8 @@
 //! does) must give the same tensors as opening the image alone.
 #![no_main]
 
+mod record_checks;
+
 use libfuzzer_sys::fuzz_target;
 use tensorwire_core::{Limits, TensorSource};
 use tensorwire_pytorch::{Input, PtReader};
@@ -93,18 +95,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    // Every record `verify` passes, `check_record_at` (what copies and `convert`
-    // call first) passes too.
-    let records_checked: Vec<bool> = (0..names.len())
-        .map(|at| reader.check_record_at(at).is_ok())
-        .collect();
-    if reader.verify().is_ok() {
-        assert!(
-            records_checked.iter().all(|&ok| ok),
-            "verify passes but a record's check fails"
-        );
-    }
-    assert!(reader.check_record_at(names.len()).is_err());
+    record_checks::assert_record_checks_agree_with_verify(&reader);
 
     // Partial storages are listed once each, in order, within the tensors.
     let partial = reader.partial_storages();

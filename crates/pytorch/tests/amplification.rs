@@ -6,34 +6,13 @@
 
 mod common;
 
-use common::{f32s, legacy_with_object, tensor, Pickle, Storage, Tensor};
+use common::{four_floats, four_floats_storage, legacy_with_object, Pickle, Storage};
 use tensorwire_core::{Bytes, Error, Limits, TensorSource, Value};
 use tensorwire_pytorch::{Node, PtReader};
 
 fn open(object: Vec<u8>, storages: &[Storage<'_>]) -> tensorwire_core::Result<PtReader> {
     let image = legacy_with_object(object, storages);
     PtReader::from_bytes(Bytes::from(image), &Limits::default())
-}
-
-/// Pushes a tensor of 4 floats over storage `0` ([`four_floats_storage`]).
-fn four_floats(object: &mut Pickle) {
-    let t = Tensor {
-        name: "",
-        key: "0",
-        storage_numel: 4,
-        offset: 0,
-        shape: vec![4],
-        strides: vec![1],
-    };
-    tensor(object, &t);
-}
-
-fn four_floats_storage() -> Storage<'static> {
-    Storage {
-        key: "0",
-        count: 4,
-        bytes: f32s(0.0, 4),
-    }
 }
 
 fn is_text_limit(err: &Error) -> bool {

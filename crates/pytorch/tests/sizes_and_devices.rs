@@ -5,17 +5,12 @@
 
 mod common;
 
-use common::{f32s, legacy_with_object, tensor, Pickle, Storage, Tensor};
+use common::{four_floats, four_floats_storage, legacy_with_object, Pickle};
 use tensorwire_core::{Bytes, Error, Limits, TensorSource, Value};
 use tensorwire_pytorch::{Node, PtReader};
 
 fn open(object: Vec<u8>) -> tensorwire_core::Result<PtReader> {
-    let storage = Storage {
-        key: "0",
-        count: 4,
-        bytes: f32s(0.0, 4),
-    };
-    let image = legacy_with_object(object, &[storage]);
+    let image = legacy_with_object(object, &[four_floats_storage()]);
     PtReader::from_bytes(Bytes::from(image), &Limits::default())
 }
 
@@ -39,15 +34,7 @@ fn device(p: &mut Pickle, kind: &str, index: Option<i64>) {
 fn sizes_and_devices_keep_their_class_in_the_structure() {
     let mut p = Pickle::new();
     p.op(b"}(").str("w");
-    let t = Tensor {
-        name: "",
-        key: "0",
-        storage_numel: 4,
-        offset: 0,
-        shape: vec![4],
-        strides: vec![1],
-    };
-    tensor(&mut p, &t);
+    four_floats(&mut p);
     p.str("shape");
     size(&mut p, |p| {
         p.int(2).int(3);

@@ -149,18 +149,8 @@ fn convert_and_copies_refuse_a_pt_record_whose_crc_does_not_match() {
     // Undamaged, the same checks pass and the file converts.
     let good_src = dir.path().join("good.pt");
     std::fs::write(&good_src, &good).unwrap();
-    let reader = tensorwire::open(&good_src).unwrap();
-    for at in 0..reader.tensors().len() {
-        reader.check_record_at(at).unwrap();
-    }
     let dst = dir.path().join("good.zt");
-    convert(
-        &good_src,
-        &dst,
-        &ConvertOptions::default(),
-        &mut |_, _, _| Ok(()),
-    )
-    .unwrap();
+    let reader = checks_and_converts(&good_src, &dst);
     assert_eq!(
         tensorwire::open(&dst)
             .unwrap()
@@ -176,18 +166,17 @@ fn convert_and_copies_refuse_a_pt_record_whose_crc_does_not_match() {
 fn a_pt_checkpoint_saved_without_crcs_converts() {
     // `torch.serialization.set_crc32_options(False)` writes zero CRCs: nothing to
     // check, as `verify` also skips them.
-    let src = fixture("pytorch/crc_zero.pt");
-    let reader = tensorwire::open(&src).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    checks_and_converts(&fixture("pytorch/crc_zero.pt"), &dir.path().join("out.zt"));
+}
+
+/// Opens `src`, checks every record's CRC and converts it to `.zt` at `dst`, each
+/// step expected to pass; the opened source.
+fn checks_and_converts(src: &std::path::Path, dst: &std::path::Path) -> Box<dyn TensorSource> {
+    let reader = tensorwire::open(src).unwrap();
     for at in 0..reader.tensors().len() {
         reader.check_record_at(at).unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let dst = dir.path().join("out.zt");
-    convert(
-        &src,
-        &dst,
-        &ConvertOptions::default(),
-        &mut |_, _, _| Ok(()),
-    )
-    .unwrap();
+    convert(src, dst, &ConvertOptions::default(), &mut |_, _, _| Ok(())).unwrap();
+    reader
 }

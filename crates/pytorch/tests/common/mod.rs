@@ -139,3 +139,25 @@ pub fn f32s(first: f32, n: usize) -> Vec<u8> {
         .flat_map(|i| (first + i as f32).to_le_bytes())
         .collect()
 }
+
+/// Pushes a tensor of 4 floats over storage `0` ([`four_floats_storage`]).
+pub fn four_floats(object: &mut Pickle) {
+    let t = Tensor {
+        name: "",
+        key: "0",
+        storage_numel: 4,
+        offset: 0,
+        shape: vec![4],
+        strides: vec![1],
+    };
+    tensor(object, &t);
+}
+
+/// Storage `0`: the floats 0 to 3.
+pub fn four_floats_storage() -> Storage<'static> {
+    Storage {
+        key: "0",
+        count: 4,
+        bytes: f32s(0.0, 4),
+    }
+}
