@@ -22,7 +22,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tensorwire_core::strided::{column_major_strides, swap_bytes};
 use tensorwire_core::{
@@ -513,30 +513,21 @@ impl Location {
 struct ArrayRecord {
     header: NpyHeader,
     location: Location,
-    /// Set once the member's CRC-32 has been checked (see [`ArrayRecord::check_crc`]).
-    crc_checked: OnceLock<()>,
 }
 
 impl ArrayRecord {
     fn new(header: NpyHeader, location: Location) -> ArrayRecord {
-        ArrayRecord {
-            header,
-            location,
-            crc_checked: OnceLock::new(),
-        }
+        ArrayRecord { header, location }
     }
 
     /// Checks this array's NPZ member against its CRC-32 once per reader, by `check`
     /// (which computes and compares it): [`Error::DigestMismatch`] on a mismatch. An
     /// `.npy` file has no digest to check.
     fn check_crc(&self, check: impl FnOnce(&ZipEntry) -> Result<()>) -> Result<()> {
-        if let Some(member) = self.location.member() {
-            if self.crc_checked.get().is_none() {
-                check(member)?;
-                let _ = self.crc_checked.set(());
-            }
+        match self.location.member() {
+            Some(member) => member.check_once(check),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

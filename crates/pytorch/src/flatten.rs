@@ -707,14 +707,8 @@ impl<'a> Walker<'a> {
                 Node::ByteArray(b.to_vec())
             }
             Obj::Tuple(span) => Node::Tuple(items(self, arena.tuple_items(*span))?),
-            Obj::Size(dims) => {
-                self.count_items(dims.len())?;
-                Node::Size(dims.to_vec())
-            }
-            Obj::Device(text) => {
-                self.copy(&**text)?;
-                Node::Device(text.clone())
-            }
+            Obj::Size(dims) => self.size_node(dims)?,
+            Obj::Device(text) => self.device_node(text)?,
             Obj::Global(g) => Node::Global(g.name()),
             Obj::Complex(real, imag) => Node::Complex {
                 real: *real,
@@ -769,20 +763,26 @@ impl<'a> Walker<'a> {
                 self.key_nodes(arena.tuple_items(*span), depth)?,
             )),
             Obj::FrozenSet(items) => Ok(Node::FrozenSet(self.key_nodes(items, depth)?)),
-            Obj::Size(dims) => {
-                self.count_items(dims.len())?;
-                Ok(Node::Size(dims.to_vec()))
-            }
-            Obj::Device(text) => {
-                self.copy(&**text)?;
-                Ok(Node::Device(text.clone()))
-            }
+            Obj::Size(dims) => self.size_node(dims),
+            Obj::Device(text) => self.device_node(text),
             Obj::Complex(real, imag) => Ok(Node::Complex {
                 real: *real,
                 imag: *imag,
             }),
             _ => Ok(Node::Value(self.value_uncounted(key, depth)?)),
         }
+    }
+
+    /// A `torch.Size` as its node, its items counted (each visit copies them).
+    fn size_node(&mut self, dims: &[i64]) -> Result<Node> {
+        self.count_items(dims.len())?;
+        Ok(Node::Size(dims.to_vec()))
+    }
+
+    /// A `torch.device` as its node, its text counted (each visit becomes a str).
+    fn device_node(&mut self, text: &Arc<str>) -> Result<Node> {
+        self.copy(&**text)?;
+        Ok(Node::Device(text.clone()))
     }
 
     /// Fails unless Python can hash `id` (a set's item): no list, dict, set or

@@ -95,32 +95,19 @@ struct ZipParts {
     /// The index of the `data.pkl` record, run again by [`PtReader::structure`]
     /// (rather than keeping every object for the reader's lifetime).
     pickle: usize,
-    /// Set for each record (by index) once its CRC-32 has been checked.
-    crc_checked: Vec<OnceLock<()>>,
 }
 
 impl ZipParts {
-    fn new(archive: ZipArchive, pickle: usize) -> ZipParts {
-        let crc_checked = archive.entries().iter().map(|_| OnceLock::new()).collect();
-        ZipParts {
-            archive,
-            pickle,
-            crc_checked,
-        }
-    }
-
     /// Checks record `index` against its CRC-32 once, by `check` (which computes and
     /// compares it). A zero CRC is not checked: torch writes zeros when its CRCs are
     /// switched off (`torch.serialization.set_crc32_options(False)`), as
     /// [`ZipArchive::verify`] is told.
     fn check_crc(&self, index: usize, check: impl FnOnce(&ZipEntry) -> Result<()>) -> Result<()> {
         let entry = &self.archive.entries()[index];
-        let checked = &self.crc_checked[index];
-        if entry.crc32 != 0 && checked.get().is_none() {
-            check(entry)?;
-            let _ = checked.set(());
+        if entry.crc32 == 0 {
+            return Ok(());
         }
-        Ok(())
+        entry.check_once(check)
     }
 }
 
@@ -375,7 +362,10 @@ impl PtReader {
             .collect();
         PtReader::build(
             input,
-            Some(ZipParts::new(archive, pkl_index)),
+            Some(ZipParts {
+                archive,
+                pickle: pkl_index,
+            }),
             &unpickled.arena,
             unpickled.root,
             data,

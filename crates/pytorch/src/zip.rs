@@ -13,7 +13,7 @@
 //! record's general-purpose flag bit 11 is set, code page 437 otherwise (ASCII names,
 //! such as every name torch writes, read the same either way).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tensorwire_core::{AlignedBuf, Bytes, Error, NameMap, Result};
 
@@ -64,6 +64,8 @@ pub struct ZipEntry {
     /// many, fewer for a shorter record or when the read did not reach them); `None`
     /// otherwise.
     pub head: Option<Bytes>,
+    /// Set once [`ZipEntry::check_once`] has passed.
+    crc_checked: OnceLock<()>,
 }
 
 impl ZipEntry {
@@ -88,6 +90,16 @@ impl ZipEntry {
             }
             Method::Deflated => self.check_crc32(&read_entry(input, self, max_bytes, false)?),
         }
+    }
+
+    /// `check` (a check of this record's CRC-32), once per entry: a later call after
+    /// a pass does nothing; a failure is not remembered, so it fails again.
+    pub fn check_once(&self, check: impl FnOnce(&ZipEntry) -> Result<()>) -> Result<()> {
+        if self.crc_checked.get().is_none() {
+            check(self)?;
+            let _ = self.crc_checked.set(());
+        }
+        Ok(())
     }
 
     /// Checks `found`, the CRC-32 of the record's whole data, against the one it
@@ -467,6 +479,7 @@ impl ZipDirectory {
                 // Found from the local header by `locate`; until then, where that starts.
                 data_offset: header_offset,
                 head: None,
+                crc_checked: OnceLock::new(),
             });
             pos += CENTRAL_LEN + name_len + extra_len + comment_len;
         }
