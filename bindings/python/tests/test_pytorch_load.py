@@ -1161,17 +1161,24 @@ def test_hostile_tuple_keys_are_bounded(tmp_path):
 def test_sizes_and_devices_load_as_torch_loads_them(tmp_path, legacy):
     """A saved torch.Size or torch.device (an input shape, the device a run trained
     on) is that class again from load(flat=False), as torch.load gives it, also as a
-    dict key; load_numpy (no torch) gives a tuple and a str, the flat view a list and
-    the device's text, and keys are named as str() writes them."""
+    dict key, and one object wherever the checkpoint references it again; load_numpy
+    (no torch) gives a tuple and a str, the flat view a list and the device's text,
+    and keys are named as str() writes them."""
     t = torch.arange(6.0).reshape(2, 3)
-    obj = {"w": t, "shape": t.shape, "dev": torch.device("cuda", 1),
+    shape, dev = t.shape, torch.device("cuda", 1)
+    obj = {"w": t, "shape": shape, "dev": dev,
            "cpu": torch.device("cpu"), "more": [torch.Size([]), (torch.device("meta"),)],
-           "by_key": {torch.Size([4]): t[0], (torch.device("cuda:0"), 2): "x"}}
+           "by_key": {torch.Size([4]): t[0], (torch.device("cuda:0"), 2): "x"},
+           "again": [shape, dev]}
     path = tmp_path / "sizes.pt"
     torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
     want = torch.load(path, weights_only=True)
+    assert want["again"][0] is want["shape"] and want["again"][1] is want["dev"]
     for mmap in (True, False):
-        compare_trees(pytorch.load(path, flat=False, mmap=mmap), want, _same_values)
+        got = pytorch.load(path, flat=False, mmap=mmap)
+        compare_trees(got, want, _same_values)
+        assert _identity_classes(got) == _identity_classes(want)
+        assert got["again"][0] is got["shape"] and got["again"][1] is got["dev"]
     assert type(pytorch.load(path, flat=False)["more"][0]) is torch.Size
     assert list(pytorch.load(path)) == ["w", "by_key.torch.Size([4])"]
     nested = pytorch.load_numpy(path, flat=False)

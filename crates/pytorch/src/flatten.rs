@@ -80,7 +80,8 @@ pub enum Node {
     /// A bytearray (a `bytes` is a [`Node::Value`]).
     ByteArray(Vec<u8>),
     /// A container the checkpoint holds in more than one place (one list, dict,
-    /// tuple, set or bytearray, pickled once and referenced again). Every place has
+    /// tuple, set, bytearray, `torch.Size` or `torch.device`, pickled once and
+    /// referenced again). Every place has
     /// the whole tree; `torch.load` gives one object for all places with the same
     /// `id`.
     Shared {
@@ -183,7 +184,8 @@ pub fn structure(arena: &Arena, root: Id, max_depth: usize) -> Result<Node> {
 
 /// Which containers (by id) are reached from `root` more than once: an iterative walk
 /// that enters each container once, so its cost is linear in the objects. A bytearray
-/// counts as one: it is mutable, so `torch.load` gives one object for every place.
+/// counts as one: it is mutable, so `torch.load` gives one object for every place;
+/// so do a `torch.Size` and a `torch.device`, which `torch.load` also builds once.
 fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
     let is_container = |id: Id| {
         matches!(
@@ -194,6 +196,8 @@ fn shared_containers(arena: &Arena, root: Id) -> Vec<bool> {
                 | Obj::Tuple(_)
                 | Obj::Dict { .. }
                 | Obj::ByteArray(_)
+                | Obj::Size(_)
+                | Obj::Device(_)
         )
     };
     let mut seen = vec![false; arena.len()];

@@ -768,6 +768,26 @@ fn naming_tensor(error: Error, name: &str) -> Error {
     }
 }
 
+/// `error`, naming the tensor `name` too when it is a CRC mismatch of the ZIP record
+/// holding its storage, which names just the record (`archive/data/0`): the tensor
+/// is what the user asked for.
+fn naming_tensor_record(error: Error, name: &str) -> Error {
+    match error {
+        Error::DigestMismatch {
+            tensor: record,
+            algorithm,
+            expected,
+            found,
+        } if record != name => Error::DigestMismatch {
+            tensor: format!("{name} (zip record {record})"),
+            algorithm,
+            expected,
+            found,
+        },
+        other => other,
+    }
+}
+
 /// A ZIP checkpoint's archive (which every ZIP storage is a record of).
 fn zip_parts(zip: &Option<ZipParts>) -> &ZipParts {
     zip.as_ref().expect("a ZIP checkpoint keeps its archive")
@@ -815,7 +835,9 @@ impl TensorSource for PtReader {
     fn view_at(&self, position: usize) -> Result<TensorView> {
         let name = &self.index.checked_at(position)?.name;
         let record = &self.records[position];
-        let (bytes, borrowed) = self.extent(record)?;
+        let (bytes, borrowed) = self
+            .extent(record)
+            .map_err(|e| naming_tensor_record(e, name))?;
         let shape = record.shape.clone();
         if record.is_contiguous() && self.little_endian && !record.has_lazy_signs() {
             return TensorView::new(name, record.dtype, shape, bytes, borrowed);
@@ -849,7 +871,9 @@ impl TensorSource for PtReader {
     fn strided_at(&self, position: usize) -> Result<StridedView> {
         let name = &self.index.checked_at(position)?.name;
         let record = &self.records[position];
-        let (bytes, borrowed) = self.extent(record)?;
+        let (bytes, borrowed) = self
+            .extent(record)
+            .map_err(|e| naming_tensor_record(e, name))?;
         let (bytes, zero_copy) = if self.little_endian && !record.has_lazy_signs() {
             (bytes, borrowed)
         } else {
@@ -889,8 +913,10 @@ impl TensorSource for PtReader {
         };
         if zip_entry(&self.zip, *i).method == Method::Stored {
             let max = self.limits.max_decoded_bytes;
+            let name = &self.index.checked_at(position)?.name;
             zip_parts(&self.zip)
-                .check_crc(*i, |entry| entry.check_stored_data(&self.input, max))?;
+                .check_crc(*i, |entry| entry.check_stored_data(&self.input, max))
+                .map_err(|e| naming_tensor_record(e, name))?;
         }
         Ok(())
     }

@@ -123,6 +123,39 @@ fn sizes_and_devices_keep_their_class_in_the_structure() {
     );
 }
 
+#[test]
+fn a_size_or_device_referenced_again_is_one_shared_node() {
+    // {"w": t, "a": Size([2, 3]) memoized, "b": the memo's size, "c": device
+    // memoized, "d": the memo's device}: torch.load gives one object for "a" and
+    // "b", and one for "c" and "d".
+    let mut p = Pickle::new();
+    p.op(b"}(").str("w");
+    four_floats(&mut p);
+    p.str("a");
+    size(&mut p, |p| {
+        p.int(2).int(3);
+    });
+    p.op(b"q\x09").str("b").op(b"h\x09").str("c");
+    device(&mut p, "cuda", Some(1));
+    p.op(b"q\x0a").str("d").op(b"h\x0a").op(b"u");
+    let reader = open(p.stop()).unwrap();
+    assert_eq!(reader.attributes()["b"], reader.attributes()["a"]);
+    assert_eq!(reader.attributes()["d"], Value::Str("cuda:1".into()));
+
+    let Node::Dict { items, .. } = reader.structure().unwrap() else {
+        panic!("not a dict");
+    };
+    let shared = |at: usize| match &items[at].1 {
+        Node::Shared { id, node } => (*id, (**node).clone()),
+        other => panic!("item {at} is not shared: {other:?}"),
+    };
+    assert_eq!(shared(1), shared(2));
+    assert_eq!(shared(1).1, Node::Size(vec![2, 3]));
+    assert_eq!(shared(3), shared(4));
+    assert_eq!(shared(3).1, Node::Device("cuda:1".into()));
+    assert_ne!(shared(1).0, shared(3).0);
+}
+
 /// Opens `{"v": value}`, `value` pushed by `push`, expecting a malformed error that
 /// says `want`.
 fn assert_refused(want: &str, push: impl FnOnce(&mut Pickle)) {

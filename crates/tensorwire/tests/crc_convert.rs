@@ -137,7 +137,8 @@ fn convert_and_copies_refuse_a_pt_record_whose_crc_does_not_match() {
         .records()[at]
         .storage
         .key;
-    let record = format!("archive/data/{key}");
+    // The error names the tensor asked for and the record holding its storage.
+    let record = format!("{} (zip record archive/data/{key})", damaged.name);
     for _ in 0..2 {
         match reader.check_record_at(at) {
             Err(Error::DigestMismatch { tensor, .. }) => assert_eq!(tensor, record),
