@@ -963,10 +963,22 @@ def _compare_torch(ours, theirs, where, values=True):
     if isinstance(theirs, torch.serialization.StorageType):  # no __eq__: by dtype
         same = type(ours) is type(theirs) and ours.dtype == theirs.dtype
     else:
-        same = ours == theirs or (isinstance(theirs, float) and theirs != theirs
-                                  and ours != ours)
+        same = ours == theirs or _both_nan(ours, theirs)
     if not isinstance(same, bool) or not same:
         raise Invariant(f"{where}: {ours!r:.80} vs torch.load's {theirs!r:.80}")
+
+
+def _both_nan(ours, theirs):
+    """Whether two floats, or two complex numbers part by part, are equal but for
+    NaNs in the same places (a NaN is not equal to itself)."""
+    def same(a, b):
+        return a == b or (a != a and b != b)
+
+    if isinstance(theirs, float) and isinstance(ours, float):
+        return same(ours, theirs)
+    if isinstance(theirs, complex) and isinstance(ours, complex):
+        return same(ours.real, theirs.real) and same(ours.imag, theirs.imag)
+    return False
 
 
 def op_torchdiff(path, data):
