@@ -22,6 +22,16 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
             Ok(small) => small.into_bound_py_any(py)?,
             Err(_) => i.into_bound_py_any(py)?,
         },
+        // Any width: `int.from_bytes(b, "little", signed=True)`.
+        Value::BigInt(i) => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("signed", true)?;
+            py.get_type::<PyInt>().call_method(
+                "from_bytes",
+                (PyBytes::new(py, i.to_le_bytes()), "little"),
+                Some(&kwargs),
+            )?
+        }
         Value::Float(x) => PyFloat::new(py, *x).into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
         Value::Bytes(b) => PyBytes::new(py, b).into_any(),

@@ -1543,21 +1543,33 @@ def test_python2_byte_strings_decode_as_utf8_as_torch_load_does(tmp_path):
         assert torch.load(path, weights_only=False, encoding="latin1") == {"name": "café"}
 
 
-def test_text_integers_past_64_bits_read_as_binary_ones_do(tmp_path):
-    """Protocol 0/1 write ints as text (`I`, `L`): up to 128 bits they are values, as
-    LONG1's are; wider ones are Unsupported, as LONG1's are."""
+def test_integers_of_any_width_read_up_to_8192_bits(tmp_path):
+    """Protocol 0/1 write ints as text (`I`, `L`): they are values of any width, as
+    LONG1's are, up to 8192 bits; wider ones are Unsupported, as LONG4's are."""
     path = tmp_path / "seed.pt"
-    for value in (2**64 + 1, -(2**70), 2**127 - 1, -(2**127)):
-        _one_entry_checkpoint(path, _short_binstring(b"seed"), b"L%dL\n" % value)
-        assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
-        with tw.Reader(str(path)) as r:  # a root holding no tensor is one value
-            assert r.attributes["value"] == {"seed": value}
-        if torch is not None:
-            assert pytorch.load(str(path), flat=False) == {"seed": value}
-    for value in (2**127, 2**200):
-        _one_entry_checkpoint(path, _short_binstring(b"seed"), b"I%d\n" % value)
-        with pytest.raises(tw.UnsupportedError, match="128 bits"):
+    for value in (2**64 + 1, -(2**70), 2**127 - 1, -(2**127), 2**127, -(2**127) - 1,
+                  2**200, -(3**1000), 2**8190):
+        for line in (b"L%dL\n" % value, b"I%d\n" % value):
+            _one_entry_checkpoint(path, _short_binstring(b"seed"), line)
+            assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
+            with tw.Reader(str(path)) as r:  # a root holding no tensor is one value
+                assert r.attributes["value"] == {"seed": value}
+            if torch is not None:
+                assert pytorch.load(str(path), flat=False) == {"seed": value}
+    for text in (b"%d" % 2**8191, b"-1" + b"0" * 2466, b"1" * 5000):
+        _one_entry_checkpoint(path, _short_binstring(b"seed"), b"I" + text + b"\n")
+        with pytest.raises(tw.UnsupportedError, match="8192 bits"):
             pytorch.load_numpy(str(path))
+    # LONG4 (which torch's weights_only unpickler does not read) the same way.
+    for value, ok in ((2**8190, True), (-(2**8191), True), (2**8191, False)):
+        raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+        _one_entry_checkpoint(path, _short_binstring(b"seed"),
+                              b"\x8b" + len(raw).to_bytes(4, "little") + raw)
+        if ok:
+            assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
+        else:
+            with pytest.raises(tw.UnsupportedError, match="8192 bits"):
+                pytorch.load_numpy(str(path))
 
 
 def test_python2_builtins_are_refused_by_their_python3_names(tmp_path):

@@ -130,6 +130,7 @@ pub fn value_to_json(v: &Value) -> serde_json::Value {
                 J::String(i.to_string())
             }
         }
+        Value::BigInt(i) => J::String(i.to_string()),
         Value::Float(x) => serde_json::Number::from_f64(*x).map_or_else(
             || {
                 J::String(if x.is_nan() {

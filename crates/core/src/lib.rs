@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod atomic;
+mod bigint;
 mod bytes;
 pub mod copy;
 mod dtype;
@@ -29,6 +30,7 @@ pub use crate::atomic::{
     check_replaceable, create_temporary, keep_temporaries_for_signal_handlers,
     remove_temporaries_before_exit, remove_temporary, replace_with_temporary, write_destination,
 };
+pub use crate::bigint::{BigInt, MAX_BIG_INT_BYTES, MAX_BIG_INT_DIGITS};
 pub use crate::bytes::{AlignedBuf, Bytes, Owner};
 pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};

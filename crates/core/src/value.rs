@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::BigInt;
+
 /// A metadata value: what `.zt` attributes (CBOR), GGUF key-values and the scalars of a
 /// PyTorch state dict have in common.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,6 +14,9 @@ pub enum Value {
     Bool(bool),
     /// An integer (wide enough for CBOR's full -2^64..2^64 range).
     Int(i128),
+    /// An integer outside `i128` (a pickled Python int can be any width); never one
+    /// that fits [`Value::Int`].
+    BigInt(BigInt),
     /// A floating-point number.
     Float(f64),
     /// A UTF-8 string.
@@ -56,6 +61,7 @@ impl fmt::Display for Value {
             Value::Null => f.write_str("null"),
             Value::Bool(b) => write!(f, "{b}"),
             Value::Int(i) => write!(f, "{i}"),
+            Value::BigInt(i) => write!(f, "{i}"),
             Value::Float(x) => {
                 let mut text = String::new();
                 push_python_float(&mut text, *x);

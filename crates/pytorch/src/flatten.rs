@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tensorwire_core::{Error, NameSet, Result, Value};
 
-use crate::pickle::{wide_int_value, Arena, DictKind, Id, Obj};
+use crate::pickle::{int_value, Arena, DictKind, Id, Obj};
 use crate::sparse::{SparseLayout, SparseTensor};
 use crate::tensor::{MetaTensor, Quantization, TensorRecord};
 
@@ -332,7 +332,10 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
             let _ = write!(out, "{n}");
         }
         Obj::WideInt(b) => {
-            let _ = write!(out, "{}", wide_int_value(b));
+            // Refused before its text is written: at most 2.5 digits per byte.
+            let most = (out.len() + b.len() * 5 / 2 + 2) as u64;
+            Error::check_limit("dict key text, in bytes", most, MAX_KEY_BYTES)?;
+            let _ = write!(out, "{}", int_value(b)?);
         }
         Obj::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
         Obj::None => out.push_str("None"),
@@ -849,7 +852,10 @@ impl<'a> Walker<'a> {
             Obj::None => Value::Null,
             Obj::Bool(b) => Value::Bool(*b),
             Obj::Int(n) => Value::Int((*n).into()),
-            Obj::WideInt(b) => Value::Int(wide_int_value(b)),
+            Obj::WideInt(b) => {
+                self.copy(&**b)?;
+                int_value(b)?
+            }
             Obj::Float(f) => Value::Float(*f),
             Obj::Complex(re, im) => {
                 let mut text = String::new();

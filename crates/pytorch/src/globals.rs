@@ -9,7 +9,7 @@
 
 use tensorwire_core::{DType, Error, Result};
 
-use crate::pickle::{wide_int_value, Arena, DictKind, Id, Obj};
+use crate::pickle::{int_value, Arena, DictKind, Id, Obj};
 use crate::sparse::SparseTensor;
 use crate::tensor::{
     MetaTensor, Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType,
@@ -944,7 +944,7 @@ pub fn call(arena: &Arena, callable: Id, args: Id, offset: u64) -> Result<Obj> {
                 Ok(match arena.get(id) {
                     Obj::Bool(b) => (f64::from(u8::from(*b)), None),
                     Obj::Int(n) => (*n as f64, None),
-                    Obj::WideInt(b) => (wide_int_value(b) as f64, None),
+                    Obj::WideInt(b) => (wide_int_f64(b, what, offset)?, None),
                     Obj::Float(f) => (*f, None),
                     Obj::Complex(re, im) => (*re, Some(*im)),
                     Obj::Str(_) => {
@@ -1187,6 +1187,20 @@ pub fn build(arena: &Arena, target: Id, state: Id, offset: u64) -> Result<Option
             offset,
             format!("pickle: BUILD on a {}", other.kind()),
         )),
+    }
+}
+
+/// An [`Obj::WideInt`] as Python's `float(int)` gives it: the nearest float (ties to
+/// even); an integer past the largest float is refused, as Python's `OverflowError`.
+fn wide_int_f64(bytes: &[u8], what: &str, offset: u64) -> Result<f64> {
+    match int_value(bytes)? {
+        tensorwire_core::Value::Int(v) => Ok(v as f64),
+        // Rust's float parsing rounds the decimal text exactly.
+        tensorwire_core::Value::BigInt(v) => match v.to_string().parse::<f64>() {
+            Ok(f) if f.is_finite() => Ok(f),
+            _ => Err(bad_args(what, offset, "int too large to convert to float")),
+        },
+        other => unreachable!("an integer's value is an int: {other:?}"),
     }
 }
 

@@ -9,10 +9,9 @@
 //! is checked against [`PickleLimits`] before anything is allocated.
 
 use std::collections::HashMap;
-use std::num::IntErrorKind;
 use std::sync::Arc;
 
-use tensorwire_core::{Error, NameMap, Result};
+use tensorwire_core::{BigInt, Error, NameMap, Result, Value};
 
 use crate::globals::{self, Global};
 use crate::sparse::SparseTensor;
@@ -579,14 +578,10 @@ impl IntCache {
     }
 }
 
-/// The value of an [`Obj::WideInt`]'s bytes (at most 16, little-endian two's
-/// complement).
-pub(crate) fn wide_int_value(bytes: &[u8]) -> i128 {
-    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
-    let mut buf = [if negative { 0xff } else { 0 }; 16];
-    let n = bytes.len().min(16);
-    buf[..n].copy_from_slice(&bytes[..n]);
-    i128::from_le_bytes(buf)
+/// The value of an [`Obj::WideInt`]'s bytes: a [`Value::Int`] up to 16 bytes, a
+/// [`Value::BigInt`] past them.
+pub(crate) fn int_value(bytes: &[u8]) -> Result<Value> {
+    BigInt::value_from_le_bytes(bytes)
 }
 
 fn malformed(offset: u64, reason: impl Into<String>) -> Error {
@@ -684,7 +679,7 @@ impl Machine<'_> {
     }
 
     /// A little-endian two's complement integer of `bytes.len()` bytes.
-    fn long(&mut self, bytes: &[u8], at: u64) -> Result<()> {
+    fn long(&mut self, bytes: &[u8]) -> Result<()> {
         if bytes.len() <= 8 {
             let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
             let mut buf = [if negative { 0xff } else { 0 }; 8];
@@ -698,13 +693,12 @@ impl Machine<'_> {
         if high.iter().all(|&b| b == sign) {
             return self.int(low_v);
         }
-        if bytes.len() > 16 {
-            return Err(Error::unsupported(format!(
-                "pickle integer of {} bytes at offset {at} (integers wider than 128 bits are refused)",
-                bytes.len()
-            )));
+        // Any width Python's int has, up to a limit: the bytes kept in shortest form.
+        match BigInt::value_from_le_bytes(bytes)? {
+            Value::Int(v) => self.push_new(Obj::WideInt(wide_int_bytes(v))),
+            Value::BigInt(v) => self.push_new(Obj::WideInt(v.to_le_bytes().into())),
+            other => unreachable!("an integer's value is an int: {other:?}"),
         }
-        self.push_new(Obj::WideInt(bytes.into()))
     }
 
     fn text_int(&mut self, line: &[u8], at: u64) -> Result<()> {
@@ -718,21 +712,13 @@ impl Machine<'_> {
         if let Ok(v) = text.parse::<i64>() {
             return self.int(v);
         }
-        // Past 64 bits, as LONG1 holds them (up to 128).
-        match text.parse::<i128>() {
-            Ok(v) => self.push_new(Obj::WideInt(wide_int_bytes(v))),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    IntErrorKind::PosOverflow | IntErrorKind::NegOverflow
-                ) =>
-            {
-                Err(Error::unsupported(format!(
-                    "pickle integer `{text}` at offset {at} (integers wider than 128 bits are \
-                     refused)"
-                )))
-            }
-            Err(_) => Err(Error::unsupported(format!(
+        // Past 64 bits, as LONG1 holds them.
+        match BigInt::value_from_decimal(text) {
+            Some(Ok(Value::Int(v))) => self.push_new(Obj::WideInt(wide_int_bytes(v))),
+            Some(Ok(Value::BigInt(v))) => self.push_new(Obj::WideInt(v.to_le_bytes().into())),
+            Some(Ok(other)) => unreachable!("an integer's value is an int: {other:?}"),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::unsupported(format!(
                 "pickle integer `{text}` at offset {at} (not a decimal integer)"
             ))),
         }
@@ -789,7 +775,7 @@ impl Machine<'_> {
                 0x8a => {
                     let n = self.input.u8()?;
                     let bytes = self.input.take(n.into())?;
-                    self.long(bytes, at)?;
+                    self.long(bytes)?;
                 }
                 0x8b => {
                     let n = self.input.i32()?;
@@ -797,7 +783,7 @@ impl Machine<'_> {
                         return Err(malformed(at, "negative LONG4 length"));
                     }
                     let bytes = self.input.payload(n as u64)?;
-                    self.long(bytes, at)?;
+                    self.long(bytes)?;
                 }
                 // Floats.
                 b'G' => {
@@ -1344,40 +1330,69 @@ mod tests {
     }
 
     #[test]
-    fn text_integers_past_64_bits_are_values_up_to_128() {
+    fn integers_past_64_bits_are_values_of_any_width_up_to_the_limit() {
         // Protocols 0 and 1 write them as `I`/`L` lines: 2**64 + 1, -2**70, 2**127 - 1,
-        // -2**127, as LONG1 holds them.
+        // -2**127, 2**127 (a numpy PCG64 state can be this large), -2**127 - 1, 2**200.
         let u = run(b"(L18446744073709551617L\nI-1180591620717411303424\n\
               L170141183460469231731687303715884105727L\n\
-              L-170141183460469231731687303715884105728L\nt.")
+              L-170141183460469231731687303715884105728L\n\
+              L170141183460469231731687303715884105728L\n\
+              I-170141183460469231731687303715884105729\n\
+              I1606938044258990275541962092341162602522202993782792835301376\nt.")
         .unwrap();
-        let got: Vec<i128> = items_of(&u)
+        let got: Vec<String> = items_of(&u)
             .iter()
             .map(|o| match o {
                 Obj::WideInt(b) => {
-                    assert!((9..=16).contains(&b.len()), "{b:?}");
-                    wide_int_value(b)
+                    assert!(b.len() >= 9, "{b:?}");
+                    int_value(b).unwrap().to_string()
                 }
                 other => panic!("{other:?}"),
             })
             .collect();
         assert_eq!(
             got,
-            [(1i128 << 64) + 1, -(1i128 << 70), i128::MAX, i128::MIN]
+            [
+                ((1i128 << 64) + 1).to_string(),
+                (-(1i128 << 70)).to_string(),
+                i128::MAX.to_string(),
+                i128::MIN.to_string(),
+                "170141183460469231731687303715884105728".into(),
+                "-170141183460469231731687303715884105729".into(),
+                "1606938044258990275541962092341162602522202993782792835301376".into(),
+            ]
         );
-        // LONG1 gives an equal object.
+        let Obj::WideInt(two_127) = &items_of(&u)[4] else {
+            panic!("not a wide int")
+        };
+        assert!(matches!(int_value(two_127), Ok(Value::BigInt(_))));
+        // LONG1 gives an equal object, in the text's shortest form; so does LONG4 with
+        // sign bytes to spare.
         let long1 = run(b"\x80\x02\x8a\x09\x01\x00\x00\x00\x00\x00\x00\x00\x01.").unwrap();
         let text = run(b"L18446744073709551617L\n.").unwrap();
         assert_eq!(long1.arena.get(long1.root), text.arena.get(text.root));
-        // Wider, as the binary path: Unsupported.
-        for line in [
-            &b"L170141183460469231731687303715884105728L\n."[..],
-            b"I-170141183460469231731687303715884105729\n.",
-            b"I1606938044258990275541962092341162602522202993782792835301376\n.",
-        ] {
-            let err = run(line).unwrap_err();
+        let mut padded = b"\x80\x02\x8b\x40\x00\x00\x00".to_vec();
+        padded.extend([1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        padded.extend([0; 64 - 9]);
+        padded.push(b'.');
+        let padded = run(&padded).unwrap();
+        assert_eq!(padded.arena.get(padded.root), text.arena.get(text.root));
+        // 2**127 as LONG1: 17 bytes, as Python writes it.
+        let mut long1 = b"\x80\x02\x8a\x11".to_vec();
+        long1.extend([0; 15]);
+        long1.extend([0x80, 0, b'.']);
+        let long1 = run(&long1).unwrap();
+        let text = run(b"L170141183460469231731687303715884105728L\n.").unwrap();
+        assert_eq!(long1.arena.get(long1.root), text.arena.get(text.root));
+        // Past the limit (1024 bytes; 2466 digits): refused, before any arithmetic.
+        let mut wide = b"\x80\x02\x8b\x01\x04\x00\x00".to_vec();
+        wide.extend([0x11; 0x401]);
+        wide.push(b'.');
+        let digits = format!("L{}L\n.", "7".repeat(2467));
+        for pickle in [&wide[..], digits.as_bytes()] {
+            let err = run(pickle).unwrap_err();
             assert!(
-                matches!(err, Error::Unsupported { .. }) && err.to_string().contains("128 bits"),
+                matches!(err, Error::Unsupported { .. }) && err.to_string().contains("8192 bits"),
                 "{err}"
             );
         }
@@ -1432,11 +1447,6 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_represent() {
-        // A 17-byte LONG1.
-        let mut data = b"\x80\x02\x8a\x11".to_vec();
-        data.extend([1u8; 17]);
-        data.push(b'.');
-        assert!(matches!(run(&data), Err(Error::Unsupported { .. })));
         // EXT1, NEXT_BUFFER.
         assert!(matches!(
             run(b"\x80\x02\x82\x01."),

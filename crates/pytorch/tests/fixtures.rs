@@ -81,10 +81,13 @@ fn value_matches(value: &Value, json: &Json) -> bool {
         (Value::Int(a), Json::Number(n)) => match (n.as_i64(), n.as_u64()) {
             (Some(i), _) => i128::from(i) == *a,
             (_, Some(u)) => i128::from(u) == *a,
-            // Past 64 bits serde_json has only the f64: the fixtures' wide ints are
-            // powers of two, which an f64 holds exactly.
-            _ => (*a as f64) as i128 == *a && n.as_f64() == Some(*a as f64),
+            // Past 64 bits serde_json has only the nearest f64 (the exact values of
+            // big_ints.pt are checked in `ints_of_any_width_read_exactly`).
+            _ => n.as_f64() == Some(*a as f64),
         },
+        (Value::BigInt(a), Json::Number(n)) => {
+            n.as_i64().is_none() && n.as_u64().is_none() && n.as_f64() == a.to_string().parse().ok()
+        }
         (Value::Float(a), Json::Number(n)) => n.as_f64() == Some(*a),
         (Value::Str(a), Json::String(b)) => a == b,
         (Value::List(a), Json::Array(b)) => {
@@ -701,4 +704,77 @@ fn a_state_dicts_metadata_is_kept() {
         panic!("nested.pt: not a dict")
     };
     assert!(attributes.is_empty());
+}
+
+/// The ints of `big_ints.pt` (and its legacy twin), exactly: a numpy PCG64 state
+/// above 2^127, powers past 128 bits, the edges of `i128`, one as a dict key, and
+/// two of 1 002 bits. Those that fit 128 bits are `Value::Int`, the others
+/// `Value::BigInt`.
+#[test]
+fn ints_of_any_width_read_exactly() {
+    for name in ["big_ints.pt", "big_ints.legacy.pt"] {
+        let reader = PtReader::open(dir().join(name)).unwrap();
+        let attributes = reader.attributes();
+        let text = |v: &Value| v.to_string();
+        let state = attributes["rng"].get("state").unwrap();
+        assert_eq!(
+            text(state.get("state").unwrap()),
+            "207833532711051698738587646355624148094"
+        );
+        assert!(matches!(state.get("inc").unwrap(), Value::BigInt(_)));
+        assert_eq!(
+            text(&attributes["big"]),
+            "1606938044258990275541962092341162602522202993782792835301376"
+        );
+        assert_eq!(
+            text(&attributes["neg"]),
+            "-369988485035126972924700782451696644186473100389722973815184405301748249"
+        );
+        let Value::List(edges) = &attributes["edges"] else {
+            panic!("{name}: edges")
+        };
+        let two_127 = "170141183460469231731687303715884105728";
+        assert_eq!(
+            edges,
+            &[
+                Value::BigInt(big(two_127)),
+                Value::BigInt(big("-170141183460469231731687303715884105729")),
+                Value::Int(i128::MAX),
+                Value::Int(i128::MIN),
+                Value::Int(1 << 64),
+                Value::Int(-(1 << 64) - 1),
+            ]
+        );
+        assert_eq!(
+            attributes["by_key"],
+            Value::Map(vec![(
+                "1361129467683753853853498429727072845824".into(),
+                Value::Str("k".into())
+            )])
+        );
+        let Value::List(kilobit) = &attributes["kilobit"] else {
+            panic!("{name}: kilobit")
+        };
+        for (v, negative) in kilobit.iter().zip([false, true]) {
+            let Value::BigInt(b) = v else {
+                panic!("{name}: {v:?}")
+            };
+            assert_eq!((b.to_le_bytes().len(), b.is_negative()), (126, negative));
+        }
+        // 2**1000 + 1 and -(2**1000) - 1
+        let two_1000 = "1071508607186267320948425049060001810561404811705533607443750388370351\
+             0511249361224931983788156958581275946729175531468251871452856923140435\
+             9845775746985748039345677748242309854210746050623711418779541821530464\
+             7498358194126739876755916554394607706291457119647768654216766042983165\
+             2624386837205668069377";
+        assert_eq!(kilobit[0].to_string(), two_1000);
+        assert_eq!(kilobit[1].to_string(), format!("-{two_1000}"));
+    }
+}
+
+fn big(text: &str) -> tensorwire_core::BigInt {
+    match tensorwire_core::BigInt::value_from_decimal(text) {
+        Some(Ok(Value::BigInt(b))) => b,
+        other => panic!("{text}: {other:?}"),
+    }
 }

@@ -53,6 +53,7 @@ fn tagged(v: &Value) -> Json {
         Value::Null => json!(["null"]),
         Value::Bool(b) => json!(["bool", b]),
         Value::Int(i) => json!(["int", i.to_string()]),
+        Value::BigInt(i) => json!(["int", i.to_string()]),
         Value::Float(x) => json!(["float", format!("{:016x}", x.to_bits())]),
         Value::Str(s) => json!(["str", s]),
         Value::Bytes(b) => json!(["bytes", hex(b)]),

@@ -470,6 +470,7 @@ fn value_into(v: &Value, out: &mut Vec<u8>) -> Result<()> {
                 return Err(crate::manifest::int_outside_cbor(*i));
             }
         }
+        Value::BigInt(i) => return Err(crate::manifest::int_outside_cbor(i)),
         Value::Float(x) => float(*x, out),
         Value::Str(s) => text(s, out),
         Value::Bytes(b) => {

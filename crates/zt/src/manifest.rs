@@ -226,11 +226,11 @@ fn read_attributes(d: &mut Decoder<'_>, ctx: &Ctx<'_>) -> Result<Option<BTreeMap
 }
 
 /// The error for an integer CBOR cannot hold (outside [-2^64, 2^64)).
-pub(crate) fn int_outside_cbor(i: i128) -> Error {
+pub(crate) fn int_outside_cbor(i: impl std::fmt::Display) -> Error {
     Error::invalid(outside_cbor_reason(i))
 }
 
-fn outside_cbor_reason(i: i128) -> String {
+fn outside_cbor_reason(i: impl std::fmt::Display) -> String {
     format!(
         "integer {i} is outside CBOR's 64-bit integers (ztensor rounds such a value to a float); store it as a float or a string"
     )
@@ -240,9 +240,10 @@ fn outside_cbor_reason(i: i128) -> String {
 /// so a writer refuses such an attribute when it is given, not when the manifest is
 /// written. The error names the attribute.
 pub(crate) fn check_cbor_ints(key: &str, v: &Value) -> Result<()> {
-    fn first_outside(v: &Value) -> Option<i128> {
+    fn first_outside(v: &Value) -> Option<String> {
         match v {
-            Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(i) => Some(*i),
+            Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(i) => Some(i.to_string()),
+            Value::BigInt(i) => Some(i.to_string()),
             Value::List(items) => items.iter().find_map(first_outside),
             Value::Map(entries) => entries.iter().find_map(|(_, v)| first_outside(v)),
             _ => None,
@@ -265,6 +266,7 @@ pub(crate) fn value_to_cbor(v: &Value) -> Result<Cbor> {
         Value::Int(i) => {
             Cbor::Integer(ciborium::value::Integer::try_from(*i).map_err(|_| int_outside_cbor(*i))?)
         }
+        Value::BigInt(i) => return Err(int_outside_cbor(i)),
         Value::Float(f) => Cbor::Float(*f),
         Value::Str(s) => Cbor::Text(s.clone()),
         Value::Bytes(b) => Cbor::Bytes(b.clone()),
