@@ -106,7 +106,13 @@ pub fn convert_source(
         ZtVersion::V1
     };
     let mut writer = ZtWriter::create_with_version(dst, version)?;
-    writer.set_attributes(source.attributes().clone())?;
+    writer.set_attributes(
+        source
+            .attributes()
+            .iter()
+            .map(|(k, v)| (k.clone(), cbor_storable(v.clone())))
+            .collect(),
+    )?;
     // Write in file order so the source is read sequentially.
     let mut order: Vec<usize> = (0..source.tensors().len()).collect();
     order.sort_by_key(|&at| source.read_order(at));
@@ -290,6 +296,27 @@ fn f4_as_torch_pairs(
         zt.component(&info.name, "data")?,
         attributes,
     ))
+}
+
+/// `value` as a `.zt` file's CBOR can hold it: an integer outside CBOR's
+/// [-2^64, 2^64) (a checkpoint's Python int, such as a numpy PCG64 generator's
+/// 128-bit state) becomes its decimal text, as the flat view already writes the
+/// Python values CBOR lacks (complex numbers, devices) as text; everything else as it
+/// is. (ztensor writes such an int as the nearest float; a `Writer` given one refuses
+/// it, leaving the choice to its caller.)
+fn cbor_storable(value: Value) -> Value {
+    match value {
+        Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(&i) => Value::Str(i.to_string()),
+        Value::BigInt(i) => Value::Str(i.to_string()),
+        Value::List(items) => Value::List(items.into_iter().map(cbor_storable).collect()),
+        Value::Map(entries) => Value::Map(
+            entries
+                .into_iter()
+                .map(|(k, v)| (k, cbor_storable(v)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 /// A `.zt` source as safetensors output sees it: a dense tensor whose logical type is
