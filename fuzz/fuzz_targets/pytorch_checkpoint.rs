@@ -2,7 +2,8 @@
 //! reads every tensor through every path: `info`, `record`, `view`, `strided`, its
 //! whole storage (`storage_bytes`), each record's CRC (`check_record_at`), `verify` and
 //! the nested object (`structure`);
-//! meta tensors (no data) must not be listed or viewable.
+//! meta tensors (no data) must not be listed or viewable; an int past 128 bits in the
+//! metadata must read back from its decimal text as the same value.
 //! Any call may return an error; none may panic, hang or allocate beyond the small
 //! limits below. Opening with the metadata read positionally (as `tensorwire::open`
 //! does) must give the same tensors as opening the image alone.
@@ -11,7 +12,7 @@
 mod record_checks;
 
 use libfuzzer_sys::fuzz_target;
-use tensorwire_core::{Limits, TensorSource};
+use tensorwire_core::{BigInt, Limits, TensorSource, Value};
 use tensorwire_pytorch::{Input, PtReader};
 
 fn limits() -> Limits {
@@ -40,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = reader.format();
     let _ = reader.pt_format();
     let _ = reader.is_little_endian();
-    let _ = reader.attributes().len();
+    reader.attributes().values().for_each(check_ints);
 
     let names: Vec<_> = reader.tensors().iter().map(|t| t.name.clone()).collect();
     for name in &names {
@@ -163,3 +164,21 @@ fuzz_target!(|data: &[u8]| {
         );
     }
 });
+
+/// Every `Value::BigInt` in `value` must be the value its decimal text reads as, and
+/// never one that fits `Value::Int`.
+fn check_ints(value: &Value) {
+    match value {
+        Value::BigInt(b) => {
+            let text = b.to_string();
+            match BigInt::value_from_decimal(&text) {
+                Some(Ok(again)) => assert_eq!(&again, value, "{text} reads back otherwise"),
+                other => panic!("{text} does not read back: {other:?}"),
+            }
+            assert!(b.to_le_bytes().len() > 16, "{text} fits 128 bits");
+        }
+        Value::List(items) => items.iter().for_each(check_ints),
+        Value::Map(entries) => entries.iter().for_each(|(_, v)| check_ints(v)),
+        _ => {}
+    }
+}
