@@ -76,7 +76,8 @@ fn main() -> ExitCode {
             if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {}", chain_message(&err));
+            // Error messages quote names from the file: escaped like the tables.
+            eprintln!("error: {}", output::escape_controls(&chain_message(&err)));
             ExitCode::from(exit_code(&err))
         }
     }

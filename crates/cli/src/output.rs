@@ -40,12 +40,11 @@ pub fn gb_per_s(bytes: u64, elapsed: Duration) -> String {
     format!("{:.2} GB/s", bytes as f64 / secs / 1e9)
 }
 
-/// A name made safe for one table cell: control characters escaped, and cut in the
-/// middle with `…` when wider than `max` columns (the end of a tensor name is usually
-/// the informative part, so both ends are kept).
-pub fn table_cell(name: &str, max: usize) -> String {
-    let clean: String = name
-        .chars()
+/// `text` with its control characters escaped (`\r`, `\u{1b}`): text a file supplies
+/// (a tensor name, also inside an error message) cannot move the cursor, clear the
+/// line or hide what follows on a terminal.
+pub fn escape_controls(text: &str) -> String {
+    text.chars()
         .flat_map(|c| {
             let escaped: Vec<char> = if c.is_control() {
                 c.escape_default().collect()
@@ -54,7 +53,14 @@ pub fn table_cell(name: &str, max: usize) -> String {
             };
             escaped
         })
-        .collect();
+        .collect()
+}
+
+/// A name made safe for one table cell: control characters escaped, and cut in the
+/// middle with `…` when wider than `max` columns (the end of a tensor name is usually
+/// the informative part, so both ends are kept).
+pub fn table_cell(name: &str, max: usize) -> String {
+    let clean = escape_controls(name);
     if width(&clean) <= max || max < 3 {
         return clean;
     }

@@ -526,6 +526,38 @@ fn verify_fails_on_a_flipped_byte_in_a_checksummed_blob() {
 }
 
 #[test]
+fn error_messages_escape_control_characters_from_the_file() {
+    // A tensor name that would rewrite the terminal line to a success message.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evil.zt");
+    let name = "w\r\x1b[2Kok: 1 tensor, 1 digest checked\x1b[8m";
+    let mut w = ZtWriter::create(&path).unwrap();
+    let checked = WriteOptions {
+        compression: Compression::Raw,
+        checksum: Checksum::Crc32c,
+    };
+    let data = f32_bytes([1.0, 2.0, 3.0, 4.0]);
+    w.add_dense(
+        name,
+        DType::F32,
+        &Shape::new(vec![4]).unwrap(),
+        &data,
+        checked,
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let (offset, len) = stored_span(&path, name);
+    flip_byte(&path, offset + len / 2);
+
+    let o = tw([OsStr::new("verify"), path.as_os_str()]);
+    assert_exit(&o, 1);
+    let err = stderr(&o);
+    assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
+    assert!(err.contains("w\\r\\u{1b}[2Kok"), "{err:?}");
+    assert!(err.contains("digest mismatch"), "{err:?}");
+}
+
+#[test]
 fn verify_fails_on_an_undecodable_blob_without_digest() {
     let dir = tempfile::tempdir().unwrap();
     let path = sample(dir.path(), Checksum::None);
@@ -810,11 +842,25 @@ fn inspect_fixture(rel: &str) -> (PathBuf, String) {
 /// text; an int past CBOR's range makes `.zt` refuse, naming the value, and leave no
 /// file; safetensors (string metadata) takes it.
 #[test]
-fn checkpoint_values_carry_over_or_name_what_the_format_cannot_hold() {
+fn checkpoint_values_carry_over_as_the_format_can_hold_them() {
     let (src, table) = inspect_fixture("pytorch/torch_values.pt");
     assert!(table.contains("(1+2j)"), "{table}");
     let dir = tempfile::tempdir().unwrap();
-    assert_convert_refused(&src, &dir.path().join("out.zt"), "attribute `offset`");
+    // `offset` = -2**70, past CBOR's integers: its decimal text in `.zt`.
+    let zt = dir.path().join("out.zt");
+    assert_exit(
+        &tw([OsStr::new("convert"), src.as_os_str(), zt.as_os_str()]),
+        0,
+    );
+    let converted = tensorwire::open(&zt).unwrap();
+    assert_eq!(
+        converted.attributes().get("offset"),
+        Some(&Value::Str("-1180591620717411303424".into()))
+    );
+    assert_eq!(
+        converted.attributes().get("seed"),
+        Some(&Value::Int((1 << 64) - 1))
+    );
     let st = dir.path().join("out.safetensors");
     assert_exit(
         &tw([OsStr::new("convert"), src.as_os_str(), st.as_os_str()]),
