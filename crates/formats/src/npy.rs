@@ -227,6 +227,13 @@ impl<'a> Parser<'a> {
     }
 
     fn string(&mut self) -> Result<&'a str> {
+        // Python 3 takes a `u` prefix (`u'<f4'`, which Python 2's repr wrote) as
+        // the same str.
+        if matches!(self.peek(), Some(b'u' | b'U'))
+            && matches!(self.text.get(self.at + 1), Some(b'\'' | b'"'))
+        {
+            self.at += 1;
+        }
         let quote = match self.peek() {
             Some(q @ (b'\'' | b'"')) => q,
             _ => return Err(self.error("expected a string")),
@@ -290,7 +297,7 @@ impl<'a> Parser<'a> {
 
     fn literal(&mut self) -> Result<Literal<'a>> {
         match self.peek() {
-            Some(b'\'' | b'"') => self.string().map(Literal::Str),
+            Some(b'\'' | b'"' | b'u' | b'U') => self.string().map(Literal::Str),
             Some(b'T') if self.text[self.at..].starts_with(b"True") => {
                 self.at += 4;
                 Ok(Literal::Bool(true))
@@ -466,6 +473,39 @@ fn parse_descr(descr: &str) -> Result<(DType, bool)> {
         "f8" => DType::F64,
         "c8" => DType::Complex64,
         "c16" => DType::Complex128,
+        // numpy's one-character codes (`np.dtype("<f")`) for the types whose width
+        // does not depend on the platform (`l`, `L` and `g` do), as a hand-written
+        // or another tool's header may spell them.
+        "?" => DType::Bool,
+        "b" => DType::I8,
+        "B" => DType::U8,
+        "h" => DType::I16,
+        "H" => DType::U16,
+        "i" => DType::I32,
+        "I" => DType::U32,
+        "q" => DType::I64,
+        "Q" => DType::U64,
+        "e" => DType::F16,
+        "f" => DType::F32,
+        "d" => DType::F64,
+        "F" => DType::Complex64,
+        "D" => DType::Complex128,
+        // And numpy's type names, in the machine's byte order (little-endian on every
+        // platform tensorwire builds for).
+        "bool" if descr == code => DType::Bool,
+        "int8" if descr == code => DType::I8,
+        "int16" if descr == code => DType::I16,
+        "int32" if descr == code => DType::I32,
+        "int64" if descr == code => DType::I64,
+        "uint8" if descr == code => DType::U8,
+        "uint16" if descr == code => DType::U16,
+        "uint32" if descr == code => DType::U32,
+        "uint64" if descr == code => DType::U64,
+        "float16" | "half" if descr == code => DType::F16,
+        "float32" | "single" if descr == code => DType::F32,
+        "float64" | "double" if descr == code => DType::F64,
+        "complex64" if descr == code => DType::Complex64,
+        "complex128" if descr == code => DType::Complex128,
         _ => {
             let what = match code.as_bytes().first() {
                 Some(b'O') => "object arrays hold pickled Python objects; refusing to load them",
@@ -1043,6 +1083,41 @@ mod tests {
     fn canonical(text: &str) -> Option<(String, bool, Vec<u64>)> {
         HeaderDict::parse_canonical(text)
             .map(|d| (d.descr.to_owned(), d.fortran_order, d.shape.to_vec()))
+    }
+
+    #[test]
+    fn descr_takes_numpys_character_codes_and_type_names() {
+        for (descr, dtype, big) in [
+            ("<f", DType::F32, false),
+            (">d", DType::F64, true),
+            ("?", DType::Bool, false),
+            ("=B", DType::U8, false),
+            ("h", DType::I16, false),
+            ("<Q", DType::U64, false),
+            ("e", DType::F16, false),
+            ("D", DType::Complex128, false),
+            ("float32", DType::F32, false),
+            ("double", DType::F64, false),
+            ("uint16", DType::U16, false),
+            ("bool", DType::Bool, false),
+            ("complex64", DType::Complex64, false),
+        ] {
+            assert_eq!(parse_descr(descr).unwrap(), (dtype, big), "{descr}");
+        }
+        // A name takes no byte order (numpy refuses `<float32` too); `l`, `L` and
+        // `g` are as wide as the platform makes them.
+        for descr in ["<float32", ">int64", "l", "L", "g", "int", "float", "x"] {
+            assert!(parse_descr(descr).is_err(), "{descr}");
+        }
+        // As numpy reads them, with Python's `u` prefix on the string too.
+        let values = [1.5f32, -2.0];
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for descr in ["'<f'", "'float32'", "u'<f4'", "U\"f\""] {
+            let dict = format!("{{'descr': {descr}, 'fortran_order': False, 'shape': (2,), }}");
+            let r = open(npy(&dict, &data)).unwrap();
+            assert_eq!(r.tensors()[0].dtype, DType::F32, "{descr}");
+            assert_eq!(&*r.view_at(0).unwrap().bytes, &data[..], "{descr}");
+        }
     }
 
     #[test]
