@@ -248,7 +248,14 @@ impl Shared {
         }
         // Blocks and free extents tile the data region exactly.
         let mut all: Vec<(u64, u64)> = blocks;
-        for i in 0..r.get32(h::FREE_COUNT) as usize {
+        let free_count = r.get32(h::FREE_COUNT) as usize;
+        if free_count > l.max_entries + 2 {
+            return bad(format!(
+                "free extent count {free_count} is past the table's {}",
+                l.max_entries + 2
+            ));
+        }
+        for i in 0..free_count {
             let off = l.free_offset + i * 16;
             all.push((r.get64(off), r.get64(off + 8)));
         }

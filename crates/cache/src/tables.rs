@@ -266,10 +266,13 @@ impl Shared {
     /// True when every free extent lies inside the data region.
     fn free_table_in_range(&self) -> bool {
         let end = self.layout.data_size as u64;
-        (0..self.free_count()).all(|i| {
-            let (o, n) = self.extent(i);
-            o.checked_add(n).is_some_and(|stop| stop <= end)
-        })
+        // A count past the table (which `free_count` clamps) is damage too.
+        let count_fits = self.region.get32(h::FREE_COUNT) as usize <= self.layout.max_entries + 2;
+        count_fits
+            && (0..self.free_count()).all(|i| {
+                let (o, n) = self.extent(i);
+                o.checked_add(n).is_some_and(|stop| stop <= end)
+            })
     }
 
     /// Returns a block to the table, merging it with free neighbours.

@@ -387,6 +387,28 @@ fn a_free_table_pointing_outside_the_data_region_is_rebuilt_not_written_through(
 }
 
 #[test]
+fn a_free_extent_count_past_the_table_is_an_error_and_rebuilt() {
+    // The header's free-extent count (offset 132) set far past the table: `check`
+    // once read the table that far (a panic); now it names the count, and the
+    // next put rebuilds the table from the slots, losing no space.
+    let f = cache(256 << 10, Some(16));
+    let c = &f.0;
+    c.put("kept", &[5u8; 1000], None).unwrap();
+    c.put("gone", &[6u8; 1000], None).unwrap();
+    let raw = Segment::open(c.name(), tensorwire_shm::Access::ReadWrite).unwrap();
+    raw_write(&raw, 132, &u32::MAX.to_le_bytes());
+    let err = c.check_consistency().unwrap_err();
+    assert!(err.to_string().contains("free extent count"), "{err}");
+    c.delete("gone").unwrap();
+    c.put("new", &[7u8; 4096], None).unwrap();
+    c.check_consistency().unwrap();
+    assert_eq!(&c.get("kept").unwrap().unwrap()[..], &[5u8; 1000][..]);
+    assert_eq!(&c.get("new").unwrap().unwrap()[..], &[7u8; 4096][..]);
+    let stats = c.stats().unwrap();
+    assert_eq!(stats.used_bytes + stats.free_bytes, stats.data_region_size);
+}
+
+#[test]
 fn bad_segments_and_names_are_refused() {
     let missing = TensorCache::attach("tw_no_such_cache_xyz", CacheOptions::default()).unwrap_err();
     assert!(matches!(missing.root(), Error::Io(_)), "{missing}");

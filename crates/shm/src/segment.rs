@@ -681,9 +681,10 @@ mod tests {
         let name = unique("alias");
         let seg = Segment::create(&name, 8192, &CreateOptions::default()).unwrap();
         let second = Segment::open(&name, Access::ReadWrite).unwrap();
-        let elsewhere = Segment::create(&unique("other"), 8192, &CreateOptions::default());
-        let elsewhere = elsewhere.unwrap();
+        let other = unique("other");
+        let elsewhere = Segment::create(&other, 8192, &CreateOptions::default()).unwrap();
         Segment::unlink(&name).unwrap();
+        Segment::unlink(&other).unwrap();
         // Another mapping of the same object, at another address, is its memory too.
         assert_ne!(seg.as_ptr(), second.as_ptr());
         assert!(seg.shares_memory_with(&second.as_slice()[100..200]));
