@@ -4,6 +4,7 @@ import asyncio
 import io
 import json
 import mmap
+import os
 import pathlib
 import socket
 import struct
@@ -267,6 +268,34 @@ def test_sparse_round_trip(fmt):
     np.testing.assert_array_equal(out.toarray(), dense)
     bundle = packet.loads(packet.dumps({"m": matrix, "x": np.ones(2)}))
     np.testing.assert_array_equal(bundle["m"].toarray(), dense)
+
+
+@pytest.mark.skipif(sparse is None, reason="scipy not installed")
+@pytest.mark.parametrize("fmt", ["coo", "csr", "csc"])
+def test_sparse_matrices_larger_than_the_element_limit_are_written(fmt, tmp_path):
+    """A 10^5 x 10^5 matrix of ten values is small: the element limit is for the
+    parts, not the logical shape (tenso writes it too). Through dumps, shared memory
+    and the cache alike."""
+    from tensorwire.cache import TensorCache
+    from tensorwire.shm import SharedTensor
+
+    m = getattr(sparse, f"{fmt}_matrix")(
+        (np.arange(1.0, 11.0), (np.arange(10) * 9999, np.arange(10))), shape=(100_000, 100_000))
+    assert m.shape[0] * m.shape[1] > packet.MAX_ELEMENTS
+    out = packet.loads(packet.dumps(m))
+    assert out.shape == m.shape and (out != m).nnz == 0
+    name = f"tw_test_sparse_{os.getpid()}"
+    shared = SharedTensor.create_from(name, m)
+    try:
+        assert (shared.get(copy=True) != m).nnz == 0
+    finally:
+        shared.close()
+        shared.unlink()
+    with TensorCache("1MB") as cache:
+        cache.put("m", m)
+        assert (cache.get("m") != m).nnz == 0
+    with pytest.raises(ValueError, match="wire-format limit"):
+        packet.dumps(sparse.csr_matrix((2, 2**32)))
 
 
 @pytest.mark.skipif(sparse is None, reason="scipy not installed")

@@ -138,11 +138,15 @@ _FACTORIES = (
 )
 
 
-def _check_shape(shape) -> None:
+def _check_dims(shape) -> None:
     for d in shape:
         if d > _MAX_DIM:
             raise ValueError(f"Dimension {d} exceeds the wire-format limit of {_MAX_DIM} "
                              "(each dimension is stored as a 32-bit integer)")
+
+
+def _check_shape(shape) -> None:
+    _check_dims(shape)
     count = 1
     for d in shape:
         count *= int(d)
@@ -193,7 +197,10 @@ def _spec(obj: Any, strict: bool, depth: int = 0):
     if isinstance(obj, IpcRef):
         return ("ipcref", obj.handle, obj.byte_offset, obj.nbytes, obj.device_uuid)
     if _is_sparse(obj):
-        _check_shape(obj.shape)
+        # The logical shape of a sparse matrix is not its element count (a 10^5 x 10^5
+        # matrix with ten values is small): only its dimensions are limited, as
+        # tenso limits them; its parts are checked as the dense arrays they are.
+        _check_dims(obj.shape)
         if obj.format == "coo":
             parts = (obj.data, obj.row, obj.col)
         else:
