@@ -309,6 +309,25 @@ def test_stats_keys_clear(cache):
     assert len(cache) == 0 and cache.stats["entries"] == 0
 
 
+def test_tensos_spellings_work(cache):
+    """What code written for tenso passes: its class names, sizes with a bare unit
+    letter, lists and numbers as values (stored as np.asarray gives them), and a
+    device name in any case."""
+    from tensorwire.cache import TensoCache
+    from tensorwire.shm import SharedTensor, TensoShm
+
+    assert TensoCache is TensorCache and TensoShm is SharedTensor
+    assert [_parse_size(s) for s in ("1G", "64M", "512K", "2T", "3 m", "1GiB")] == [
+        1 << 30, 64 << 20, 512 << 10, 2 << 40, 3 << 20, 1 << 30]
+    cache.put("list", [1.0, 2.0, 3.0])
+    cache.put("scalar", 3.5)
+    cache.put("nested", [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(cache.get("list"), np.array([1.0, 2.0, 3.0]))
+    assert cache.get("scalar").shape == () and cache.get("scalar") == 3.5
+    np.testing.assert_array_equal(cache.get("nested"), np.array([[1, 2], [3, 4]]))
+    np.testing.assert_array_equal(cache.get("list", device="NumPy"), [1.0, 2.0, 3.0])
+
+
 def test_bad_input_gives_clear_errors(cache):
     with pytest.raises(ValueError, match="128"):
         cache.put("k" * 129, np.ones(1))

@@ -45,7 +45,7 @@ from . import _native
 from ._reader import _is_torch_tensor
 from .packet import _FACTORIES, QuantizedTensor, _spec
 
-__all__ = ["TensorCache"]
+__all__ = ["TensorCache", "TensoCache"]
 
 # Views inherited through fork stay pinned in the child: before the fork, each cache
 # this process views (through open or closed handles) gets a registry slot for the
@@ -60,12 +60,13 @@ if hasattr(os, "register_at_fork"):
                         after_in_child=_native.child_after_fork)
 
 _UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
+          "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
 
 def _parse_size(size) -> int:
-    """Bytes from an int or a string like ``"256MB"``, ``"1.5 GiB"`` (powers of 1024,
-    as tenso reads them)."""
+    """Bytes from an int or a string like ``"256MB"``, ``"1G"``, ``"1.5 GiB"`` (powers
+    of 1024, as tenso reads them)."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         return int(size)
     if not isinstance(size, str):
@@ -78,7 +79,8 @@ def _parse_size(size) -> int:
 
 def _to_storable(tensor):
     """Arrays and packet values pass through; torch tensors become their CPU numpy
-    arrays (after ``detach``); anything with ``__array__`` becomes an array."""
+    arrays (after ``detach``); anything with ``__array__``, and lists, tuples and
+    numbers, become arrays (``np.asarray``, as tenso stores them)."""
     if isinstance(tensor, (np.ndarray, dict, QuantizedTensor)) or hasattr(tensor, "tocoo"):
         return tensor
     if _is_torch_tensor(tensor):
@@ -91,6 +93,8 @@ def _to_storable(tensor):
             return t.contiguous().view(torch.int16).numpy().view(_bfloat16("store"))
         return t.numpy()
     if hasattr(tensor, "__array__") and not isinstance(tensor, (list, tuple, str)):
+        return np.asarray(tensor)
+    if isinstance(tensor, (list, tuple, int, float, complex)):  # bool is an int
         return np.asarray(tensor)
     return tensor
 
@@ -109,6 +113,7 @@ def _to_device(value, device: str):
     "cupy[:<id>]". The array handed to the framework is a copy (a framework tensor
     must own writable memory)."""
     framework, _, spec = device.partition(":")
+    framework = framework.lower()  # "Torch" too, as tenso reads it
     if framework == "numpy":
         return value
     if not isinstance(value, np.ndarray):
@@ -264,3 +269,8 @@ class TensorCache:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"TensorCache(name={self.name!r}, {state})"
+
+
+#: tenso's name for the same class, so code written for ``tenso.TensoCache`` runs
+#: unchanged after ``from tensorwire.cache import TensoCache``.
+TensoCache = TensorCache

@@ -58,7 +58,7 @@ from typing import Any
 from . import _native
 from .packet import _FACTORIES, _check_alignment, _spec
 
-__all__ = ["SharedTensor", "unlink"]
+__all__ = ["SharedTensor", "TensoShm", "unlink"]
 
 
 def _reopen(name: str, readonly: bool) -> "SharedTensor":
@@ -197,3 +197,7 @@ def unlink(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"name must be str, not {type(name).__name__}")
     _native.ShmSegment.unlink(name)
+
+
+#: tenso's name for the same class (``tenso.TensoShm``).
+TensoShm = SharedTensor
