@@ -94,12 +94,41 @@ pub struct ShmSegment {
     writable: bool,
     /// The mapping; `None` once closed.
     segment: Mutex<Option<Arc<Segment>>>,
-    /// Held for writing while `put` writes and for reading while `get` decodes, so no
-    /// thread of this process reads the bytes through a slice while they change.
-    access: RwLock<()>,
-    /// `put`s waiting for `access`: `get`s stand aside meanwhile, so a reader polling
+    /// The access lock of the segment's memory, shared by every handle of it in this
+    /// process ([`object_access`]).
+    access: Arc<ObjectAccess>,
+}
+
+/// Held for writing while a `put` writes and for reading while a `get` decodes, by
+/// every handle of one shared-memory object in this process (two `SharedTensor`s of
+/// one name share it), so no thread of this process reads the bytes through a slice
+/// while they change.
+#[derive(Default)]
+struct ObjectAccess {
+    lock: RwLock<()>,
+    /// `put`s waiting for `lock`: `get`s stand aside meanwhile, so a reader polling
     /// in a loop cannot keep a writer out.
     writers_waiting: AtomicUsize,
+}
+
+/// The [`ObjectAccess`] of the object `id` (`(st_dev, st_ino)`), made with the first
+/// handle of it and dropped with the last.
+fn object_access(id: (u64, u64)) -> Arc<ObjectAccess> {
+    /// Each object's access while a handle of it is open: `((st_dev, st_ino), access)`.
+    type Registry = Vec<((u64, u64), std::sync::Weak<ObjectAccess>)>;
+    static ALL: Mutex<Registry> = Mutex::new(Vec::new());
+    let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
+    all.retain(|(_, access)| access.strong_count() > 0);
+    if let Some(access) = all
+        .iter()
+        .find(|(at, _)| *at == id)
+        .and_then(|(_, a)| a.upgrade())
+    {
+        return access;
+    }
+    let access = Arc::new(ObjectAccess::default());
+    all.push((id, Arc::downgrade(&access)));
+    access
 }
 
 /// Writes `encoded` at offset 0 of `segment` (the GIL released for large copies);
@@ -110,7 +139,8 @@ pub struct ShmSegment {
 ///
 /// # Safety
 /// No thread of this process may read `segment` through a slice meanwhile: the caller
-/// holds its handle's `access` lock for writing, or owns the only handle.
+/// holds the object's access lock for writing ([`ObjectAccess`]), or owns the only
+/// handle.
 // SAFETY: an `unsafe fn` because only the caller knows that no slice of the map is in
 // use (see `# Safety`).
 unsafe fn write_to(
@@ -282,13 +312,14 @@ fn create_reclaiming(name: &str, size: usize) -> Result<Segment, Error> {
 }
 
 impl ShmSegment {
-    /// This handle's read access (see `access`), standing aside for waiting `put`s.
+    /// Read access to the segment's memory (see [`ObjectAccess`]), standing aside for
+    /// waiting `put`s.
     fn read_access(&self, py: Python<'_>) -> PyResult<std::sync::RwLockReadGuard<'_, ()>> {
         lock_releasing_gil(py, || {
-            if self.writers_waiting.load(Ordering::SeqCst) > 0 {
+            if self.access.writers_waiting.load(Ordering::SeqCst) > 0 {
                 return None;
             }
-            taken(self.access.try_read())
+            taken(self.access.lock.try_read())
         })
     }
 
@@ -297,9 +328,8 @@ impl ShmSegment {
             name: segment.name().unwrap_or_default().to_owned(),
             size: segment.len(),
             writable: segment.access() == Access::ReadWrite,
+            access: object_access(segment.object_id()),
             segment: Mutex::new(Some(Arc::new(segment))),
-            access: RwLock::new(()),
-            writers_waiting: AtomicUsize::new(0),
         }
     }
 
@@ -399,11 +429,14 @@ impl ShmSegment {
         };
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, options)?;
-        self.writers_waiting.fetch_add(1, Ordering::SeqCst);
-        let writing = lock_releasing_gil(py, || taken(self.access.try_write()));
-        self.writers_waiting.fetch_sub(1, Ordering::SeqCst);
+        self.access.writers_waiting.fetch_add(1, Ordering::SeqCst);
+        let writing = lock_releasing_gil(py, || taken(self.access.lock.try_write()));
+        self.access.writers_waiting.fetch_sub(1, Ordering::SeqCst);
         let _writing = writing?;
-        // SAFETY: the write lock keeps this handle's `get` from reading meanwhile.
+        // SAFETY: the object's write lock, which every handle of this segment in this
+        // process shares, keeps their `get`s from reading meanwhile. (Another process
+        // writing while this one reads is the shared-memory contract of the module
+        // docs: it races on values, and `get(copy=True)` decodes a snapshot.)
         unsafe { write_to(&encoded, py, &segment) }.or_raise()
     }
 
@@ -424,7 +457,31 @@ impl ShmSegment {
             })
             .or_raise()?;
         let packet = whole.slice(..len).or_raise()?;
-        decode_value(py, &packet, copy, factories)
+        if !copy {
+            return decode_value(py, &packet, false, factories);
+        }
+        // A copy is decoded from a snapshot of the packet, taken in one pass and
+        // checked afterwards: its magic (which a `put` clears first and writes last)
+        // still there with the same length, and its integrity hash, when it has one,
+        // over the snapshot itself. So a `put` from another process during the copy
+        // gives `BadMagicError` or `ChecksumError` (retry), not arrays mixing the old
+        // packet with the new one (a `put` completed whole within the copy, of the
+        // same length and without integrity, can still go unseen).
+        let snapshot = arrays::maybe_detach(py, len, || {
+            tensorwire::core::AlignedBuf::copy_from(packet.as_slice())
+        })
+        .or_raise()?
+        .into_bytes();
+        let again = framed_length_after_magic(whole.as_slice())?;
+        if again != len as u64 {
+            return Err(Error::BadMagic {
+                offset: 0,
+                expected: "the packet a get began to read (a put replaced it meanwhile: retry)",
+                found: whole.as_slice()[..MAGIC.len().min(whole.len())].to_vec(),
+            })
+            .or_raise();
+        }
+        decode_value(py, &snapshot, true, factories)
     }
 
     /// The length of the packet at offset 0.

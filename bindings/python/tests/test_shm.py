@@ -430,6 +430,44 @@ def _python(code, *args):
     return done.stdout
 
 
+def test_a_copy_taken_while_another_process_puts_is_never_torn(name):
+    """A writer process alternates two 4 MiB packets (all zeros, all 0xFF, with
+    integrity hashes) while this one takes copies: each copy is one packet whole, or
+    BadMagicError / ChecksumError (retry). Copies were decoded from the segment
+    itself, so a put that began meanwhile could tear them with no error."""
+    n = 4 << 20
+    st = SharedTensor.create_from(name, np.zeros(n, np.uint8), check_integrity=True)
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        import numpy as np
+        from tensorwire.shm import SharedTensor
+        st = SharedTensor(sys.argv[1])
+        a, b = np.zeros(%d, np.uint8), np.full(%d, 255, np.uint8)
+        end = time.monotonic() + 2.0
+        i = 0
+        while time.monotonic() < end:
+            st.put(a if i %% 2 else b, check_integrity=True)
+            i += 1
+            time.sleep(0.002)
+    """ % (n, n)), name], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        whole = retried = 0
+        while writer.poll() is None:
+            try:
+                got = st.get(copy=True)
+            except (tensorwire.BadMagicError, tensorwire.ChecksumError):
+                retried += 1
+                continue
+            assert got.min() == got.max(), "a copy mixes two packets"
+            whole += 1
+        assert writer.returncode == 0
+        assert whole > 0
+    finally:
+        writer.kill()
+        writer.wait()
+        st.close()
+
+
 def test_child_process_writes_parent_reads(name):
     _python("""
         import sys

@@ -37,11 +37,15 @@ As with tenso, nothing coordinates a writer and the readers of one segment: a
 :meth:`put` while another process holds views of the segment changes what they see.
 Use one segment per message, or a protocol of your own, when that matters. A packet
 is written with its magic bytes last (and a :meth:`put` first clears the old ones),
-so a reader that looks while it is being written gets ``BadMagicError`` — retry —
-never a valid header over a half-written body. Within one process, a ``get`` and a
-``put`` on the same handle do not overlap (a ``put`` waits for running ``get`` calls,
-and new ones wait for it); separate handles, like separate processes, are not
-coordinated beyond that ordering.
+so a reader that looks while it is being written gets ``BadMagicError`` — retry.
+``get(copy=True)`` decodes a snapshot of the packet and checks it after taking it
+(the magic still there, and the integrity hash over the snapshot when the packet has
+one), so a :meth:`put` from another process during the copy is ``BadMagicError`` or
+``ChecksumError`` too, not arrays mixing two packets (without an integrity hash, a
+put begun and finished within the copy can still go unseen). Zero-copy views
+(``copy=False``) see what is written later, as with tenso. Within one process, every
+handle of one segment shares one lock: a ``get`` and a ``put`` do not overlap (a
+``put`` waits for running ``get`` calls, and new ones wait for it).
 
 A segment pickles by name (for ``multiprocessing`` workers): unpickling opens it
 again in the receiving process, read-only if it was mapped read-only here.
