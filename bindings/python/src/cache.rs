@@ -16,7 +16,6 @@ use tensorwire::cache::{CacheOptions, PutStage, TensorCache};
 use tensorwire::packet::EncodeOptions;
 use tensorwire::Error;
 
-use crate::arrays;
 use crate::errors::ResultExt;
 use crate::packet::{decode_value, encode_spec, Held};
 
@@ -147,10 +146,10 @@ impl CacheHandle {
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, EncodeOptions::default())?;
         let len = encoded.len();
-        arrays::maybe_detach(py, len, || {
-            cache.put_with(key, len, ttl, |block| encoded.write_into(block))
-        })
-        .or_raise()
+        // Without the GIL, small values too: the pool lock may be held by another
+        // process (a large put writes under it), and other threads must run meanwhile.
+        py.detach(|| cache.put_with(key, len, ttl, |block| encoded.write_into(block)))
+            .or_raise()
     }
 
     /// The decoded value under `key` (zero-copy unless `copy`), or None.
@@ -162,25 +161,28 @@ impl CacheHandle {
         factories: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let cache = self.cache()?;
-        match cache.get(key).or_raise()? {
+        match py.detach(|| cache.get(key)).or_raise()? {
             Some(bytes) => decode_value(py, &bytes, copy, factories).map(Some),
             None => Ok(None),
         }
     }
 
     /// Removes `key`.
-    fn delete(&self, key: &str) -> PyResult<bool> {
-        self.cache()?.delete(key).or_raise()
+    fn delete(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        let cache = self.cache()?;
+        py.detach(|| cache.delete(key)).or_raise()
     }
 
     /// True when `key` is live.
-    fn contains(&self, key: &str) -> PyResult<bool> {
-        self.cache()?.contains(key).or_raise()
+    fn contains(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        let cache = self.cache()?;
+        py.detach(|| cache.contains(key)).or_raise()
     }
 
     /// `info(key)` as tenso reports it, or None.
     fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(info) = self.cache()?.info(key).or_raise()? else {
+        let cache = self.cache()?;
+        let Some(info) = py.detach(|| cache.info(key)).or_raise()? else {
             return Ok(None);
         };
         let packet = py.import("tensorwire.packet")?;
@@ -207,23 +209,27 @@ impl CacheHandle {
     }
 
     /// Number of live keys.
-    fn __len__(&self) -> PyResult<usize> {
-        self.cache()?.len().or_raise()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        let cache = self.cache()?;
+        py.detach(|| cache.len()).or_raise()
     }
 
     /// The live keys, most recently used first.
-    fn keys(&self) -> PyResult<Vec<String>> {
-        self.cache()?.keys().or_raise()
+    fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let cache = self.cache()?;
+        py.detach(|| cache.keys()).or_raise()
     }
 
     /// Removes every entry.
-    fn clear(&self) -> PyResult<()> {
-        self.cache()?.clear().or_raise()
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        let cache = self.cache()?;
+        py.detach(|| cache.clear()).or_raise()
     }
 
     /// Counters and occupancy.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.cache()?.stats().or_raise()?;
+        let cache = self.cache()?;
+        let s = py.detach(|| cache.stats()).or_raise()?;
         let out = PyDict::new(py);
         for (k, v) in [
             ("entries", s.entries),
@@ -251,8 +257,9 @@ impl CacheHandle {
     }
 
     /// Verifies the internal structures.
-    fn check(&self) -> PyResult<()> {
-        self.cache()?.check_consistency().or_raise()
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        let cache = self.cache()?;
+        py.detach(|| cache.check_consistency()).or_raise()
     }
 
     /// Detaches this handle (views already taken keep the mapping).

@@ -510,6 +510,44 @@ def test_writer_killed_mid_put_leaves_the_cache_consistent(cache, stage):
         assert cache.stats["recoveries"] >= 1
 
 
+def test_waiting_for_the_pool_lock_lets_other_threads_run():
+    """Another process holds the pool's lock (stopped mid-put): a get waits for it up
+    to lock_timeout without the GIL, so this process's other threads keep running
+    (they stopped for the whole wait)."""
+    import threading
+
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with TensorCache("1MB", name=name, lock_timeout=1.0) as cache:
+        child = run_child("""
+            import sys, numpy as np
+            from tensorwire.cache import TensorCache
+            c = TensorCache(name=sys.argv[1], create=False, _pause_at="reserved")
+            c.put("x", np.ones(10))
+        """, name)
+        try:
+            line = child.stderr.readline()
+            assert "paused at" in line, line + child.stderr.read()
+            ticks, waiting = [], threading.Event()
+
+            def tick():
+                while not waiting.is_set():
+                    ticks.append(time.monotonic())
+                    time.sleep(0.01)
+
+            ticker = threading.Thread(target=tick)
+            ticker.start()
+            try:
+                with pytest.raises(TimeoutError):
+                    cache.get("x")
+            finally:
+                waiting.set()
+                ticker.join()
+            assert len(ticks) > 10 and max(np.diff(ticks)) < 0.5, max(np.diff(ticks))
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+
+
 def test_a_dead_readers_pins_are_reclaimed_before_healthy_entries_are_evicted():
     """A reader killed while holding views leaves their blocks retired once the keys
     are overwritten; the next put short of room reclaims them first, instead of
