@@ -72,8 +72,7 @@ impl CacheHandle {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .ok_or_else(|| Error::invalid(format!("cache {:?} is closed", self.name)))
-            .or_raise()
+            .ok_or_else(|| crate::errors::closed_error(&format!("cache {:?}", self.name)))
     }
 }
 

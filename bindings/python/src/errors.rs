@@ -4,6 +4,8 @@
 //! TensorwireError(Exception)
 //! ├── TensorNotFoundError(TensorwireError, KeyError)
 //! ├── InvalidArgumentError(TensorwireError, ValueError)
+//! │   └── ClosedError(InvalidArgumentError, RuntimeError)   a closed reader, cache or
+//! │                                    segment (tenso raises RuntimeError for these)
 //! ├── UnsupportedError(TensorwireError, ValueError)
 //! └── FormatError(TensorwireError, ValueError)   the data is not a valid file or packet
 //!     ├── BadMagicError                not a recognised format
@@ -53,6 +55,7 @@ struct Classes {
     decode: Py<PyType>,
     unsafe_pickle: Py<PyType>,
     duplicate_name: Py<PyType>,
+    closed: Py<PyType>,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -104,7 +107,17 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             "MalformedError",
             "The metadata is inconsistent (out-of-bounds or overlapping ranges, sizes that do not match shapes, misalignment).",
         )?;
+        let closed = make_class(
+            py,
+            "ClosedError",
+            &[
+                invalid_argument.bind(py).clone(),
+                py.get_type::<pyo3::exceptions::PyRuntimeError>(),
+            ],
+            "A reader, cache or shared-memory segment used after close() (an InvalidArgumentError, and a RuntimeError as tenso raises for a closed cache).",
+        )?;
         Ok(Classes {
+            closed,
             unsupported: make_class(
                 py,
                 "UnsupportedError",
@@ -156,6 +169,12 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             format,
         })
     })
+}
+
+/// The error for `what` used after it was closed (`"the reader"`, `"cache 'x'"`):
+/// a `ClosedError`.
+pub fn closed_error(what: &str) -> PyErr {
+    raise(|c| &c.closed, format!("{what} is closed"))
 }
 
 /// An exception of one of the run-time classes.
@@ -239,6 +258,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("InvalidArgumentError", &c.invalid_argument),
         ("UnsupportedError", &c.unsupported),
         ("DuplicateNameError", &c.duplicate_name),
+        ("ClosedError", &c.closed),
     ] {
         m.add(name, ty.bind(py))?;
     }

@@ -65,7 +65,7 @@ impl Reader {
     fn open(&self) -> PyResult<Arc<Open>> {
         self.slot()
             .clone()
-            .ok_or_else(|| to_pyerr(Error::invalid("the reader is closed")))
+            .ok_or_else(|| crate::errors::closed_error("the reader"))
     }
 
     /// The lock over the open source; held only to clone or take the `Arc`.

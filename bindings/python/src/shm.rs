@@ -333,16 +333,15 @@ impl ShmSegment {
         }
     }
 
-    /// The mapping, or `InvalidArgumentError` once closed.
+    /// The mapping, or `ClosedError` once closed.
     fn segment(&self) -> PyResult<Arc<Segment>> {
         self.segment
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| {
-                Error::invalid(format!("shared-memory segment {:?} is closed", self.name))
+                crate::errors::closed_error(&format!("shared-memory segment {:?}", self.name))
             })
-            .or_raise()
     }
 }
 

@@ -326,6 +326,15 @@ def test_tensos_spellings_work(cache):
     assert cache.get("scalar").shape == () and cache.get("scalar") == 3.5
     np.testing.assert_array_equal(cache.get("nested"), np.array([[1, 2], [3, 4]]))
     np.testing.assert_array_equal(cache.get("list", device="NumPy"), [1.0, 2.0, 3.0])
+    # A closed cache raises what tenso raises (RuntimeError), and a ValueError as
+    # before (an InvalidArgumentError).
+    other = TensorCache("1MB")
+    other.unlink()
+    other.close()
+    for call in (lambda: other.get("x"), lambda: other.put("x", np.ones(1))):
+        with pytest.raises(RuntimeError, match="closed") as raised:
+            call()
+        assert isinstance(raised.value, (tensorwire.ClosedError, ValueError))
 
 
 def test_bad_input_gives_clear_errors(cache):

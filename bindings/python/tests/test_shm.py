@@ -394,7 +394,7 @@ def test_context_manager_closes_but_does_not_unlink(name):
     with SharedTensor.create_from(name, arr) as st:
         pass
     assert st.closed
-    with pytest.raises(tensorwire.InvalidArgumentError, match="closed"):
+    with pytest.raises(tensorwire.ClosedError, match="closed"):
         st.get()
     with pytest.raises(tensorwire.InvalidArgumentError):
         st.buffer
