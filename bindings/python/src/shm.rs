@@ -112,22 +112,31 @@ struct ObjectAccess {
 }
 
 /// The [`ObjectAccess`] of the object `id` (`(st_dev, st_ino)`), made with the first
-/// handle of it and dropped with the last.
+/// handle of it in this process and dropped with the last.
+///
+/// Entries are this process's own: a child forked while a thread of the parent held
+/// an object's lock inherits the lock held, by a thread it does not have, so its
+/// handles made after the fork take a fresh one (a handle inherited through the fork
+/// keeps its own, as any lock inherited so).
 fn object_access(id: (u64, u64)) -> Arc<ObjectAccess> {
-    /// Each object's access while a handle of it is open: `((st_dev, st_ino), access)`.
-    type Registry = Vec<((u64, u64), std::sync::Weak<ObjectAccess>)>;
+    /// Each object's access while a handle of it is open, with the process that made
+    /// it: `(pid, (st_dev, st_ino), access)`.
+    type Registry = Vec<(u32, (u64, u64), std::sync::Weak<ObjectAccess>)>;
+    // Locked only with the GIL held (handles are made by Python calls), so a fork,
+    // which Python makes holding the GIL, never finds it held by another thread.
     static ALL: Mutex<Registry> = Mutex::new(Vec::new());
+    let pid = std::process::id();
     let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
-    all.retain(|(_, access)| access.strong_count() > 0);
+    all.retain(|(of, _, access)| *of == pid && access.strong_count() > 0);
     if let Some(access) = all
         .iter()
-        .find(|(at, _)| *at == id)
-        .and_then(|(_, a)| a.upgrade())
+        .find(|(_, at, _)| *at == id)
+        .and_then(|(_, _, a)| a.upgrade())
     {
         return access;
     }
     let access = Arc::new(ObjectAccess::default());
-    all.push((id, Arc::downgrade(&access)));
+    all.push((pid, id, Arc::downgrade(&access)));
     access
 }
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -465,6 +466,52 @@ def test_a_copy_taken_while_another_process_puts_is_never_torn(name):
     finally:
         writer.kill()
         writer.wait()
+        st.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_child_forked_during_a_put_opens_the_segment_again(name):
+    """A thread keeps putting 64 MiB into the segment while the main thread forks:
+    the child inherits the segment's access lock held by a thread it does not
+    have, and a handle it opens after the fork must not wait on that lock (the
+    handles of one process share one lock, so it did, for ever)."""
+    import signal
+    import threading
+
+    big = np.ones(64 << 20, np.uint8)
+    st = SharedTensor.create_from(name, big)
+    stop = threading.Event()
+
+    def keep_putting():
+        while not stop.is_set():
+            st.put(big)
+            time.sleep(0.005)  # a moment with the packet whole, for the child's get
+
+    writer = threading.Thread(target=keep_putting)
+    writer.start()
+    try:
+        time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 once a new handle reads, 1 on error
+            signal.alarm(20)  # the hang this test is about ends the child (SIGALRM)
+            code = 1
+            try:
+                again = SharedTensor(name)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    try:
+                        code = 0 if again.get(copy=True).shape == big.shape else 1
+                        break
+                    except tensorwire.BadMagicError:  # caught mid-put: retry
+                        time.sleep(0.001)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    finally:
+        stop.set()
+        writer.join()
         st.close()
 
 
