@@ -1543,12 +1543,13 @@ def test_python2_byte_strings_decode_as_utf8_as_torch_load_does(tmp_path):
         assert torch.load(path, weights_only=False, encoding="latin1") == {"name": "café"}
 
 
-def test_integers_of_any_width_read_up_to_8192_bits(tmp_path):
+def test_integers_of_any_width_read_up_to_2040_bits(tmp_path):
     """Protocol 0/1 write ints as text (`I`, `L`): they are values of any width, as
-    LONG1's are, up to 8192 bits; wider ones are Unsupported, as LONG4's are."""
+    LONG1's are, up to the 2040 bits LONG1 holds (all torch.load(weights_only=True)
+    reads: it refuses LONG4); wider ones are Unsupported."""
     path = tmp_path / "seed.pt"
     for value in (2**64 + 1, -(2**70), 2**127 - 1, -(2**127), 2**127, -(2**127) - 1,
-                  2**200, -(3**1000), 2**8190):
+                  2**200, -(3**1000), 2**2038, -(2**2039)):
         for line in (b"L%dL\n" % value, b"I%d\n" % value):
             _one_entry_checkpoint(path, _short_binstring(b"seed"), line)
             assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
@@ -1556,20 +1557,27 @@ def test_integers_of_any_width_read_up_to_8192_bits(tmp_path):
                 assert r.attributes["value"] == {"seed": value}
             if torch is not None:
                 assert pytorch.load(str(path), flat=False) == {"seed": value}
-    for text in (b"%d" % 2**8191, b"-1" + b"0" * 2466, b"1" * 5000):
+    for text in (b"%d" % 2**2039, b"-1" + b"0" * 614, b"1" * 5000):
         _one_entry_checkpoint(path, _short_binstring(b"seed"), b"I" + text + b"\n")
-        with pytest.raises(tw.UnsupportedError, match="8192 bits"):
+        with pytest.raises(tw.UnsupportedError, match="2040 bits"):
             pytorch.load_numpy(str(path))
-    # LONG4 (which torch's weights_only unpickler does not read) the same way.
-    for value, ok in ((2**8190, True), (-(2**8191), True), (2**8191, False)):
+    # LONG1 at its widest reads; LONG4 (which torch's weights_only unpickler does not
+    # read) the same way up to the limit.
+    for value, ok in ((2**2038, True), (-(2**2039), True), (2**2039, False)):
         raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
-        _one_entry_checkpoint(path, _short_binstring(b"seed"),
-                              b"\x8b" + len(raw).to_bytes(4, "little") + raw)
-        if ok:
-            assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
-        else:
-            with pytest.raises(tw.UnsupportedError, match="8192 bits"):
-                pytorch.load_numpy(str(path))
+        for op in (b"\x8a" + bytes([len(raw)]) if len(raw) < 256 else None,
+                   b"\x8b" + len(raw).to_bytes(4, "little")):
+            if op is None:
+                continue
+            _one_entry_checkpoint(path, _short_binstring(b"seed"), op + raw)
+            if ok:
+                assert pytorch.load_numpy(str(path), flat=False) == {"seed": value}
+                if torch is not None and op[0] == 0x8a:
+                    assert pytorch.load(str(path), flat=False) == torch.load(
+                        path, weights_only=True)
+            else:
+                with pytest.raises(tw.UnsupportedError, match="2040 bits"):
+                    pytorch.load_numpy(str(path))
 
 
 def test_python2_builtins_are_refused_by_their_python3_names(tmp_path):

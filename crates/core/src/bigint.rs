@@ -5,15 +5,16 @@ use std::fmt;
 
 use crate::{Error, Result, Value};
 
-/// The most bytes a [`BigInt`] may have: 8 192 bits, far past any integer a
-/// checkpoint's metadata holds, and small enough that writing one in decimal (which
-/// takes time quadratic in its length) stays quick.
-pub const MAX_BIG_INT_BYTES: usize = 1024;
+/// The most bytes a [`BigInt`] may have: 255, the most pickle's `LONG1` holds (2 040
+/// bits), which is every int `torch.load(weights_only=True)` reads (it refuses
+/// `LONG4`). Writing one in decimal takes time quadratic in its length, so the
+/// bound also keeps that quick (about 8 µs).
+pub const MAX_BIG_INT_BYTES: usize = 255;
 
 /// The most decimal digits a [`BigInt`] is read from: those of the widest number
-/// [`MAX_BIG_INT_BYTES`] hold (2^8191 - 1 has 2 466), so longer text is refused
-/// before any arithmetic.
-pub const MAX_BIG_INT_DIGITS: usize = 2466;
+/// [`MAX_BIG_INT_BYTES`] hold (2^2039 - 1 has 614), so longer text is refused before
+/// any arithmetic.
+pub const MAX_BIG_INT_DIGITS: usize = 614;
 
 /// An integer outside the range of `i128`, as its little-endian two's complement
 /// bytes, shortest form (17 to [`MAX_BIG_INT_BYTES`] bytes). Made only through
@@ -245,7 +246,7 @@ mod tests {
         let mut widest = vec![0u8; MAX_BIG_INT_BYTES];
         widest[MAX_BIG_INT_BYTES - 1] = 0x7f;
         assert!(BigInt::value_from_le_bytes(&widest).is_ok());
-        // 2465 nines fit; 2466 do not (the bytes' limit); 2467 digits are refused
+        // 613 nines fit; 614 do not (the bytes' limit); 615 digits are refused
         // unread.
         let digits = "9".repeat(MAX_BIG_INT_DIGITS - 1);
         assert!(matches!(

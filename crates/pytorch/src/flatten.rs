@@ -461,7 +461,12 @@ impl<'a> Walker<'a> {
 
     /// Counts `text` (a name or value about to be kept) against the text budget.
     fn copy<T: AsRef<[u8]> + ?Sized>(&mut self, text: &T) -> Result<()> {
-        self.text_bytes = self.text_bytes.saturating_add(text.as_ref().len() as u64);
+        self.count_text(text.as_ref().len() as u64)
+    }
+
+    /// Counts `len` bytes of text against the budget (see [`Walker::copy`]).
+    fn count_text(&mut self, len: u64) -> Result<()> {
+        self.text_bytes = self.text_bytes.saturating_add(len);
         Error::check_limit(
             "checkpoint text copied into names and values, in bytes",
             self.text_bytes,
@@ -853,7 +858,9 @@ impl<'a> Walker<'a> {
             Obj::Bool(b) => Value::Bool(*b),
             Obj::Int(n) => Value::Int((*n).into()),
             Obj::WideInt(b) => {
-                self.copy(&**b)?;
+                // Counted as the decimal text it becomes (in JSON, `convert`'s text),
+                // at most 2.5 digits per byte, not as its bytes.
+                self.count_text(b.len() as u64 * 5 / 2 + 2)?;
                 int_value(b)?
             }
             Obj::Float(f) => Value::Float(*f),

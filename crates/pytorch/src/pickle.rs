@@ -701,13 +701,35 @@ impl Machine<'_> {
         }
     }
 
-    fn text_int(&mut self, line: &[u8], at: u64) -> Result<()> {
+    /// An `INT` (`I`) or `LONG` (`L`) line of protocols 0 and 1, as Python's C
+    /// unpickler (so `torch.load`) reads it where the two agree on the value: an `I`
+    /// line of two characters worth 0 or 1 (`00`, `01`, `+0`, `-0`, `+1`) is a bool,
+    /// and one trailing `L` of an `L` line is dropped. Only plain decimal text is
+    /// read: Python reads a leading zero as octal (`I010` is 8) or refuses it, `0x`
+    /// as hex, and takes spaces and `_`; such lines, which no pickler writes, are
+    /// `Unsupported` rather than read as another value.
+    fn text_int(&mut self, line: &[u8], at: u64, long: bool) -> Result<()> {
         let text = std::str::from_utf8(line).map_err(|_| malformed(at, "bad INT line"))?;
-        let text = text.trim_end_matches('L');
-        match text {
-            "01" => return self.push(TRUE),
-            "00" => return self.push(FALSE),
-            _ => {}
+        let text = match long {
+            true => text.strip_suffix('L').unwrap_or(text),
+            false => text,
+        };
+        if !long {
+            match text {
+                "01" | "+1" => return self.push(TRUE),
+                "00" | "+0" | "-0" => return self.push(FALSE),
+                _ => {}
+            }
+        }
+        let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
+        let plain = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        if !plain {
+            return Err(Error::unsupported(format!(
+                "pickle integer `{text}` at offset {at} (only plain decimal text is read: \
+                 Python reads leading zeros, `0x`, spaces and `_` otherwise)"
+            )));
         }
         if let Ok(v) = text.parse::<i64>() {
             return self.int(v);
@@ -718,9 +740,7 @@ impl Machine<'_> {
             Some(Ok(Value::BigInt(v))) => self.push_new(Obj::WideInt(v.to_le_bytes().into())),
             Some(Ok(other)) => unreachable!("an integer's value is an int: {other:?}"),
             Some(Err(e)) => Err(e),
-            None => Err(Error::unsupported(format!(
-                "pickle integer `{text}` at offset {at} (not a decimal integer)"
-            ))),
+            None => unreachable!("plain decimal text is a number: {text}"),
         }
     }
 
@@ -770,7 +790,7 @@ impl Machine<'_> {
                 }
                 b'I' | b'L' => {
                     let line = self.input.line()?;
-                    self.text_int(line, at)?;
+                    self.text_int(line, at, op == b'L')?;
                 }
                 0x8a => {
                     let n = self.input.u8()?;
@@ -1384,16 +1404,68 @@ mod tests {
         let long1 = run(&long1).unwrap();
         let text = run(b"L170141183460469231731687303715884105728L\n.").unwrap();
         assert_eq!(long1.arena.get(long1.root), text.arena.get(text.root));
-        // Past the limit (1024 bytes; 2466 digits): refused, before any arithmetic.
-        let mut wide = b"\x80\x02\x8b\x01\x04\x00\x00".to_vec();
-        wide.extend([0x11; 0x401]);
+        // Past the limit (255 bytes, the most LONG1 holds; 614 digits): refused,
+        // before any arithmetic.
+        let mut wide = b"\x80\x02\x8b\x00\x01\x00\x00".to_vec();
+        wide.extend([0x11; 0x100]);
         wide.push(b'.');
-        let digits = format!("L{}L\n.", "7".repeat(2467));
+        let digits = format!("L{}L\n.", "7".repeat(615));
         for pickle in [&wide[..], digits.as_bytes()] {
             let err = run(pickle).unwrap_err();
             assert!(
-                matches!(err, Error::Unsupported { .. }) && err.to_string().contains("8192 bits"),
+                matches!(err, Error::Unsupported { .. }) && err.to_string().contains("2040 bits"),
                 "{err}"
+            );
+        }
+        let mut widest = b"\x80\x02\x8a\xff".to_vec();
+        widest.extend([0x11; 0xff]);
+        widest.push(b'.');
+        run(&widest).unwrap();
+    }
+
+    #[test]
+    fn text_integers_read_as_pythons_c_unpickler_reads_them_or_not_at_all() {
+        // Two-character INT lines worth 0 or 1 are bools; one `L` is dropped from a
+        // LONG line; `+` is a sign.
+        for (line, want) in [
+            (&b"I01\n."[..], Obj::Bool(true)),
+            (b"I+1\n.", Obj::Bool(true)),
+            (b"I00\n.", Obj::Bool(false)),
+            (b"I-0\n.", Obj::Bool(false)),
+            (b"I+0\n.", Obj::Bool(false)),
+            (b"I0\n.", Obj::Int(0)),
+            (b"I1\n.", Obj::Int(1)),
+            (b"I-1\n.", Obj::Int(-1)),
+            (b"I+25\n.", Obj::Int(25)),
+            (b"L-0L\n.", Obj::Int(0)),
+            (b"L7\n.", Obj::Int(7)),
+        ] {
+            let u = run(line).unwrap();
+            assert_eq!(
+                u.arena.get(u.root),
+                &want,
+                "{:?}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        // Python reads these as other values (octal: `I010` is 8) or refuses them.
+        for line in [
+            &b"I010\n."[..],
+            b"I0777777777777777777777\n.",
+            b"L00L\n.",
+            b"I12L\n.",
+            b"L12LL\n.",
+            b"I0x10\n.",
+            b"I 5\n.",
+            b"I1_000\n.",
+            b"I\n.",
+            b"I-\n.",
+        ] {
+            let err = run(line).unwrap_err();
+            assert!(
+                matches!(err, Error::Unsupported { .. }) || err.to_string().contains("INT"),
+                "{:?}: {err}",
+                String::from_utf8_lossy(line)
             );
         }
     }
