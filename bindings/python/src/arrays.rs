@@ -859,7 +859,10 @@ impl Prepared<'_> {
         // SAFETY: `prepare` made the array C-contiguous, and `self.array` keeps it
         // alive for the borrow. Another Python thread writing to the array while the
         // GIL is released would change the values written, never the memory's
-        // validity (we hold a reference, so numpy cannot reallocate it).
+        // validity: we hold a reference, so numpy refuses to reallocate it
+        // (`resize` checks references), unless the caller turns that check off
+        // (`resize(refcheck=False)`, which numpy documents as unsafe for any
+        // array others hold, as it is for every C extension holding one).
         unsafe { contiguous_bytes(&self.array) }
     }
 }

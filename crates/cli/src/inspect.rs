@@ -9,7 +9,7 @@ use tensorwire::pytorch::{MetaEntry, PtReader, Quantization, TorchOnlyDType};
 use tensorwire::zt::ZtReader;
 use tensorwire::{ShardedSource, TensorInfo, TensorSource};
 
-use crate::output::{human_bytes, table_cell, value_to_json, width};
+use crate::output::{escape_controls, human_bytes, table_cell, value_to_json, width};
 
 /// Longest tensor name the table shows before cutting it with `…`.
 const MAX_NAME_WIDTH: usize = 60;
@@ -74,9 +74,11 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
     if let Some(sharded) = src.as_any().downcast_ref::<ShardedSource>() {
         writeln!(out, "shards:")?;
         for (name, count) in shard_counts(sharded) {
+            // A name from the index file: escaped like the table's names.
             writeln!(
                 out,
-                "  {name}: {count} tensor{}",
+                "  {}: {count} tensor{}",
+                escape_controls(name),
                 if count == 1 { "" } else { "s" }
             )?;
         }
