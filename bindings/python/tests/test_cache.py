@@ -557,6 +557,37 @@ def test_waiting_for_the_pool_lock_lets_other_threads_run():
             child.wait()
 
 
+def test_a_view_dropped_while_another_process_holds_the_lock_is_unpinned_later():
+    """Dropping a view takes the pool lock to release its pin; when another process
+    holds the lock past lock_timeout, the release waits for the next operation (it
+    was lost, leaving the entry pinned until this process exited)."""
+    import gc
+
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with TensorCache("1MB", name=name, lock_timeout=0.3) as cache:
+        cache.put("a", np.ones(1000))
+        view = cache.get("a")
+        cache.put("a", np.ones(2000))  # the viewed value is retired, pinned by the view
+        assert cache.stats["pinned_bytes"] > 0
+        child = run_child("""
+            import sys, numpy as np
+            from tensorwire.cache import TensorCache
+            c = TensorCache(name=sys.argv[1], create=False, _pause_at="reserved")
+            c.put("x", np.ones(10))
+        """, name)
+        try:
+            line = child.stderr.readline()
+            assert "paused at" in line, line + child.stderr.read()
+            del view
+            gc.collect()  # the release times out: left for later
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        assert cache.stats["pinned_bytes"] == 0  # the retired block is freed
+        cache.check()
+        assert np.array_equal(cache.get("a"), np.ones(2000))
+
+
 def test_a_dead_readers_pins_are_reclaimed_before_healthy_entries_are_evicted():
     """A reader killed while holding views leaves their blocks retired once the keys
     are overwritten; the next put short of room reclaims them first, instead of

@@ -165,6 +165,10 @@ struct Me {
     /// (slot, deadline): at most [`MAX_PENDING_CHILD_SLOTS`], so forks that fail
     /// (their slots wait out their deadline) take few.
     pending_children: Vec<(usize, u64)>,
+    /// Pinned entry slots whose view went while the lock could not be taken (a
+    /// timeout): the next operation that takes it releases them, so a lock held a
+    /// while by another process does not leave an entry pinned for good.
+    pending_unpins: Vec<u32>,
 }
 
 /// A registry slot [`prepare_fork`] claimed for the child about to be forked.
@@ -208,6 +212,7 @@ impl Me {
             pins: HashMap::new(),
             for_child: None,
             pending_children: Vec::new(),
+            pending_unpins: Vec::new(),
         }
     }
 }
@@ -798,7 +803,23 @@ impl Shared {
         let mut guard = self.mutex.lock(Some(timeout))?;
         self.repair_if_needed(&mut guard)?;
         let me = self.register()?;
+        self.release_pending_unpins(me);
         f(me)
+    }
+
+    /// Releases the pins whose views went while the lock could not be taken
+    /// ([`Me::pending_unpins`]). Lock held.
+    fn release_pending_unpins(&self, me: usize) {
+        let pending = {
+            let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
+            if local.pending_unpins.is_empty() {
+                return;
+            }
+            std::mem::take(&mut local.pending_unpins)
+        };
+        for slot in pending {
+            self.unpin_locked(slot, me);
+        }
     }
 
     fn repair_if_needed(&self, guard: &mut LockGuard<'_>) -> Result<()> {
@@ -1439,32 +1460,42 @@ impl Shared {
     }
 
     fn unpin(&self, slot: u32) {
-        // A failure (lock timeout) leaves the pin set: it is reclaimed when this
-        // process exits and the cache is next repaired.
-        let _ = self.locked(|me| {
-            let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
-            let Some((count, _)) = local.pins.get_mut(&slot) else {
-                return Ok(());
-            };
-            *count -= 1;
-            if *count > 0 {
-                return Ok(());
-            }
-            local.pins.remove(&slot);
-            // Gone before the fork: the child will not have it either.
-            let mut child = None;
-            if let Some(c) = local.for_child.as_mut() {
-                if c.claimant.is_none() && c.entries.remove(&slot) {
-                    child = Some(c.slot);
-                }
-            }
-            drop(local);
-            self.clear_pin_bit(slot, me);
-            if let Some(child_slot) = child {
-                self.clear_pin_bit(slot, child_slot);
-            }
+        let released = self.locked(|me| {
+            self.unpin_locked(slot, me);
             Ok(())
         });
+        if released.is_err() {
+            // The lock could not be taken (a timeout; `f` never ran): the next
+            // operation that takes it releases the pin.
+            let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
+            local.pending_unpins.push(slot);
+        }
+    }
+
+    /// One view of entry `slot` gone: its local count down, and the pin bits cleared
+    /// with the last. Lock held.
+    fn unpin_locked(&self, slot: u32, me: usize) {
+        let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((count, _)) = local.pins.get_mut(&slot) else {
+            return;
+        };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        local.pins.remove(&slot);
+        // Gone before the fork: the child will not have it either.
+        let mut child = None;
+        if let Some(c) = local.for_child.as_mut() {
+            if c.claimant.is_none() && c.entries.remove(&slot) {
+                child = Some(c.slot);
+            }
+        }
+        drop(local);
+        self.clear_pin_bit(slot, me);
+        if let Some(child_slot) = child {
+            self.clear_pin_bit(slot, child_slot);
+        }
     }
 }
 
