@@ -30,21 +30,36 @@ impl BigInt {
     /// a [`Value::Int`] when it fits 128 bits, a [`Value::BigInt`] otherwise. `Unsupported`
     /// when its shortest form is longer than [`MAX_BIG_INT_BYTES`].
     pub fn value_from_le_bytes(bytes: &[u8]) -> Result<Value> {
-        let bytes = shortest(bytes);
+        let bytes = Self::shortest_le_bytes(bytes)?;
         if bytes.len() <= 16 {
             let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
             let mut buf = [if negative { 0xff } else { 0 }; 16];
             buf[..bytes.len()].copy_from_slice(bytes);
             return Ok(Value::Int(i128::from_le_bytes(buf)));
         }
-        if bytes.len() > MAX_BIG_INT_BYTES {
+        Ok(Value::BigInt(BigInt(bytes.into())))
+    }
+
+    /// `bytes` (little-endian two's complement) in shortest form: without the top
+    /// bytes that only repeat the sign of the byte below them. `Unsupported` when
+    /// that is longer than [`MAX_BIG_INT_BYTES`].
+    pub fn shortest_le_bytes(bytes: &[u8]) -> Result<&[u8]> {
+        let sign = if bytes.last().is_some_and(|b| b & 0x80 != 0) {
+            0xff
+        } else {
+            0
+        };
+        let mut len = bytes.len();
+        while len > 1 && bytes[len - 1] == sign && (bytes[len - 2] ^ sign) & 0x80 == 0 {
+            len -= 1;
+        }
+        if len > MAX_BIG_INT_BYTES {
             return Err(Error::unsupported(format!(
-                "an integer of {} bytes (integers wider than {} bits are not supported)",
-                bytes.len(),
+                "an integer of {len} bytes (integers wider than {} bits are not supported)",
                 MAX_BIG_INT_BYTES * 8
             )));
         }
-        Ok(Value::BigInt(BigInt(bytes.into())))
+        Ok(&bytes[..len])
     }
 
     /// The integer `text` writes in decimal (an optional sign, then digits), as
@@ -52,6 +67,13 @@ impl BigInt {
     /// number. `Unsupported` past [`MAX_BIG_INT_DIGITS`] digits, before any
     /// arithmetic.
     pub fn value_from_decimal(text: &str) -> Option<Result<Value>> {
+        Some(Self::le_bytes_from_decimal(text)?.and_then(|b| Self::value_from_le_bytes(&b)))
+    }
+
+    /// The integer `text` writes in decimal, as its little-endian two's complement
+    /// bytes in shortest form ([`BigInt::shortest_le_bytes`]); `None` and errors as
+    /// for [`BigInt::value_from_decimal`].
+    pub fn le_bytes_from_decimal(text: &str) -> Option<Result<Vec<u8>>> {
         let (negative, digits) = match text.as_bytes() {
             [b'-', rest @ ..] => (true, rest),
             [b'+', rest @ ..] => (false, rest),
@@ -89,7 +111,7 @@ impl BigInt {
         if negative {
             negate(&mut bytes);
         }
-        Some(Self::value_from_le_bytes(&bytes))
+        Some(Self::shortest_le_bytes(&bytes).map(<[u8]>::to_vec))
     }
 
     /// The little-endian two's complement bytes, shortest form.
@@ -101,20 +123,6 @@ impl BigInt {
     pub fn is_negative(&self) -> bool {
         self.0.last().is_some_and(|b| b & 0x80 != 0)
     }
-}
-
-/// `bytes` without the top bytes that only repeat the sign of the byte below them.
-fn shortest(bytes: &[u8]) -> &[u8] {
-    let sign = if bytes.last().is_some_and(|b| b & 0x80 != 0) {
-        0xff
-    } else {
-        0
-    };
-    let mut len = bytes.len();
-    while len > 1 && bytes[len - 1] == sign && (bytes[len - 2] ^ sign) & 0x80 == 0 {
-        len -= 1;
-    }
-    &bytes[..len]
 }
 
 /// Negates the two's complement number `bytes` in place (invert, add one).

@@ -10,9 +10,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tensorwire_core::{Error, NameSet, Result, Value};
+use tensorwire_core::{BigInt, Error, NameSet, Result, Value};
 
-use crate::pickle::{int_value, Arena, DictKind, Id, Obj};
+use crate::pickle::{Arena, DictKind, Id, Obj};
 use crate::sparse::{SparseLayout, SparseTensor};
 use crate::tensor::{MetaTensor, Quantization, TensorRecord};
 
@@ -335,7 +335,7 @@ fn write_key(arena: &Arena, key: Id, out: &mut String, depth: usize) -> Result<(
             // Refused before its text is written: at most 2.5 digits per byte.
             let most = (out.len() + b.len() * 5 / 2 + 2) as u64;
             Error::check_limit("dict key text, in bytes", most, MAX_KEY_BYTES)?;
-            let _ = write!(out, "{}", int_value(b)?);
+            let _ = write!(out, "{}", BigInt::value_from_le_bytes(b)?);
         }
         Obj::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
         Obj::None => out.push_str("None"),
@@ -861,7 +861,7 @@ impl<'a> Walker<'a> {
                 // Counted as the decimal text it becomes (in JSON, `convert`'s text),
                 // at most 2.5 digits per byte, not as its bytes.
                 self.count_text(b.len() as u64 * 5 / 2 + 2)?;
-                int_value(b)?
+                BigInt::value_from_le_bytes(b)?
             }
             Obj::Float(f) => Value::Float(*f),
             Obj::Complex(re, im) => {

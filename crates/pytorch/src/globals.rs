@@ -7,9 +7,9 @@
 //! Anything else is refused when the pickle names it, with
 //! [`Error::RefusedGlobal`] naming it.
 
-use tensorwire_core::{DType, Error, Result};
+use tensorwire_core::{BigInt, DType, Error, Result};
 
-use crate::pickle::{int_value, Arena, DictKind, Id, Obj};
+use crate::pickle::{Arena, DictKind, Id, Obj};
 use crate::sparse::SparseTensor;
 use crate::tensor::{
     MetaTensor, Quantization, StorageClass, TensorDType, TensorRecord, TorchOnlyDType,
@@ -1193,14 +1193,13 @@ pub fn build(arena: &Arena, target: Id, state: Id, offset: u64) -> Result<Option
 /// An [`Obj::WideInt`] as Python's `float(int)` gives it: the nearest float (ties to
 /// even); an integer past the largest float is refused, as Python's `OverflowError`.
 fn wide_int_f64(bytes: &[u8], what: &str, offset: u64) -> Result<f64> {
-    match int_value(bytes)? {
+    match BigInt::value_from_le_bytes(bytes)? {
         tensorwire_core::Value::Int(v) => Ok(v as f64),
         // Rust's float parsing rounds the decimal text exactly.
-        tensorwire_core::Value::BigInt(v) => match v.to_string().parse::<f64>() {
+        wide => match wide.to_string().parse::<f64>() {
             Ok(f) if f.is_finite() => Ok(f),
             _ => Err(bad_args(what, offset, "int too large to convert to float")),
         },
-        other => unreachable!("an integer's value is an int: {other:?}"),
     }
 }
 

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tensorwire_core::{BigInt, Error, NameMap, Result, Value};
+use tensorwire_core::{BigInt, Error, NameMap, Result};
 
 use crate::globals::{self, Global};
 use crate::sparse::SparseTensor;
@@ -578,12 +578,6 @@ impl IntCache {
     }
 }
 
-/// The value of an [`Obj::WideInt`]'s bytes: a [`Value::Int`] up to 16 bytes, a
-/// [`Value::BigInt`] past them.
-pub(crate) fn int_value(bytes: &[u8]) -> Result<Value> {
-    BigInt::value_from_le_bytes(bytes)
-}
-
 fn malformed(offset: u64, reason: impl Into<String>) -> Error {
     Error::malformed(offset, format!("pickle: {}", reason.into()))
 }
@@ -694,11 +688,7 @@ impl Machine<'_> {
             return self.int(low_v);
         }
         // Any width Python's int has, up to a limit: the bytes kept in shortest form.
-        match BigInt::value_from_le_bytes(bytes)? {
-            Value::Int(v) => self.push_new(Obj::WideInt(wide_int_bytes(v))),
-            Value::BigInt(v) => self.push_new(Obj::WideInt(v.to_le_bytes().into())),
-            other => unreachable!("an integer's value is an int: {other:?}"),
-        }
+        self.push_new(Obj::WideInt(BigInt::shortest_le_bytes(bytes)?.into()))
     }
 
     /// An `INT` (`I`) or `LONG` (`L`) line of protocols 0 and 1, as Python's C
@@ -735,13 +725,8 @@ impl Machine<'_> {
             return self.int(v);
         }
         // Past 64 bits, as LONG1 holds them.
-        match BigInt::value_from_decimal(text) {
-            Some(Ok(Value::Int(v))) => self.push_new(Obj::WideInt(wide_int_bytes(v))),
-            Some(Ok(Value::BigInt(v))) => self.push_new(Obj::WideInt(v.to_le_bytes().into())),
-            Some(Ok(other)) => unreachable!("an integer's value is an int: {other:?}"),
-            Some(Err(e)) => Err(e),
-            None => unreachable!("plain decimal text is a number: {text}"),
-        }
+        let bytes = BigInt::le_bytes_from_decimal(text).expect("plain decimal text")?;
+        self.push_new(Obj::WideInt(bytes.into()))
     }
 
     fn run(&mut self, persistent: &mut dyn PersistentLoad) -> Result<Id> {
@@ -1189,19 +1174,6 @@ fn python2_str(bytes: &[u8]) -> String {
     }
 }
 
-/// The shortest little-endian two's complement bytes of `v`, as `LONG1` writes it
-/// (9 to 16 bytes for a value past 64 bits: an [`Obj::WideInt`]).
-fn wide_int_bytes(v: i128) -> Box<[u8]> {
-    let bytes = v.to_le_bytes();
-    let sign = if v < 0 { 0xff } else { 0 };
-    let mut len = bytes.len();
-    // Drop a top byte that only repeats the sign the byte below it carries.
-    while len > 1 && bytes[len - 1] == sign && (bytes[len - 2] ^ sign) & 0x80 == 0 {
-        len -= 1;
-    }
-    bytes[..len].into()
-}
-
 /// Decodes the argument of protocol 0's `UNICODE` (raw-unicode-escape).
 fn raw_unicode_escape(line: &[u8], at: u64) -> Result<String> {
     let mut out = String::with_capacity(line.len());
@@ -1365,7 +1337,7 @@ mod tests {
             .map(|o| match o {
                 Obj::WideInt(b) => {
                     assert!(b.len() >= 9, "{b:?}");
-                    int_value(b).unwrap().to_string()
+                    BigInt::value_from_le_bytes(b).unwrap().to_string()
                 }
                 other => panic!("{other:?}"),
             })
@@ -1385,7 +1357,10 @@ mod tests {
         let Obj::WideInt(two_127) = &items_of(&u)[4] else {
             panic!("not a wide int")
         };
-        assert!(matches!(int_value(two_127), Ok(Value::BigInt(_))));
+        assert!(matches!(
+            BigInt::value_from_le_bytes(two_127),
+            Ok(tensorwire_core::Value::BigInt(_))
+        ));
         // LONG1 gives an equal object, in the text's shortest form; so does LONG4 with
         // sign bytes to spare.
         let long1 = run(b"\x80\x02\x8a\x09\x01\x00\x00\x00\x00\x00\x00\x00\x01.").unwrap();

@@ -725,12 +725,14 @@ impl PtReader {
         Ok(())
     }
 
-    /// The stored bytes of a tensor's extent (before any byte swap), and whether they
-    /// borrow the input.
-    fn extent(&self, record: &TensorRecord) -> Result<(Bytes, bool)> {
+    /// The stored bytes of the extent of tensor `name` (before any byte swap), and
+    /// whether they borrow the input; a CRC mismatch of the record they are read
+    /// from names the tensor.
+    fn extent(&self, name: &str, record: &TensorRecord) -> Result<(Bytes, bool)> {
         let (start, end) = record.byte_extent()?;
         let window = record.storage.window()?.0;
         self.storage_range(&record.storage.key, window + start, window + end)
+            .map_err(|e| naming_tensor_record(e, name))
     }
 
     /// Checks every storage: legacy element counts and, for ZIP files, each record's
@@ -835,9 +837,7 @@ impl TensorSource for PtReader {
     fn view_at(&self, position: usize) -> Result<TensorView> {
         let name = &self.index.checked_at(position)?.name;
         let record = &self.records[position];
-        let (bytes, borrowed) = self
-            .extent(record)
-            .map_err(|e| naming_tensor_record(e, name))?;
+        let (bytes, borrowed) = self.extent(name, record)?;
         let shape = record.shape.clone();
         if record.is_contiguous() && self.little_endian && !record.has_lazy_signs() {
             return TensorView::new(name, record.dtype, shape, bytes, borrowed);
@@ -871,9 +871,7 @@ impl TensorSource for PtReader {
     fn strided_at(&self, position: usize) -> Result<StridedView> {
         let name = &self.index.checked_at(position)?.name;
         let record = &self.records[position];
-        let (bytes, borrowed) = self
-            .extent(record)
-            .map_err(|e| naming_tensor_record(e, name))?;
+        let (bytes, borrowed) = self.extent(name, record)?;
         let (bytes, zero_copy) = if self.little_endian && !record.has_lazy_signs() {
             (bytes, borrowed)
         } else {
