@@ -306,8 +306,7 @@ fn f4_as_torch_pairs(
 /// it, leaving the choice to its caller.)
 fn cbor_storable(value: Value) -> Value {
     match value {
-        Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(&i) => Value::Str(i.to_string()),
-        Value::BigInt(i) => Value::Str(i.to_string()),
+        int if tensorwire_zt::is_int_outside_cbor(&int) => Value::Str(int.to_string()),
         Value::List(items) => Value::List(items.into_iter().map(cbor_storable).collect()),
         Value::Map(entries) => Value::Map(
             entries

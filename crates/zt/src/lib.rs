@@ -43,7 +43,7 @@ mod seekable;
 mod writer;
 
 pub use crate::digest::{Checksum, Digest};
-pub use crate::manifest::{Component, Encoding, Object};
+pub use crate::manifest::{is_int_outside_cbor, Component, Encoding, Object};
 pub use crate::reader::{ByteType, ZtReader, ZtVersion};
 pub use crate::writer::{ComponentData, Compression, WriteOptions, ZtWriter};
 

@@ -236,14 +236,23 @@ fn outside_cbor_reason(i: impl std::fmt::Display) -> String {
     )
 }
 
+/// True when `v` is an integer CBOR cannot hold: outside [-2^64, 2^64), which a
+/// [`Value::BigInt`] always is.
+pub fn is_int_outside_cbor(v: &Value) -> bool {
+    match v {
+        Value::Int(i) => !(-(1i128 << 64)..(1i128 << 64)).contains(i),
+        Value::BigInt(_) => true,
+        _ => false,
+    }
+}
+
 /// Fails on the first integer in `v`, the attribute `key`, that CBOR cannot hold,
 /// so a writer refuses such an attribute when it is given, not when the manifest is
 /// written. The error names the attribute.
 pub(crate) fn check_cbor_ints(key: &str, v: &Value) -> Result<()> {
     fn first_outside(v: &Value) -> Option<String> {
         match v {
-            Value::Int(i) if !(-(1i128 << 64)..(1i128 << 64)).contains(i) => Some(i.to_string()),
-            Value::BigInt(i) => Some(i.to_string()),
+            v if is_int_outside_cbor(v) => Some(v.to_string()),
             Value::List(items) => items.iter().find_map(first_outside),
             Value::Map(entries) => entries.iter().find_map(|(_, v)| first_outside(v)),
             _ => None,
