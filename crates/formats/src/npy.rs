@@ -451,8 +451,34 @@ fn is_blank(bytes: &[u8]) -> bool {
         .fold(true, |blank, &b| blank & b.is_ascii_whitespace())
 }
 
+/// The dtype of one of numpy's type names (`np.dtype("float32")`), in the machine's
+/// byte order (little-endian on every platform tensorwire builds for).
+fn numpy_type_name(name: &str) -> Option<DType> {
+    Some(match name {
+        "bool" => DType::Bool,
+        "int8" => DType::I8,
+        "int16" => DType::I16,
+        "int32" => DType::I32,
+        "int64" => DType::I64,
+        "uint8" => DType::U8,
+        "uint16" => DType::U16,
+        "uint32" => DType::U32,
+        "uint64" => DType::U64,
+        "float16" | "half" => DType::F16,
+        "float32" | "single" => DType::F32,
+        "float64" | "double" => DType::F64,
+        "complex64" => DType::Complex64,
+        "complex128" => DType::Complex128,
+        _ => return None,
+    })
+}
+
 /// The dtype and byte order of a `descr` string.
 fn parse_descr(descr: &str) -> Result<(DType, bool)> {
+    // numpy's type names, which take no byte-order character.
+    if let Some(dtype) = numpy_type_name(descr) {
+        return Ok((dtype, false));
+    }
     let (big_endian, code) = match descr.as_bytes().first() {
         Some(b'<' | b'|' | b'=') => (false, &descr[1..]),
         Some(b'>') => (true, &descr[1..]),
@@ -490,22 +516,6 @@ fn parse_descr(descr: &str) -> Result<(DType, bool)> {
         "d" => DType::F64,
         "F" => DType::Complex64,
         "D" => DType::Complex128,
-        // And numpy's type names, in the machine's byte order (little-endian on every
-        // platform tensorwire builds for).
-        "bool" if descr == code => DType::Bool,
-        "int8" if descr == code => DType::I8,
-        "int16" if descr == code => DType::I16,
-        "int32" if descr == code => DType::I32,
-        "int64" if descr == code => DType::I64,
-        "uint8" if descr == code => DType::U8,
-        "uint16" if descr == code => DType::U16,
-        "uint32" if descr == code => DType::U32,
-        "uint64" if descr == code => DType::U64,
-        "float16" | "half" if descr == code => DType::F16,
-        "float32" | "single" if descr == code => DType::F32,
-        "float64" | "double" if descr == code => DType::F64,
-        "complex64" if descr == code => DType::Complex64,
-        "complex128" if descr == code => DType::Complex128,
         _ => {
             let what = match code.as_bytes().first() {
                 Some(b'O') => "object arrays hold pickled Python objects; refusing to load them",
