@@ -65,6 +65,18 @@ impl CacheHandle {
         }
     }
 
+    /// `op` on the cache, without the GIL: the pool lock may be held by another
+    /// process (a large put writes under it), and this process's other threads must
+    /// run meanwhile.
+    fn detached<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&TensorCache) -> tensorwire::Result<T> + Send,
+    ) -> PyResult<T> {
+        let cache = self.cache()?;
+        py.detach(|| op(&cache)).or_raise()
+    }
+
     /// The cache, or an error once closed. A clone: operations run without holding
     /// the handle's mutex.
     fn cache(&self) -> PyResult<TensorCache> {
@@ -145,8 +157,8 @@ impl CacheHandle {
         let (held, parsed) = Held::from_spec(spec)?;
         let encoded = encode_spec(py, &held, &parsed, EncodeOptions::default())?;
         let len = encoded.len();
-        // Without the GIL, small values too: the pool lock may be held by another
-        // process (a large put writes under it), and other threads must run meanwhile.
+        // Without the GIL, as `detached` runs the other calls (the cache taken before
+        // encoding, so a closed handle fails first).
         py.detach(|| cache.put_with(key, len, ttl, |block| encoded.write_into(block)))
             .or_raise()
     }
@@ -159,8 +171,7 @@ impl CacheHandle {
         copy: bool,
         factories: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let cache = self.cache()?;
-        match py.detach(|| cache.get(key)).or_raise()? {
+        match self.detached(py, |cache| cache.get(key))? {
             Some(bytes) => decode_value(py, &bytes, copy, factories).map(Some),
             None => Ok(None),
         }
@@ -168,20 +179,17 @@ impl CacheHandle {
 
     /// Removes `key`.
     fn delete(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
-        let cache = self.cache()?;
-        py.detach(|| cache.delete(key)).or_raise()
+        self.detached(py, |cache| cache.delete(key))
     }
 
     /// True when `key` is live.
     fn contains(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
-        let cache = self.cache()?;
-        py.detach(|| cache.contains(key)).or_raise()
+        self.detached(py, |cache| cache.contains(key))
     }
 
     /// `info(key)` as tenso reports it, or None.
     fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let cache = self.cache()?;
-        let Some(info) = py.detach(|| cache.info(key)).or_raise()? else {
+        let Some(info) = self.detached(py, |cache| cache.info(key))? else {
             return Ok(None);
         };
         let packet = py.import("tensorwire.packet")?;
@@ -209,26 +217,22 @@ impl CacheHandle {
 
     /// Number of live keys.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let cache = self.cache()?;
-        py.detach(|| cache.len()).or_raise()
+        self.detached(py, TensorCache::len)
     }
 
     /// The live keys, most recently used first.
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        let cache = self.cache()?;
-        py.detach(|| cache.keys()).or_raise()
+        self.detached(py, TensorCache::keys)
     }
 
     /// Removes every entry.
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
-        let cache = self.cache()?;
-        py.detach(|| cache.clear()).or_raise()
+        self.detached(py, TensorCache::clear)
     }
 
     /// Counters and occupancy.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let cache = self.cache()?;
-        let s = py.detach(|| cache.stats()).or_raise()?;
+        let s = self.detached(py, TensorCache::stats)?;
         let out = PyDict::new(py);
         for (k, v) in [
             ("entries", s.entries),
@@ -257,8 +261,7 @@ impl CacheHandle {
 
     /// Verifies the internal structures.
     fn check(&self, py: Python<'_>) -> PyResult<()> {
-        let cache = self.cache()?;
-        py.detach(|| cache.check_consistency()).or_raise()
+        self.detached(py, TensorCache::check_consistency)
     }
 
     /// Detaches this handle (views already taken keep the mapping).

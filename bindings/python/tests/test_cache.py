@@ -1,6 +1,7 @@
 """tensorwire.cache.TensorCache: the tenso TensoCache API over a shared-memory pool,
 with zero-copy gets that stay valid, shared by real processes."""
 
+import contextlib
 import errno
 import os
 import platform
@@ -519,6 +520,25 @@ def test_writer_killed_mid_put_leaves_the_cache_consistent(cache, stage):
         assert cache.stats["recoveries"] >= 1
 
 
+@contextlib.contextmanager
+def _lock_held_by_a_stopped_child(name):
+    """A child process that stops mid-put holding the pool lock of cache `name`, for
+    the block; killed after it."""
+    child = run_child("""
+        import sys, numpy as np
+        from tensorwire.cache import TensorCache
+        c = TensorCache(name=sys.argv[1], create=False, _pause_at="reserved")
+        c.put("x", np.ones(10))
+    """, name)
+    try:
+        line = child.stderr.readline()
+        assert "paused at" in line, line + child.stderr.read()
+        yield
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
 def test_waiting_for_the_pool_lock_lets_other_threads_run():
     """Another process holds the pool's lock (stopped mid-put): a get waits for it up
     to lock_timeout without the GIL, so this process's other threads keep running
@@ -526,35 +546,24 @@ def test_waiting_for_the_pool_lock_lets_other_threads_run():
     import threading
 
     name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with TensorCache("1MB", name=name, lock_timeout=1.0) as cache:
-        child = run_child("""
-            import sys, numpy as np
-            from tensorwire.cache import TensorCache
-            c = TensorCache(name=sys.argv[1], create=False, _pause_at="reserved")
-            c.put("x", np.ones(10))
-        """, name)
+    with TensorCache("1MB", name=name, lock_timeout=1.0) as cache, \
+            _lock_held_by_a_stopped_child(name):
+        ticks, waiting = [], threading.Event()
+
+        def tick():
+            while not waiting.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.01)
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
         try:
-            line = child.stderr.readline()
-            assert "paused at" in line, line + child.stderr.read()
-            ticks, waiting = [], threading.Event()
-
-            def tick():
-                while not waiting.is_set():
-                    ticks.append(time.monotonic())
-                    time.sleep(0.01)
-
-            ticker = threading.Thread(target=tick)
-            ticker.start()
-            try:
-                with pytest.raises(TimeoutError):
-                    cache.get("x")
-            finally:
-                waiting.set()
-                ticker.join()
-            assert len(ticks) > 10 and max(np.diff(ticks)) < 0.5, max(np.diff(ticks))
+            with pytest.raises(TimeoutError):
+                cache.get("x")
         finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
+            waiting.set()
+            ticker.join()
+        assert len(ticks) > 10 and max(np.diff(ticks)) < 0.5, max(np.diff(ticks))
 
 
 def test_a_view_dropped_while_another_process_holds_the_lock_is_unpinned_later():
@@ -569,20 +578,9 @@ def test_a_view_dropped_while_another_process_holds_the_lock_is_unpinned_later()
         view = cache.get("a")
         cache.put("a", np.ones(2000))  # the viewed value is retired, pinned by the view
         assert cache.stats["pinned_bytes"] > 0
-        child = run_child("""
-            import sys, numpy as np
-            from tensorwire.cache import TensorCache
-            c = TensorCache(name=sys.argv[1], create=False, _pause_at="reserved")
-            c.put("x", np.ones(10))
-        """, name)
-        try:
-            line = child.stderr.readline()
-            assert "paused at" in line, line + child.stderr.read()
+        with _lock_held_by_a_stopped_child(name):
             del view
             gc.collect()  # the release times out: left for later
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
         assert cache.stats["pinned_bytes"] == 0  # the retired block is freed
         cache.check()
         assert np.array_equal(cache.get("a"), np.ones(2000))

@@ -126,6 +126,12 @@ fn align_up(v: usize, a: usize) -> Option<usize> {
 }
 
 impl Layout {
+    /// Rows of the free-extent table: one per gap between at most `max_entries`
+    /// blocks, and the ends.
+    pub fn free_table_len(&self) -> usize {
+        self.max_entries + 2
+    }
+
     /// The default number of entry slots for a segment of `segment_size` bytes: one
     /// per 16 KiB, between 16 and 65,536.
     pub fn default_entries(segment_size: usize) -> usize {

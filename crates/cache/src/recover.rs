@@ -249,10 +249,10 @@ impl Shared {
         // Blocks and free extents tile the data region exactly.
         let mut all: Vec<(u64, u64)> = blocks;
         let free_count = r.get32(h::FREE_COUNT) as usize;
-        if free_count > l.max_entries + 2 {
+        if free_count > l.free_table_len() {
             return bad(format!(
                 "free extent count {free_count} is past the table's {}",
-                l.max_entries + 2
+                l.free_table_len()
             ));
         }
         for i in 0..free_count {

@@ -236,7 +236,7 @@ impl Shared {
     }
 
     pub(crate) fn free_count(&self) -> usize {
-        (self.region.get32(h::FREE_COUNT) as usize).min(self.layout.max_entries + 2)
+        (self.region.get32(h::FREE_COUNT) as usize).min(self.layout.free_table_len())
     }
 
     /// First fit. Returns the block's offset in the data region. Lock held.
@@ -267,7 +267,7 @@ impl Shared {
     fn free_table_in_range(&self) -> bool {
         let end = self.layout.data_size as u64;
         // A count past the table (which `free_count` clamps) is damage too.
-        let count_fits = self.region.get32(h::FREE_COUNT) as usize <= self.layout.max_entries + 2;
+        let count_fits = self.region.get32(h::FREE_COUNT) as usize <= self.layout.free_table_len();
         count_fits
             && (0..self.free_count()).all(|i| {
                 let (o, n) = self.extent(i);
@@ -305,7 +305,7 @@ impl Shared {
                 self.set_extent(at, (off, size.wrapping_add(nn)));
             }
             (false, false) => {
-                if count >= self.layout.max_entries + 2 {
+                if count >= self.layout.free_table_len() {
                     // Cannot happen (one extent per gap between ≤ max_entries blocks);
                     // leave the bytes unused rather than corrupt the table.
                     return;

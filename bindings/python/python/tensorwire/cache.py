@@ -92,9 +92,8 @@ def _to_storable(tensor):
         if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' over the bits
             return t.contiguous().view(torch.int16).numpy().view(_bfloat16("store"))
         return t.numpy()
-    if hasattr(tensor, "__array__") and not isinstance(tensor, (list, tuple, str)):
-        return np.asarray(tensor)
-    if isinstance(tensor, (list, tuple, int, float, complex)):  # bool is an int
+    if isinstance(tensor, (list, tuple, int, float, complex)) or (  # bool is an int
+            hasattr(tensor, "__array__") and not isinstance(tensor, str)):
         return np.asarray(tensor)
     return tensor
 
