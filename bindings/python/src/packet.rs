@@ -10,6 +10,7 @@ use numpy::PyUntypedArray;
 use pyo3::exceptions::{PyBlockingIOError, PyOSError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use tensorwire::packet::MatrixShape;
 use tensorwire::packet::{
     self, EncodeOptions, Framing, IpcRef, Packet, PacketFramer, PacketLimits, PacketParts,
     PacketReader, PacketRef, QuantScheme, RaggedFraming, SparseFormat,
@@ -275,7 +276,7 @@ pub(crate) enum Spec {
     Bundle(Vec<(String, Spec)>),
     Sparse {
         format: SparseFormat,
-        shape: Shape,
+        shape: MatrixShape,
         parts: [usize; 3],
     },
     Strings {
@@ -379,7 +380,9 @@ impl<'py> Held<'py> {
                 };
                 Spec::Sparse {
                     format,
-                    shape: shape_of(&spec.get_item(2)?)?,
+                    shape: MatrixShape::from_dims(&spec.get_item(2)?.extract::<Vec<u64>>()?)
+                        .map_err(Error::invalid)
+                        .or_raise()?,
                     parts: [
                         self.hold(&spec.get_item(3)?)?,
                         self.hold(&spec.get_item(4)?)?,
@@ -502,7 +505,7 @@ impl<'py> Held<'py> {
                 parts,
             } => PacketRef::Sparse {
                 format: *format,
-                shape: shape.clone(),
+                shape: *shape,
                 data: Box::new(self.dense(parts[0])?),
                 indices: Box::new(self.dense(parts[1])?),
                 pointers: Box::new(self.dense(parts[2])?),

@@ -75,6 +75,22 @@ def test_sparse_both_ways(fmt, integrity):
     same(tenso.loads(ours), m)
 
 
+@pytest.mark.skipif(sparse is None, reason="scipy not installed")
+def test_sparse_matrix_with_more_elements_than_i64_both_ways():
+    """A (2^32 - 1)^2 matrix has more logical elements than i64 counts; tenso writes
+    and reads it, since only its stored values are arrays."""
+    side = 2**32 - 1
+    m = sparse.coo_matrix((np.array([1.0, 2.0]), (np.array([0, side - 1]), np.array([1, side - 1]))),
+                          shape=(side, side))
+    ours = bytes(packet.dumps(m))
+    assert ours == bytes(tenso.dumps(m))
+    for back in (packet.loads(ours), tenso.loads(ours)):
+        assert back.shape == (side, side) and back.format == "coo"
+        np.testing.assert_array_equal(back.data, m.data)
+        np.testing.assert_array_equal(back.row, m.row)
+        np.testing.assert_array_equal(back.col, m.col)
+
+
 @pytest.mark.parametrize("dtype", ["qint8", "quint8", "qint4", "quint4"])
 @pytest.mark.parametrize("scheme,kw", [("per_tensor", {}), ("per_channel", {"axis": 0}),
                                        ("per_channel", {"axis": 2}),

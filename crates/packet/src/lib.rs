@@ -73,7 +73,7 @@ pub use crate::source::{PacketSource, PACKET_TENSOR_NAME};
 pub use crate::stream::{AsyncPacketReader, AsyncPacketWriter};
 pub use crate::stream::{Framing, PacketFramer, PacketReader, PacketWriter, READ_CHUNK};
 pub use crate::value::{
-    Bundle, IpcRef, Packet, QuantScheme, QuantizedPacket, RaggedFraming, RaggedPacket,
+    Bundle, IpcRef, MatrixShape, Packet, QuantScheme, QuantizedPacket, RaggedFraming, RaggedPacket,
     SparseFormat, SparsePacket, StringPacket,
 };
 pub use crate::write::{encode_packet, encode_packet_into, PacketRef};

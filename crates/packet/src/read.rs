@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use crate::codec::PacketLimits;
 use crate::dtype::dtype_from_code;
 use crate::value::{
-    Bundle, IpcRef, Packet, QuantScheme, QuantizedPacket, RaggedFraming, RaggedPacket,
+    Bundle, IpcRef, MatrixShape, Packet, QuantScheme, QuantizedPacket, RaggedFraming, RaggedPacket,
     SparseFormat, SparsePacket, StringPacket,
 };
 use crate::{flags, DEFAULT_ALIGNMENT, MAGIC};
@@ -262,6 +262,17 @@ impl Reader<'_> {
 
     /// Reads `ndim` dimensions at `head.pos`; returns the shape and the offset after it.
     fn shape(&self, head: &Head, end: usize, max_elements: Option<u64>) -> Result<(Shape, usize)> {
+        let (dims, after) = self.dims(head, end)?;
+        let shape = Shape::from_dims(&dims[..head.ndim])?;
+        if let Some(max) = max_elements {
+            Error::check_limit("element count", shape.numel()?, max)?;
+        }
+        Ok((shape, after))
+    }
+
+    /// The `ndim` raw dimensions at `head.pos` (the first `ndim` of the array), and
+    /// the offset after them; their product is not checked.
+    fn dims(&self, head: &Head, end: usize) -> Result<([u64; 255], usize)> {
         Error::check_limit(
             "number of dimensions",
             head.ndim as u64,
@@ -272,11 +283,7 @@ impl Reader<'_> {
         for (d, b) in dims.iter_mut().zip(raw.chunks_exact(4)) {
             *d = u64::from(u32_le(b));
         }
-        let shape = Shape::from_dims(&dims[..head.ndim])?;
-        if let Some(max) = max_elements {
-            Error::check_limit("element count", shape.numel()?, max)?;
-        }
-        Ok((shape, head.pos + head.ndim * 4))
+        Ok((dims, head.pos + head.ndim * 4))
     }
 
     /// Resolves the alignment (custom exponent byte at `pos` when flagged) and returns
@@ -438,9 +445,11 @@ impl Reader<'_> {
     ) -> Result<(Packet, usize)> {
         self.only_flags(head, format.flag(), "sparse")?;
         self.code(head, 0, "sparse")?;
-        // The logical shape of a sparse matrix may exceed the element limit; its parts
-        // are checked as the dense packets they are.
-        let (shape, mut at) = self.shape(head, end, None)?;
+        // The logical shape of a sparse matrix may exceed the element limit, and even
+        // i64 (only its parts are arrays, checked as the dense packets they are).
+        let (dims, mut at) = self.dims(head, end)?;
+        let shape = MatrixShape::from_dims(&dims[..head.ndim])
+            .map_err(|reason| Error::malformed(head.start as u64, reason))?;
         let mut parts = Vec::with_capacity(3);
         for name in format.part_names() {
             let len = to_usize(u64::from(self.u32_at(at, end)?), "sparse part length")?;
@@ -722,19 +731,11 @@ fn is_index(dtype: DType) -> bool {
 /// (`(dtype, length)` of data, indices, pointers); index values are not range-checked.
 pub(crate) fn check_sparse_parts(
     format: SparseFormat,
-    shape: &Shape,
+    shape: &MatrixShape,
     parts: [(DType, u64); 3],
 ) -> std::result::Result<(), String> {
     let names = format.part_names();
     let [(_, n), (idx_dtype, idx_len), (ptr_dtype, ptr_len)] = parts;
-    // tenso rebuilds every sparse packet as a 2-D scipy matrix: it writes a 1-D
-    // `csr_array` but cannot read it back, so neither is such a packet written here.
-    if shape.ndim() != 2 {
-        return Err(format!(
-            "sparse {} packets hold 2-D matrices, not shape {shape}",
-            format.name()
-        ));
-    }
     if !is_index(idx_dtype) || !is_index(ptr_dtype) {
         return Err(format!(
             "sparse {} parts `{}`/`{}` must be integers, not {idx_dtype}/{ptr_dtype}",

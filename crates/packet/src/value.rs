@@ -104,13 +104,49 @@ impl SparseFormat {
     }
 }
 
+/// The logical shape of a sparse matrix: `[rows, columns]`, each below 2³² as the
+/// wire stores them. Unlike a [`Shape`], the element count may pass `i64::MAX` (a
+/// 2³² − 1 square matrix, which tenso reads): only the stored values are arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatrixShape {
+    /// Number of rows.
+    pub rows: u64,
+    /// Number of columns.
+    pub cols: u64,
+}
+
+impl MatrixShape {
+    /// The shape of `dims`, which must be 2-D: tenso rebuilds every sparse packet as
+    /// a 2-D scipy matrix (it writes a 1-D `csr_array` but cannot read it back).
+    pub fn from_dims(dims: &[u64]) -> std::result::Result<MatrixShape, String> {
+        match *dims {
+            [rows, cols] => Ok(MatrixShape { rows, cols }),
+            _ => Err(format!(
+                "sparse packets hold 2-D matrices, not {}-D ones",
+                dims.len()
+            )),
+        }
+    }
+
+    /// `[rows, cols]`.
+    pub fn dims(&self) -> [u64; 2] {
+        [self.rows, self.cols]
+    }
+}
+
+impl std::fmt::Display for MatrixShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}]", self.rows, self.cols)
+    }
+}
+
 /// A sparse matrix: its logical shape and three 1-D dense parts.
 #[derive(Debug, Clone)]
 pub struct SparsePacket {
     /// COO, CSR or CSC.
     pub format: SparseFormat,
     /// The matrix shape.
-    pub shape: Shape,
+    pub shape: MatrixShape,
     /// The stored values (first part).
     pub data: TensorView,
     /// Second part: row indices (COO) or the compressed axis' minor indices, scipy's

@@ -8,7 +8,7 @@ use crate::dtype::dtype_code;
 use crate::read::{
     check_scale_count, check_sparse_parts, IPC_DISCRIMINATOR, RAGGED_KEYS, STRING_CODE,
 };
-use crate::value::{IpcRef, Packet, QuantScheme, RaggedFraming, SparseFormat};
+use crate::value::{IpcRef, MatrixShape, Packet, QuantScheme, RaggedFraming, SparseFormat};
 use crate::{flags, DEFAULT_ALIGNMENT, MAGIC, VERSION};
 
 /// A packet to encode, borrowing the caller's bytes (nothing is copied until the
@@ -32,7 +32,7 @@ pub enum PacketRef<'a> {
         /// COO, CSR or CSC.
         format: SparseFormat,
         /// The matrix shape.
-        shape: Shape,
+        shape: MatrixShape,
         /// The values.
         data: Box<PacketRef<'a>>,
         /// COO row indices; CSR/CSC `indices`.
@@ -242,7 +242,7 @@ fn first_body(p: &PacketRef<'_>, layout: Layout) -> Option<(usize, usize)> {
         }
         PacketRef::Sparse { shape, data, .. } => {
             let (c, a) = first_body(data, PART_LAYOUT)?;
-            Some((10 + 4 * shape.ndim() + 4 + c, a))
+            Some((10 + 4 * shape.dims().len() + 4 + c, a))
         }
         PacketRef::IpcRef(_) => None,
     }
@@ -263,12 +263,16 @@ impl Writer<'_> {
     }
 
     fn shape(&mut self, shape: &Shape) -> Result<()> {
+        self.dims(shape.dims())
+    }
+
+    fn dims(&mut self, dims: &[u64]) -> Result<()> {
         Error::check_limit(
             "number of dimensions",
-            shape.ndim() as u64,
+            dims.len() as u64,
             self.limits.max_ndim as u64,
         )?;
-        for &d in shape.dims() {
+        for &d in dims {
             let d = u32::try_from(d)
                 .map_err(|_| invalid(format!("dimension {d} does not fit a packet's u32 shape")))?;
             self.out.extend_from_slice(&d.to_le_bytes());
@@ -462,7 +466,7 @@ impl Writer<'_> {
     fn sparse(
         &mut self,
         format: SparseFormat,
-        shape: &Shape,
+        shape: &MatrixShape,
         parts: [&PacketRef<'_>; 3],
         depth: usize,
     ) -> Result<()> {
@@ -484,8 +488,8 @@ impl Writer<'_> {
             }
         }
         check_sparse_parts(format, shape, described).map_err(invalid)?;
-        self.header(format.flag(), 0, shape.ndim());
-        self.shape(shape)?;
+        self.header(format.flag(), 0, 2);
+        self.dims(&shape.dims())?;
         let mut prev_len_at = None;
         for part in parts {
             self.align_next(prev_len_at, 4, part, PART_LAYOUT)?;
@@ -690,7 +694,7 @@ impl Packet {
             ),
             Packet::Sparse(s) => PacketRef::Sparse {
                 format: s.format,
-                shape: s.shape.clone(),
+                shape: s.shape,
                 data: Box::new(dense(&s.data)),
                 indices: Box::new(dense(&s.indices)),
                 pointers: Box::new(dense(&s.pointers)),

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use tensorwire_core::{Bytes, DType, Error, Shape};
 use tensorwire_packet::{
-    decode_packet, decode_packet_with, encode_packet, flags, EncodeOptions, Packet, PacketLimits,
-    PacketRef, QuantScheme,
+    decode_packet, decode_packet_with, encode_packet, flags, EncodeOptions, MatrixShape, Packet,
+    PacketLimits, PacketRef, QuantScheme,
 };
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -330,7 +330,7 @@ fn ragged_and_sparse_structure_is_checked() {
     let ptr = [0u8; 8];
     let r = PacketRef::Sparse {
         format: tensorwire_packet::SparseFormat::Csr,
-        shape: Shape::from_dims(&[4, 4]).unwrap(),
+        shape: MatrixShape { rows: 4, cols: 4 },
         data: Box::new(v(DType::F32, 2, &data)),
         indices: Box::new(v(DType::I32, 2, &idx)),
         pointers: Box::new(v(DType::I32, 2, &ptr)),
@@ -443,4 +443,63 @@ fn encoder_refuses_inconsistent_parts() {
         }),
         Error::InvalidArgument { .. }
     ));
+}
+
+#[test]
+fn sparse_matrices_past_i64_elements_round_trip_and_other_ranks_are_refused() {
+    // A 2³² − 1 square matrix holds more elements than i64 counts; tenso writes and
+    // reads it, since only the two stored values are arrays.
+    let side = u64::from(u32::MAX);
+    let data: Vec<u8> = [1.0f64, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let rows: Vec<u8> = [0i64, side as i64 - 1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let part = |dtype, body| PacketRef::Dense {
+        dtype,
+        shape: Shape::from_dims(&[2]).unwrap(),
+        body,
+    };
+    let matrix = |shape| PacketRef::Sparse {
+        format: tensorwire_packet::SparseFormat::Coo,
+        shape,
+        data: Box::new(part(DType::F64, &data)),
+        indices: Box::new(part(DType::I64, &rows)),
+        pointers: Box::new(part(DType::I64, &rows)),
+    };
+    let huge = MatrixShape {
+        rows: side,
+        cols: side,
+    };
+    let bytes = encode_packet(&matrix(huge), &EncodeOptions::default()).unwrap();
+    match dec(bytes.clone()).unwrap() {
+        Packet::Sparse(s) => {
+            assert_eq!(s.shape, huge);
+            assert_eq!(s.shape.to_string(), "[4294967295, 4294967295]");
+            assert_eq!(s.data.bytes.as_ref(), &data[..]);
+            assert_eq!(s.indices.bytes.as_ref(), &rows[..]);
+        }
+        other => panic!("expected a sparse packet, got {}", other.kind()),
+    }
+    // A dimension the wire's u32 cannot hold is refused by the encoder.
+    let wider = MatrixShape {
+        rows: side + 1,
+        cols: 1,
+    };
+    assert!(matches!(
+        encode_packet(&matrix(wider), &EncodeOptions::default()),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // A header claiming a 1-D or 3-D sparse matrix (ndim is byte 8) is malformed.
+    for ndim in [1u8, 3] {
+        let mut bad = bytes.clone();
+        bad[8] = ndim;
+        match dec(bad) {
+            Err(Error::Malformed { reason, .. }) if ndim == 1 => {
+                assert!(reason.contains("2-D matrices, not 1-D"), "{reason}")
+            }
+            Err(Error::Malformed { .. }) => {}
+            other => panic!("ndim {ndim}: expected a malformed error, got {other:?}"),
+        }
+    }
 }

@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use tensorwire_core::{Bytes, DType, Shape, TensorView};
 use tensorwire_packet::{
-    decode_packet, encode_packet, EncodeOptions, IpcRef, Packet, PacketRef, QuantScheme,
-    RaggedFraming, SparseFormat,
+    decode_packet, encode_packet, EncodeOptions, IpcRef, MatrixShape, Packet, PacketRef,
+    QuantScheme, RaggedFraming, SparseFormat,
 };
 
 /// An owned packet for the generator; [`Node::as_ref`] lends it to the encoder.
@@ -50,7 +50,7 @@ impl Node {
             },
             Node::Sparse(format, shape, [(dd, d), (di, i), (dp, p)]) => PacketRef::Sparse {
                 format: *format,
-                shape: Shape::from_dims(shape).unwrap(),
+                shape: MatrixShape::from_dims(shape).unwrap(),
                 data: Box::new(vector(*dd, d)),
                 indices: Box::new(vector(*di, i)),
                 pointers: Box::new(vector(*dp, p)),
@@ -300,7 +300,7 @@ fn same(p: &Packet, n: &Node) -> bool {
         }
         (Packet::Sparse(s), Node::Sparse(format, shape, [(dd, d), (di, i), (dp, pp)])) => {
             s.format == *format
-                && s.shape.dims() == shape
+                && s.shape.dims() == *shape
                 && same_view(&s.data, *dd, d)
                 && same_view(&s.indices, *di, i)
                 && same_view(&s.pointers, *dp, pp)
