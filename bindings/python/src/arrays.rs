@@ -176,6 +176,37 @@ impl Owner for ArrayOwner {
     }
 }
 
+/// A copy made for one decode ([`snapshot`]), whose arrays are its only users: it
+/// lends them a writable base, as a private copy-on-write map does.
+struct Snapshot {
+    buf: AlignedBuf,
+    /// Address of `buf`'s first byte, taken from its mutable slice when it was filled
+    /// (a `usize` so the owner is `Send + Sync`).
+    base: usize,
+}
+
+impl Owner for Snapshot {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+
+    fn writable_base(&self) -> Option<*mut u8> {
+        Some(self.base as *mut u8)
+    }
+}
+
+/// A private, 64-aligned copy of `bytes` to decode once into writable arrays that view
+/// it (so a `copy=True` decode copies once, not twice). Made the fast way: fresh memory
+/// asked for huge pages, filled on this thread and the copy helpers without the GIL.
+/// Its arrays must be the copy's only users: no other [`Bytes`] of it may be kept.
+pub fn snapshot(py: Python<'_>, bytes: &[u8]) -> PyResult<Bytes> {
+    let mut buf = AlignedBuf::zeroed(bytes.len()).or_raise()?;
+    tensorwire::mmap::advise_huge_pages(buf.as_mut_slice());
+    copy_parallel(py, vec![(buf.as_mut_slice(), bytes)]);
+    let base = buf.as_mut_slice().as_mut_ptr() as usize;
+    Ok(Bytes::from_owner(Snapshot { buf, base }))
+}
+
 /// The bytes of a C-contiguous array, shared without copying (read-only: the owner
 /// offers no writable base).
 pub fn lend(array: &Bound<'_, PyUntypedArray>) -> PyResult<Bytes> {
@@ -419,7 +450,10 @@ impl<'py> Arena<'py> {
                 })
             })?;
         // 64-aligned, so every piece (at a multiple of 64) is aligned for any dtype.
+        // Fresh memory is asked for huge pages, so a large copy is not one page fault
+        // per 4 KiB (what numpy does for its own arrays).
         let mut buf = arena_pool::take(total).or_raise()?;
+        tensorwire::mmap::advise_huge_pages(buf.as_mut_slice());
         let mut pieces = Vec::with_capacity(sources.len());
         let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(sources.len());
         let mut rest = buf.as_mut_slice();

@@ -17,7 +17,7 @@ use tensorwire::packet::EncodeOptions;
 use tensorwire::Error;
 
 use crate::errors::ResultExt;
-use crate::packet::{decode_value, encode_spec, Held};
+use crate::packet::{decode_value, encode_spec, Arrays, Held};
 
 /// A handle on one cache (`tensorwire.cache.TensorCache` wraps it).
 #[pyclass(frozen, module = "tensorwire._native", name = "CacheHandle")]
@@ -172,7 +172,7 @@ impl CacheHandle {
         factories: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.detached(py, |cache| cache.get(key))? {
-            Some(bytes) => decode_value(py, &bytes, copy, factories).map(Some),
+            Some(bytes) => decode_value(py, &bytes, Arrays::copied_if(copy), factories).map(Some),
             None => Ok(None),
         }
     }

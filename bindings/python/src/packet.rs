@@ -25,16 +25,46 @@ const RAGGED_OFFSETS: &str = "__ragged_offsets__";
 const RAGGED_FLAT: &str = "__ragged_flat__";
 const RAGGED_COUNT: &str = "__ragged_count__";
 
+/// What the arrays a [`Decoder`] makes are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrays {
+    /// Read-only views of the packet's bytes (read-only copies where a body is not
+    /// aligned for its dtype).
+    Views,
+    /// Writable copies.
+    Copies,
+    /// Writable views of a private snapshot taken for this decode alone
+    /// ([`arrays::snapshot`]): copies already, so copied again only where a body is
+    /// not aligned for its dtype.
+    SnapshotViews,
+}
+
+impl Arrays {
+    /// `Copies` when `copy`, else `Views`.
+    pub(crate) fn copied_if(copy: bool) -> Arrays {
+        if copy {
+            Arrays::Copies
+        } else {
+            Arrays::Views
+        }
+    }
+
+    /// Whether the arrays may be written.
+    fn writable(self) -> bool {
+        self != Arrays::Views
+    }
+}
+
 /// Whether a tensor's bytes must be copied rather than viewed.
-fn needs_copy(bytes: &[u8], dtype: DType, copy: bool) -> bool {
-    copy || (bytes.as_ptr() as usize) % dtype.alignment() != 0
+fn needs_copy(bytes: &[u8], dtype: DType, arrays: Arrays) -> bool {
+    arrays == Arrays::Copies || (bytes.as_ptr() as usize) % dtype.alignment() != 0
 }
 
 /// The bytes of `packet`'s tensors that [`Decoder`] will copy, in the order it asks
 /// for them.
-fn copy_sources<'a>(packet: &'a Packet, copy: bool, out: &mut Vec<&'a [u8]>) {
+fn copy_sources<'a>(packet: &'a Packet, arrays: Arrays, out: &mut Vec<&'a [u8]>) {
     let mut view = |v: &'a TensorView| {
-        if needs_copy(v.bytes.as_slice(), v.dtype, copy) {
+        if needs_copy(v.bytes.as_slice(), v.dtype, arrays) {
             out.push(v.bytes.as_slice());
         }
     };
@@ -53,10 +83,10 @@ fn copy_sources<'a>(packet: &'a Packet, copy: bool, out: &mut Vec<&'a [u8]>) {
             view(&r.offsets);
             view(&r.flat);
         }
-        Packet::Quantized(q) if copy => out.push(q.data.as_slice()),
+        Packet::Quantized(q) if arrays == Arrays::Copies => out.push(q.data.as_slice()),
         Packet::Bundle(b) => {
             for (_, member) in &b.entries {
-                copy_sources(member, copy, out);
+                copy_sources(member, arrays, out);
             }
         }
         _ => {}
@@ -66,7 +96,7 @@ fn copy_sources<'a>(packet: &'a Packet, copy: bool, out: &mut Vec<&'a [u8]>) {
 /// Builds Python values from decoded packets.
 pub(crate) struct Decoder<'py> {
     py: Python<'py>,
-    copy: bool,
+    arrays: Arrays,
     /// Where copies go (tensors not aligned in memory, or all with `copy`).
     arena: Option<arrays::Arena<'py>>,
     make_sparse: Bound<'py, PyAny>,
@@ -80,22 +110,22 @@ impl<'py> Decoder<'py> {
     /// A decoder for `packet`, with one arena sized for every copy it will make.
     pub(crate) fn new(
         factories: &Bound<'py, PyTuple>,
-        copy: bool,
+        arrays: Arrays,
         packet: &Packet,
     ) -> PyResult<Self> {
         let (make_sparse, make_strings, make_ragged, make_quantized, make_ipc_ref) =
             factories.extract()?;
         let py = factories.py();
         let mut sources = Vec::new();
-        copy_sources(packet, copy, &mut sources);
+        copy_sources(packet, arrays, &mut sources);
         let arena = if sources.is_empty() {
             None
         } else {
-            Some(arrays::Arena::new(py, &sources, copy)?)
+            Some(arrays::Arena::new(py, &sources, arrays.writable())?)
         };
         Ok(Decoder {
             py,
-            copy,
+            arrays,
             arena,
             make_sparse,
             make_strings,
@@ -105,12 +135,13 @@ impl<'py> Decoder<'py> {
         })
     }
 
-    /// A numpy array for a decoded tensor: a read-only view of the packet when the
-    /// body is element-aligned in memory and no copy was asked for, else a copy in the
-    /// arena (writeable only when `copy` was asked for).
+    /// A numpy array for a decoded tensor: a view of the packet when the body is
+    /// element-aligned in memory and `Copies` was not asked for, else a copy in the
+    /// arena; writeable unless `Views` was asked for (or the view's bytes allow it:
+    /// a snapshot's, or a private copy-on-write map's).
     fn array(&mut self, view: &TensorView) -> PyResult<Bound<'py, PyAny>> {
         let dims = view.shape.dims();
-        if !needs_copy(view.bytes.as_slice(), view.dtype, self.copy) {
+        if !needs_copy(view.bytes.as_slice(), view.dtype, self.arrays) {
             return arrays::zero_copy(self.py, &view.bytes, view.dtype, dims);
         }
         if let Some(arena) = self.arena.as_mut() {
@@ -123,7 +154,7 @@ impl<'py> Decoder<'py> {
         let src = view.bytes.as_slice();
         let dst = buf.as_mut_slice();
         arrays::maybe_detach(self.py, src.len(), || dst.copy_from_slice(src));
-        if !self.copy {
+        if !self.arrays.writable() {
             array.getattr("flags")?.setattr("writeable", false)?;
         }
         Ok(array)
@@ -225,7 +256,8 @@ pub fn packet_loads<'py>(
     factories: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = arrays::lend_bytes(buffer)?;
-    match decode_value(buffer.py(), &bytes, copy, factories) {
+    let arrays = Arrays::copied_if(copy);
+    match decode_value(buffer.py(), &bytes, arrays, factories) {
         Ok(value) => Ok(value),
         // As tenso: the packet at the front, whatever follows it (a tenso
         // shared-memory segment holds its packet with slack after it). Only when the
@@ -235,7 +267,7 @@ pub fn packet_loads<'py>(
         Err(whole) => match framed_length(&bytes) {
             Ok(len) if len < bytes.len() as u64 => {
                 let front = bytes.slice(0..len as usize).or_raise()?;
-                decode_value(buffer.py(), &front, copy, factories)
+                decode_value(buffer.py(), &front, arrays, factories)
             }
             _ => Err(whole),
         },
@@ -247,7 +279,7 @@ pub fn packet_loads<'py>(
 pub(crate) fn decode_value<'py>(
     py: Python<'py>,
     bytes: &Bytes,
-    copy: bool,
+    arrays: Arrays,
     factories: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let decoded = if bytes.len() >= RELEASE_GIL_BYTES {
@@ -256,7 +288,7 @@ pub(crate) fn decode_value<'py>(
         packet::decode_packet(bytes)
     }
     .or_raise()?;
-    Decoder::new(factories, copy, &decoded)?.value(&decoded)
+    Decoder::new(factories, arrays, &decoded)?.value(&decoded)
 }
 
 /// An array from a spec, ready to encode: C-contiguous and little-endian.
@@ -925,7 +957,7 @@ pub fn packet_read_stream<'py>(
     };
     let decoded =
         arrays::maybe_detach(py, bytes.len(), || packet::decode_packet(&bytes)).or_raise()?;
-    Decoder::new(factories, copy, &decoded)?
+    Decoder::new(factories, Arrays::copied_if(copy), &decoded)?
         .value(&decoded)
         .map(Some)
 }

@@ -24,7 +24,7 @@ use tensorwire::{Bytes, DType, Error};
 
 use crate::arrays;
 use crate::errors::ResultExt;
-use crate::packet::{decode_value, encode_spec, framed_length, Encoded, Held};
+use crate::packet::{decode_value, encode_spec, framed_length, Arrays, Encoded, Held};
 
 /// The numpy `base` of a read-write [`ShmSegment::buffer`] array: holds the mapping
 /// alive for as long as the array (or a memoryview of it) lives.
@@ -466,7 +466,7 @@ impl ShmSegment {
             .or_raise()?;
         let packet = whole.slice(..len).or_raise()?;
         if !copy {
-            return decode_value(py, &packet, false, factories);
+            return decode_value(py, &packet, Arrays::Views, factories);
         }
         // A copy is decoded from a snapshot of the packet, taken in one pass and
         // checked afterwards: its magic (which a `put` clears first and writes last)
@@ -474,12 +474,9 @@ impl ShmSegment {
         // over the snapshot itself. So a `put` from another process during the copy
         // gives `BadMagicError` or `ChecksumError` (retry), not arrays mixing the old
         // packet with the new one (a `put` completed whole within the copy, of the
-        // same length and without integrity, can still go unseen).
-        let snapshot = arrays::maybe_detach(py, len, || {
-            tensorwire::core::AlignedBuf::copy_from(packet.as_slice())
-        })
-        .or_raise()?
-        .into_bytes();
+        // same length and without integrity, can still go unseen). The arrays are
+        // writable views of the snapshot, which nothing else holds.
+        let snapshot = arrays::snapshot(py, packet.as_slice())?;
         let again = framed_length_after_magic(whole.as_slice())?;
         if again != len as u64 {
             return Err(Error::BadMagic {
@@ -489,7 +486,7 @@ impl ShmSegment {
             })
             .or_raise();
         }
-        decode_value(py, &snapshot, true, factories)
+        decode_value(py, &snapshot, Arrays::SnapshotViews, factories)
     }
 
     /// The length of the packet at offset 0.
