@@ -884,6 +884,25 @@ impl Reader {
             .collect())
     }
 
+    /// Names of a PyTorch checkpoint's tensors that `_read_for_torch` cannot lend to
+    /// torch as views of the map (a deflated record, bytes not aligned for their
+    /// dtype, a read-only map), in file order: `pytorch.load` sets those on a copy of
+    /// their whole storage, so they keep torch's strides and storage size rather than
+    /// becoming row-major copies of their elements.
+    fn _pytorch_unlendable(&self) -> PyResult<Vec<String>> {
+        let open = self.open()?;
+        let src = open.src();
+        let reader = pytorch(src)?;
+        let lendable = |at: usize| match (reader.in_place_extent(at), src.info_at(at)) {
+            (Some(bytes), Ok(info)) => lendable_as(&bytes, info, Lend::Torch),
+            _ => false,
+        };
+        Ok((0..reader.records().len())
+            .filter(|&at| !lendable(at))
+            .map(|at| reader.tensors()[at].name.to_string())
+            .collect())
+    }
+
     /// `(name, first name)` for each tensor of a PyTorch checkpoint that is the same
     /// pickled object as an earlier one, which `torch.load` returns as one object.
     fn _pytorch_same_objects(&self) -> PyResult<Vec<(String, String)>> {

@@ -6,6 +6,7 @@ import glob
 import io
 import json
 import os
+import zipfile
 
 import numpy as np
 import pytest
@@ -824,7 +825,6 @@ def _amplifying_zip(path, copies):
     """A ZIP checkpoint {"notes": [s] * copies} where s is one memoized 1 MiB str:
     about 1 MiB on disk, copies MiB once every reference is copied."""
     import struct
-    import zipfile
 
     text = b"x" * (1 << 20)
     pkl = (b"\x80\x02}(X\x05\x00\x00\x00notes](X" + struct.pack("<I", len(text)) + text
@@ -867,10 +867,10 @@ def test_a_long_list_shared_under_several_keys_loads_as_torch_loads_it(tmp_path)
     assert torch.equal(nested["w"], want["w"])
 
 
-def _deflated_copy(src, dst):
-    import zipfile
-
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+def _rezipped(src, dst, method):
+    """`src`'s records written again by Python's zipfile with `method`, as some tools
+    re-pack checkpoints (no 64-byte alignment any more)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", method) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info.filename))
 
@@ -882,7 +882,7 @@ def test_deflated_records_read_as_the_stored_ones(tmp_path):
     for name in ("views.pt", "dtypes.pt", "module.pt"):
         src = os.path.join(FIXTURES, name)
         dst = tmp_path / name
-        _deflated_copy(src, dst)
+        _rezipped(src, dst, zipfile.ZIP_DEFLATED)
         with tw.Reader(src) as stored, tw.Reader(str(dst)) as deflated:
             for k in stored.keys():
                 a, b = stored.read_numpy(k), deflated.read_numpy(k)
@@ -895,10 +895,74 @@ def test_deflated_records_read_as_the_stored_ones(tmp_path):
             for kw in ({}, {"mmap": False}, {"map_location": lambda s, loc: s}):
                 got = pytorch.load(dst, **kw)
                 for k, w in want.items():
-                    if w.is_contiguous():
-                        assert got[k].stride() == w.stride(), (name, kw, k)
+                    assert got[k].stride() == w.stride(), (name, kw, k)
+                    assert got[k].storage_offset() == w.storage_offset(), (name, kw, k)
                     raw = [t.contiguous().reshape(-1).view(torch.uint8) for t in (got[k], w)]
                     assert got[k].dtype == w.dtype and torch.equal(*raw), (name, kw, k)
+
+
+def test_tensors_load_cannot_lend_in_place_are_found(tmp_path):
+    """What load sets on storage copies rather than lending the map (no torch needed):
+    none of a checkpoint torch wrote, every tensor once deflated, and once re-zipped
+    stored exactly those whose bytes lost their element alignment."""
+    src = os.path.join(FIXTURES, "module.pt")  # types numpy has (no ml_dtypes in CI)
+    with tw.Reader(src) as r:
+        assert r._pytorch_unlendable() == []
+        keys = r.keys()
+    for method in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
+        dst = tmp_path / f"rezipped{method}.pt"
+        _rezipped(src, dst, method)
+        with tw.Reader(str(dst)) as r:
+            unlent = r._pytorch_unlendable()
+            if method == zipfile.ZIP_DEFLATED:
+                assert unlent == keys
+            else:
+                misaligned = [k for k in keys
+                              if not r.read_numpy(k).flags.aligned
+                              or r.read_numpy(k).ctypes.data % r.read_numpy(k).itemsize]
+                assert unlent == misaligned and unlent
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("layout", ["stored", "deflated", "alignment_1"])
+def test_load_keeps_strides_and_storages_of_records_it_cannot_lend(tmp_path, layout):
+    """Records torch cannot view in place (re-zipped by Python's zipfile, stored or
+    deflated, or saved with storage_alignment=1) still give torch.load's tensors:
+    strides, storage offsets and sizes, an expanded tensor its one element (2^40 of
+    them would not fit a copy)."""
+    import torch.utils.serialization.config as config
+
+    state = {"t": torch.arange(6.0).view(2, 3).t(), "step": torch.arange(10.0)[::3],
+             "cl": torch.randn(1, 2, 2, 3).to(memory_format=torch.channels_last),
+             "c": torch.randn(3, dtype=torch.complex128)[1:],
+             "e": torch.ones(1).expand(2**40), "z": torch.empty_strided((0, 3), (7, 100)),
+             "w": torch.randn(4, 5)}
+    state["tied"] = state["w"][1]
+    path = tmp_path / "ckpt.pt"
+    if layout == "alignment_1":
+        saved = config.save.storage_alignment
+        config.save.storage_alignment = 1
+        try:
+            torch.save(state, path)
+        finally:
+            config.save.storage_alignment = saved
+    else:
+        torch.save(state, tmp_path / "orig.pt")
+        method = zipfile.ZIP_STORED if layout == "stored" else zipfile.ZIP_DEFLATED
+        _rezipped(tmp_path / "orig.pt", path, method)
+    want = torch.load(path, weights_only=True)
+    for kw in ({}, {"mmap": False}):
+        got = pytorch.load(path, **kw)
+        assert list(got) == list(want)
+        for k, w in want.items():
+            g = got[k]
+            assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride()), (kw, k)
+            assert g.storage_offset() == w.storage_offset(), (kw, k)
+            assert g.untyped_storage().nbytes() == w.untyped_storage().nbytes(), (kw, k)
+            if k != "e":
+                assert torch.equal(g, w), (kw, k)
+        assert got["e"][12345].item() == 1.0
+        assert got["tied"].untyped_storage().data_ptr() == got["w"].untyped_storage().data_ptr()
 
 
 @pytest.mark.skipif(torch is None or not hasattr(torch, "float8_e8m0fnu"),
@@ -1085,8 +1149,6 @@ def test_parameters_and_requires_grad_are_torch_loads(tmp_path, legacy):
 
 def _zip_checkpoint(path, pkl):
     """A ZIP checkpoint whose data.pkl is the pickle `pkl` (bytes), stored."""
-    import zipfile
-
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         z.writestr("ck/data.pkl", pkl)
         z.writestr("ck/version", "3\n")

@@ -678,6 +678,29 @@ impl PtReader {
         Ok((copy.into_bytes(), false))
     }
 
+    /// The mapped input's bytes of tensor `position`'s extent (from its first element
+    /// to its last), where [`TensorSource::strided_at`] lends them: a ZIP record stored
+    /// as is, in a mapped little-endian checkpoint, without lazy signs. `None` where
+    /// that view would be a copy (or `position` is past the last tensor). Cheaper than
+    /// `strided_at`: it builds no view.
+    pub fn in_place_extent(&self, position: usize) -> Option<Bytes> {
+        let record = self.records.get(position)?;
+        if !self.little_endian || !self.input.is_mapped() || record.has_lazy_signs() {
+            return None;
+        }
+        let Some(StorageData::Zip(i)) = self.storages.get(&*record.storage.key) else {
+            return None;
+        };
+        let entry = zip_entry(&self.zip, *i);
+        if entry.method == Method::Deflated {
+            return None;
+        }
+        let (start, end) = record.byte_extent().ok()?;
+        let window = record.storage.window().ok()?.0;
+        let offset = entry.data_offset.checked_add(window)?.checked_add(start)?;
+        self.input.read(offset, end - start).ok()
+    }
+
     /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
     /// storage's first byte), with a flag saying whether they borrow the input.
     fn storage_range(&self, key: &str, start: u64, end: u64) -> Result<(Bytes, bool)> {

@@ -778,3 +778,39 @@ fn big(text: &str) -> tensorwire_core::BigInt {
         other => panic!("{text}: {other:?}"),
     }
 }
+
+/// `in_place_extent` is `Some` exactly where `strided_at` lends the map, with the
+/// same bytes: every tensor of a stored little-endian ZIP checkpoint; none of a
+/// big-endian one (swapped copies), a legacy one, or a lazy conjugate view.
+#[test]
+fn in_place_extents_are_the_lent_views() {
+    for (file, lent) in [
+        ("views.pt", true),
+        ("dtypes.pt", true),
+        ("big_endian.pt", false),
+        ("views.legacy.pt", false),
+    ] {
+        let reader = PtReader::open(dir().join(file)).unwrap();
+        for at in 0..reader.tensors().len() {
+            let view = reader.strided_at(at).unwrap();
+            match reader.in_place_extent(at) {
+                Some(bytes) => {
+                    assert!(lent && view.zero_copy, "{file} #{at}");
+                    assert_eq!(bytes.as_ptr(), view.bytes.as_ptr(), "{file} #{at}");
+                    assert_eq!(bytes.len(), view.bytes.len(), "{file} #{at}");
+                }
+                None => assert!(!lent || !view.zero_copy, "{file} #{at}"),
+            }
+        }
+        assert!(reader.in_place_extent(reader.tensors().len()).is_none());
+    }
+    let lazy = PtReader::open(dir().join("conj_neg.pt")).unwrap();
+    let names: Vec<_> = (0..lazy.tensors().len())
+        .filter(|&at| lazy.in_place_extent(at).is_none())
+        .map(|at| lazy.tensors()[at].name.to_string())
+        .collect();
+    assert!(
+        !names.is_empty() && names.len() < lazy.tensors().len(),
+        "{names:?}"
+    );
+}

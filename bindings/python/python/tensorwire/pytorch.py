@@ -118,9 +118,12 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             # Every tensor a view of the map, as fast as it gets: a tensor with a
             # storage to itself is a view of just its bytes, which is all of its
             # storage. Tensors that share a storage or cover part of one are set on
-            # that whole storage, so their storages and offsets are torch's too.
+            # that whole storage, so their storages and offsets are torch's too, and
+            # so are those whose bytes cannot be lent to torch (a re-zipped file's
+            # deflated or unaligned records): on a copy of their storage, they keep
+            # their strides and storage size (an expanded tensor its one element).
             tt = _torch_interop()
-            partial = reader._pytorch_partial_storages()
+            partial = reader._pytorch_partial_storages() + reader._pytorch_unlendable()
             if partial:
                 on_storages = _restored_tensors(reader, _keep, None, copy=False, only=set(partial))
                 tensors = {name: on_storages[name] if name in on_storages
