@@ -22,12 +22,17 @@ pub const MAGIC_LE: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 
 /// The protocol version torch writes and reads.
 const PROTOCOL_VERSION: i64 = 1001;
 
+/// The legacy magic number as pickle protocols 0 and 1 write it: a text `LONG`
+/// (`torch.save(..., pickle_protocol=1)`).
+const MAGIC_TEXT: &[u8] = b"L119547037146038801333356L\n";
+
 /// True when `head` (the first bytes of a file) starts like a legacy checkpoint.
 pub fn sniff(head: &[u8]) -> bool {
-    head.first() == Some(&0x80)
+    let binary = head.first() == Some(&0x80)
         && head
             .get(..32.min(head.len()))
-            .is_some_and(|h| h.windows(MAGIC_LE.len()).any(|w| w == MAGIC_LE))
+            .is_some_and(|h| h.windows(MAGIC_LE.len()).any(|w| w == MAGIC_LE));
+    binary || head.starts_with(MAGIC_TEXT)
 }
 
 /// Where one storage's bytes are.
@@ -244,4 +249,21 @@ pub fn check_prefix(input: &Input, key: &str, storage: &LegacyStorage, little: b
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sniff_takes_the_magic_number_binary_or_as_text() {
+        let mut binary = vec![0x80, 0x02, 0x8a, 0x0a];
+        binary.extend_from_slice(&MAGIC_LE);
+        assert!(sniff(&binary));
+        assert!(sniff(b"L119547037146038801333356L\n.M\xe9\x03."));
+        // Another text long, or the text without the binary pickle's first byte.
+        assert!(!sniff(b"L119547037146038801333357L\n."));
+        assert!(!sniff(b"119547037146038801333356L\n"));
+        assert!(!sniff(&binary[1..]));
+    }
 }
