@@ -659,11 +659,24 @@ def test_save_model_matches_the_package(tmp_path):
 
 
 
-def test_slices_of_raw_types_report_their_logical_shape():
+def test_slices_of_raw_types_report_and_index_their_logical_shape():
+    """numpy reads F8_E8M0 and F4 as their bytes; a slice indexes the dimensions it
+    reports: an E8M0 value is a byte, an F4 row 3 bytes (of 6 values), and an index
+    into F4's last dimension would split bytes, so it is refused, not misread."""
     with formats.safe_open(_fixture("raw_types"), "np") as f:
         packed, scales = f.get_slice("packed"), f.get_slice("scales")
         assert packed.get_shape() == [2, 6] and len(packed) == 2
         assert scales.get_shape() == [4] and len(scales) == 4
+        packed_bytes, scale_bytes = f.get_tensor("packed"), f.get_tensor("scales")
+    assert packed_bytes.shape == (6,) and scale_bytes.shape == (4,)
+    np.testing.assert_array_equal(scales[1:3], scale_bytes[1:3])
+    assert scales[2].shape == () and scales[2] == scale_bytes[2]
+    np.testing.assert_array_equal(packed[1], packed_bytes[3:])
+    np.testing.assert_array_equal(packed[:1], packed_bytes[None, :3])
+    np.testing.assert_array_equal(packed[::-1], packed_bytes.reshape(2, 3)[::-1])
+    for index in [(0, 1), (slice(None), slice(0, 2)), Ellipsis, (None, 0)]:
+        with pytest.raises(tw.UnsupportedError, match="before the last"):
+            packed[index]
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

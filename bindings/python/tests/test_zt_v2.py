@@ -193,7 +193,8 @@ def test_types_without_a_dtype_are_written_and_read_as_stored_bytes(tmp_path, ve
 
 def test_get_slice_names_f8_e8m0_and_f4_e2m1_as_safetensors_does(tmp_path):
     """safe_open over a .zt file: f8_e8m0 is F8_E8M0, a version 2 f4_e2m1 tensor F4
-    with its logical shape (a 1.x one, one value per byte, stays U8)."""
+    with its logical shape (a 1.x one, one value per byte, stays U8), whose slices
+    numpy cannot take within a byte."""
     from tensorwire.formats import safe_open
     for version in (1, 2):
         path = str(tmp_path / f"v{version}.zt")
@@ -204,7 +205,9 @@ def test_get_slice_names_f8_e8m0_and_f4_e2m1_as_safetensors_does(tmp_path):
             if version == 2:
                 s = f.get_slice("f4_odd")
                 assert (s.get_dtype(), s.get_shape()) == ("F4", [5])
-                assert s[1:].tolist() == [0x43, 0x05]
+                # numpy reads its 3 bytes: an index into its 5 values would split them
+                with pytest.raises(tensorwire.UnsupportedError, match="before the last"):
+                    s[1:]
     with safe_open(str(tmp_path / "v1.zt"), "np") as f:
         assert f.get_slice("own").get_dtype() == "U8"
 

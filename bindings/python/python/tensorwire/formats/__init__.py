@@ -252,6 +252,11 @@ class TensorSlice:
                 self._view = loader.whole(name)
             except TensorwireError:
                 pass  # not a dense tensor: indexing raises what it raises
+        # A raw type numpy reads as bytes: (name, logical shape), found now, while
+        # the file is open.
+        self._raw = None
+        if isinstance(self._view, np.ndarray) and self.get_dtype() in _RAW_TYPE_BITS:
+            self._raw = (self.get_dtype(), self.get_shape())
 
     def get_shape(self):
         """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
@@ -299,6 +304,8 @@ class TensorSlice:
 
     def __getitem__(self, index):
         whole = self._view if self._view is not None else self._loader.whole(self._name)
+        if self._raw is not None:
+            whole = self._by_logical_dims(whole, index)
         try:
             part = whole[index]
         except IndexError as e:
@@ -320,6 +327,32 @@ class TensorSlice:
             raise TypeError("len() of a 0-d tensor")
         return shape[0]
 
+    def _by_logical_dims(self, whole, index):
+        """``whole`` ready for ``index`` over :meth:`get_shape`'s dimensions. numpy
+        reads a raw type (``F8_E8M0``, ``F4``, ``F6_*``) as its flat bytes: those of
+        a one-byte type reshaped to the logical shape; those of a packed one to the
+        leading dimensions and each last-dimension row's bytes, which ``index`` may
+        then not reach into (``UnsupportedError``: torch has ``F4``'s dtype)."""
+        dtype, shape = self._raw
+        bits = _RAW_TYPE_BITS[dtype]
+        if whole.ndim != 1 or whole.dtype != np.uint8:
+            return whole
+        if bits == 8:
+            return whole.reshape(shape)
+        lead = shape[:-1]
+        if shape and (shape[-1] * bits) % 8 == 0:
+            rows = whole.reshape(lead + [shape[-1] * bits // 8])
+            parts = index if isinstance(index, tuple) else (index,)
+            if len(parts) < len(shape) and not any(p is Ellipsis or p is None for p in parts):
+                return rows
+        raise _native.UnsupportedError(
+            f"{self._name}: {dtype} packs {bits}-bit values into bytes, which numpy reads "
+            f"as they are: its slices can take only the dimensions before the last, and "
+            f"whole rows (read it whole with get_tensor, or slice it with framework='pt')")
+
+
+# Bits per value of the safetensors types numpy reads as raw bytes.
+_RAW_TYPE_BITS = {"F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 
 # Layouts read_torch names a tensor's type by (its dtype cannot) -> safetensors names
 # (complex32 has none). Safetensors' own raw types are named by their listing
