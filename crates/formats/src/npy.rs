@@ -314,7 +314,9 @@ impl<'a> Parser<'a> {
                     if self.peek() == Some(b')') {
                         // `(2)` is the int 2 in Python, not a shape: numpy refuses it.
                         if dims.len() == 1 && !trailing_comma {
-                            return Err(self.error("a one-dimensional shape needs its comma: `(n,)`"));
+                            return Err(
+                                self.error("a one-dimensional shape needs its comma: `(n,)`")
+                            );
                         }
                         self.at += 1;
                         return Ok(Literal::Tuple(dims));
@@ -331,9 +333,6 @@ impl<'a> Parser<'a> {
                     }
                 }
             }
-            Some(b'[') => Err(Error::unsupported(
-                "structured .npy arrays (a list `descr`): only numeric and boolean arrays are tensors",
-            )),
             _ => Err(self.error("expected a string, True, False or a tuple")),
         }
     }
@@ -408,6 +407,11 @@ impl<'a> HeaderDict<'a> {
             }
             let key = p.string()?;
             p.expect(b':')?;
+            if key == "descr" && p.peek() == Some(b'[') {
+                return Err(Error::unsupported(
+                    "structured .npy arrays (a list `descr`): only numeric and boolean arrays are tensors",
+                ));
+            }
             let value = p.literal()?;
             let slot_taken = match (key, value) {
                 ("descr", Literal::Str(s)) => descr.replace(s).is_some(),
@@ -642,6 +646,11 @@ impl NumpyReader {
         )?;
         let mut arrays = Vec::with_capacity(archive.entries().len());
         for entry in archive.entries() {
+            // A folder's entry (an archive made with `zip -r`): no array, as `np.load`
+            // lists it (its value is the empty bytes).
+            if entry.name.ends_with('/') && entry.size == 0 {
+                continue;
+            }
             let name = entry.name.strip_suffix(".npy").unwrap_or(&entry.name);
             let (header, location) = match entry.method {
                 Method::Stored => {
@@ -1280,6 +1289,9 @@ mod tests {
             "{'descr': '<f4', 'fortran_order': False, 'shape': (1)}",
             "{'descr: '<f4'",
             "[]",
+            // A list is not a shape (numpy: "shape is not valid"), nor any other value.
+            "{'descr': '<f4', 'fortran_order': False, 'shape': [6]}",
+            "{'descr': '<f4', 'fortran_order': [False], 'shape': (6,)}",
         ];
         for dict in bad {
             let err = open(npy(dict, &[0; 4])).err().expect(dict);

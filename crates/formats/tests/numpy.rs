@@ -561,3 +561,31 @@ fn deflated_members_inflated_whole_are_checked_against_their_crc() {
         .unwrap();
     assert!(matches!(reader.verify(), Err(Error::DigestMismatch { .. })));
 }
+
+/// An archive made by zipping a folder (`zip -r`): its folder's empty entry holds no
+/// array and is skipped, as `np.load` lists it; a file that is not `.npy`, or a
+/// "folder" entry with bytes, still makes the archive `Unsupported`.
+#[test]
+fn npz_folder_entries_are_skipped() {
+    let array = padded_npy(&[1.0, 2.0], 64);
+    let zip = stored_zip(&[("weights/", Vec::new()), ("weights/a.npy", array.clone())]);
+    let reader = NumpyReader::from_bytes(Bytes::from_vec(zip), &Limits::default()).unwrap();
+    let names: Vec<_> = reader
+        .tensors()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["weights/a"]);
+    assert_eq!(
+        reader.view("weights/a").unwrap().bytes.as_slice(),
+        &array[array.len() - 8..]
+    );
+    assert_eq!(reader.verify().unwrap(), 2);
+    for other in [("README.txt", b"hi".to_vec()), ("weights/", b"x".to_vec())] {
+        let zip = stored_zip(&[other, ("a.npy", array.clone())]);
+        assert!(matches!(
+            NumpyReader::from_bytes(Bytes::from_vec(zip), &Limits::default()),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+}
