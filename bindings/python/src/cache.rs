@@ -53,8 +53,53 @@ fn options(
         max_entries,
         lock_timeout,
         pause_at,
+        wait_check: Some(signal_arrived),
         ..CacheOptions::default()
     })
+}
+
+std::thread_local! {
+    /// Set while this thread runs a cache call without the GIL ([`CacheHandle::detached`]):
+    /// only then may a signal end its lock wait (not in a view's release, which
+    /// runs in numpy's deallocation and cannot raise).
+    static INTERRUPTIBLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The exception a signal handler raised during that wait, for the call to raise.
+    static RAISED: std::cell::RefCell<Option<PyErr>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Sets [`INTERRUPTIBLE`] for its life, then restores what it was (a panic too).
+struct Interruptible {
+    outer: bool,
+}
+
+impl Interruptible {
+    fn enter() -> Interruptible {
+        Interruptible {
+            outer: INTERRUPTIBLE.with(|i| i.replace(true)),
+        }
+    }
+}
+
+impl Drop for Interruptible {
+    fn drop(&mut self) {
+        INTERRUPTIBLE.with(|i| i.set(self.outer));
+    }
+}
+
+/// The cache's [`CacheOptions::wait_check`]: runs Python's signal handlers (Ctrl-C)
+/// between slices of a lock wait, as `SharedTensor`'s lock wait does; true, ending
+/// the wait, when one raised.
+fn signal_arrived() -> bool {
+    if !INTERRUPTIBLE.with(std::cell::Cell::get) {
+        return false;
+    }
+    match Python::attach(|py| py.check_signals()) {
+        Ok(()) => false,
+        Err(raised) => {
+            RAISED.with(|slot| *slot.borrow_mut() = Some(raised));
+            true
+        }
+    }
 }
 
 impl CacheHandle {
@@ -67,14 +112,22 @@ impl CacheHandle {
 
     /// `op` on the cache, without the GIL: the pool lock may be held by another
     /// process (a large put writes under it), and this process's other threads must
-    /// run meanwhile.
+    /// run meanwhile. Ctrl-C ends a lock wait (see [`signal_arrived`]).
     fn detached<T: Send>(
         &self,
         py: Python<'_>,
         op: impl FnOnce(&TensorCache) -> tensorwire::Result<T> + Send,
     ) -> PyResult<T> {
         let cache = self.cache()?;
-        py.detach(|| op(&cache)).or_raise()
+        let result = py.detach(|| {
+            let _interruptible = Interruptible::enter();
+            op(&cache)
+        });
+        // A wait a signal handler ended raises what the handler raised.
+        match (result, RAISED.with(|slot| slot.borrow_mut().take())) {
+            (Err(_), Some(raised)) => Err(raised),
+            (result, _) => result.or_raise(),
+        }
     }
 
     /// The cache, or an error once closed. A clone: operations run without holding

@@ -566,6 +566,38 @@ def test_waiting_for_the_pool_lock_lets_other_threads_run():
         assert len(ticks) > 10 and max(np.diff(ticks)) < 0.5, max(np.diff(ticks))
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_signal_ends_a_wait_for_the_pool_lock():
+    """Ctrl-C (here a SIGINT whose handler raises) ends a call waiting for a lock
+    another process holds, raising what the handler raised, within a slice of the
+    wait; it went unseen until lock_timeout ran out."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are handled on the main thread")
+
+    def handler(*_):
+        raise _Interrupted()
+
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with TensorCache("1MB", name=name, lock_timeout=20.0) as cache, \
+            _lock_held_by_a_stopped_child(name):
+        previous = signal.signal(signal.SIGINT, handler)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        try:
+            timer.start()
+            with pytest.raises(_Interrupted):
+                cache.get("x")
+        finally:
+            timer.cancel()
+            signal.signal(signal.SIGINT, previous)
+        assert time.monotonic() - started < 5
+
+
 def test_a_view_dropped_while_another_process_holds_the_lock_is_unpinned_later():
     """Dropping a view takes the pool lock to release its pin; when another process
     holds the lock past lock_timeout, the release waits for the next operation (it

@@ -60,10 +60,18 @@ pub struct CacheOptions {
     pub lock_timeout: Duration,
     /// Permission bits of a new segment (default `0o600`).
     pub mode: u32,
+    /// Called about every [`WAIT_SLICE`] while an operation waits for the pool lock
+    /// held by someone else; `true` ends the wait with an [`std::io::ErrorKind::Interrupted`]
+    /// I/O error (the Python binding checks for Ctrl-C here). `None`: one wait.
+    pub wait_check: Option<fn() -> bool>,
     /// Crash-test hook: stop inside `put` at this stage.
     #[doc(hidden)]
     pub pause_at: Option<PutStage>,
 }
+
+/// How long one try of an interruptible lock wait lasts (see
+/// [`CacheOptions::wait_check`]).
+pub const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 impl Default for CacheOptions {
     fn default() -> Self {
@@ -72,6 +80,7 @@ impl Default for CacheOptions {
             max_processes: MAX_PROCESSES,
             lock_timeout: Duration::from_secs(10),
             mode: 0o600,
+            wait_check: None,
             pause_at: None,
         }
     }
@@ -800,11 +809,40 @@ impl Shared {
 
     /// [`Shared::locked`], waiting at most `timeout` for the lock.
     fn locked_within<T>(&self, timeout: Duration, f: impl FnOnce(usize) -> Result<T>) -> Result<T> {
-        let mut guard = self.mutex.lock(Some(timeout))?;
+        let mut guard = self.lock_within(timeout)?;
         self.repair_if_needed(&mut guard)?;
         let me = self.register()?;
         self.release_pending_unpins(me);
         f(me)
+    }
+
+    /// The pool lock, waiting at most `timeout`: in [`WAIT_SLICE`]s, between which
+    /// [`CacheOptions::wait_check`] may end the wait, when there is one.
+    fn lock_within(&self, timeout: Duration) -> Result<LockGuard<'_>> {
+        let Some(stop) = self.options.wait_check else {
+            return self.mutex.lock(Some(timeout));
+        };
+        let start = std::time::Instant::now();
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            match self.mutex.lock(Some(left.min(WAIT_SLICE))) {
+                Err(Error::Timeout { .. }) if left > WAIT_SLICE => {
+                    if stop() {
+                        return Err(Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::Interrupted,
+                            "the wait for the cache's lock was interrupted",
+                        )));
+                    }
+                }
+                Err(Error::Timeout { what, .. }) => {
+                    return Err(Error::Timeout {
+                        what,
+                        waited_ms: timeout.as_millis() as u64,
+                    })
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Releases the pins whose views went while the lock could not be taken

@@ -30,6 +30,6 @@ mod tables;
 
 pub use crate::cache::{
     child_after_fork, parent_after_fork, prepare_fork, CacheOptions, CacheStats, EntryInfo,
-    PutStage, TensorCache, INFO_HEAD_BYTES,
+    PutStage, TensorCache, INFO_HEAD_BYTES, WAIT_SLICE,
 };
 pub use crate::layout::{Layout, MAX_KEY_BYTES, MAX_PROCESSES};

@@ -349,3 +349,53 @@ fn a_dead_readers_pins_are_reclaimed_even_when_an_expired_entry_goes_first() {
     assert_eq!(f.0.stats().unwrap().pinned_bytes, 0);
     f.0.check_consistency().unwrap();
 }
+
+/// A handle whose `wait_check` says stop ends its wait for a lock another process
+/// holds (a child paused holding it) after that many slices, with an `Interrupted`
+/// I/O error; without a check the wait runs its whole `lock_timeout`, and times out
+/// naming all of it.
+#[test]
+fn a_wait_check_ends_a_lock_wait_early() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CHECKS: AtomicU32 = AtomicU32::new(0);
+    fn stop_on_third_check() -> bool {
+        CHECKS.fetch_add(1, Ordering::SeqCst) >= 2
+    }
+    let f = cache(1 << 20, 16);
+    let mut child = spawn(
+        "pause",
+        f.0.name(),
+        &[
+            ("TW_PAUSE_AT", "reserved".into()),
+            ("TW_ID", "1".into()),
+            ("TW_LEN", "100".into()),
+        ],
+    );
+    wait_for(&mut child, "paused at");
+    // Attaching registers this process under the pool lock: it waits for the child.
+    let attach = |wait_check, lock_timeout| {
+        let options = CacheOptions {
+            lock_timeout,
+            wait_check,
+            ..CacheOptions::default()
+        };
+        let started = Instant::now();
+        (TensorCache::attach(f.0.name(), options), started.elapsed())
+    };
+    let (stopped, waited) = attach(Some(stop_on_third_check), Duration::from_secs(5));
+    let (timed_out, waited_out) = attach(None, Duration::from_millis(300));
+    kill(&mut child);
+    match stopped {
+        Err(tensorwire_core::Error::Io(e)) => {
+            assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "{e}")
+        }
+        other => panic!("expected an interrupted wait, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(CHECKS.load(Ordering::SeqCst), 3);
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    match timed_out {
+        Err(tensorwire_core::Error::Timeout { waited_ms, .. }) => assert_eq!(waited_ms, 300),
+        other => panic!("expected a timeout, got {:?}", other.map(|_| ())),
+    }
+    assert!(waited_out >= Duration::from_millis(300), "{waited_out:?}");
+}
