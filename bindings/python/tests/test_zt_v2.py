@@ -3,10 +3,15 @@ convert(zt_version=2), read back by tensorwire and, where ztensor 2.x is install
 by ztensor itself (skipped otherwise; fixtures/zt/v2/check_ours.py checks every
 ZtWriter layout the same way)."""
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
 import tensorwire
+
+from conftest import REPO
 
 V2_MAGIC = bytes([0x89, 0x5A, 0x54, 0x32, 0x0D, 0x0A, 0x1A, 0x0A])
 
@@ -70,6 +75,22 @@ def test_tensors_stored_once_share_their_checks(tmp_path):
     r["x"][3] = 99.0
     assert r.verify() == 2
     assert tensorwire.Reader(path).verify() == 2
+
+
+def test_tensors_of_two_dtypes_stored_once_share_their_digest_check(tmp_path):
+    """ztensor 2 stores the same bytes once even for two dtypes (its fixture's
+    f8_e5m2fnuz and f8_e4m3fnuz): one digest check serves both, so a private write
+    through one tensor's view is no ChecksumError for the other (it was)."""
+    pytest.importorskip("ml_dtypes")  # numpy's dtypes for the float8 types
+    path = str(tmp_path / "dtypes.zt")
+    shutil.copyfile(os.path.join(REPO, "fixtures", "zt", "v2", "dtypes.zt"), path)
+    r = tensorwire.Reader(path)
+    a = r["f8_e5m2fnuz"].view(np.uint8)
+    want = a.copy()
+    a[:] = 0x11
+    assert (r["f8_e4m3fnuz"].view(np.uint8) == 0x11).all()  # the bytes are shared
+    assert r.verify() == tensorwire.Reader(path).verify()
+    np.testing.assert_array_equal(tensorwire.Reader(path)["f8_e4m3fnuz"].view(np.uint8), want)
 
 
 def test_version_2_refuses_what_it_cannot_record(tmp_path):

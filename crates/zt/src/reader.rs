@@ -49,18 +49,20 @@ pub struct ZtReader {
     version: ZtVersion,
     manifest: Manifest,
     infos: Vec<TensorInfo>,
-    /// One cell per check slot: set once the slot's digest has been checked, so
+    /// One cell per digest slot: set once the slot's digest has been checked, so
     /// zero-copy views of verified raw data cost nothing afterwards.
     verified: Vec<OnceLock<()>>,
-    /// One cell per check slot: set once its decoded bytes passed the content rules
+    /// One cell per content slot: set once its decoded bytes passed the content rules
     /// of its logical type (version 2 `bool` bytes are 0 or 1).
     content_ok: Vec<OnceLock<()>>,
     first_component: Vec<usize>,
-    /// The check slot of each component (flattened in object order). Components that
-    /// name the same stored bytes with the same encoding, digest and logical type
-    /// (a version 2 writer stores identical data once) share one: their views share
-    /// the bytes, so a private write through one must not fail the other's check.
+    /// The digest slot of each component (flattened in object order). Components
+    /// that name the same stored bytes with the same encoding and digest (a version 2
+    /// writer stores identical data once, whatever the dtypes) share one: their views
+    /// share the bytes, so a private write through one must not fail the other's check.
     check_slot: Vec<usize>,
+    /// The content-rule slot of each component: as `check_slot`, and one logical type.
+    content_slot: Vec<usize>,
     /// The object found by the last name lookup (a one-entry cache).
     last_position: AtomicUsize,
     limits: Limits,
@@ -123,16 +125,17 @@ impl ZtReader {
             first_component.push(n);
             n += o.components.len();
         }
-        let (check_slot, slots) = check_slots(&manifest);
+        let slots = check_slots(&manifest);
         Ok(ZtReader {
             bytes,
             version,
-            verified: (0..slots).map(|_| OnceLock::new()).collect(),
-            content_ok: (0..slots).map(|_| OnceLock::new()).collect(),
+            verified: (0..slots.digests).map(|_| OnceLock::new()).collect(),
+            content_ok: (0..slots.contents).map(|_| OnceLock::new()).collect(),
             manifest,
             infos,
             first_component,
-            check_slot,
+            check_slot: slots.digest,
+            content_slot: slots.content,
             last_position: AtomicUsize::new(0),
             limits: *limits,
         })
@@ -185,10 +188,10 @@ impl ZtReader {
 
     /// The content-rules cell of a located component.
     fn content_cell(&self, oi: usize, ci: usize) -> &OnceLock<()> {
-        &self.content_ok[self.slot(oi, ci)]
+        &self.content_ok[self.content_slot[self.first_component[oi] + ci]]
     }
 
-    /// The check slot of a located component (see `check_slot`).
+    /// The digest slot of a located component (see `check_slot`).
     fn slot(&self, oi: usize, ci: usize) -> usize {
         self.check_slot[self.first_component[oi] + ci]
     }
@@ -981,34 +984,62 @@ impl ZtReader {
     }
 }
 
-/// The check slot of every component of `manifest` (flattened in object order) and
-/// the number of slots: components naming the same stored bytes (offset and length)
-/// with the same encoding, digest and logical type share the first one's slot.
-fn check_slots(manifest: &Manifest) -> (Vec<usize>, usize) {
+/// The check slots of every component of `manifest` (flattened in object order):
+/// digest slots, shared by components naming the same stored bytes (offset and
+/// length) with the same encoding and digest, whatever their types (a version 2
+/// writer stores identical bytes once, even for two dtypes), and content-rule slots,
+/// shared only by those of one logical type too. Then the number of each.
+fn check_slots(manifest: &Manifest) -> CheckSlots {
     let components = || manifest.objects.iter().flat_map(|o| o.components.iter());
     let count = components().count();
     // Most files store every part apart: one slot each, found without hashing.
     let mut offsets: Vec<u64> = components().map(|c| c.offset).collect();
     offsets.sort_unstable();
     if offsets.windows(2).all(|w| w[0] != w[1]) {
-        return ((0..count).collect(), count);
+        let each: Vec<usize> = (0..count).collect();
+        return CheckSlots {
+            digest: each.clone(),
+            digests: count,
+            content: each,
+            contents: count,
+        };
     }
     // Keyed by everything a check depends on, so that many components over the same
     // bytes cost one lookup each.
     type Key<'a> = (u64, u64, Encoding, Option<&'a Digest>, Option<&'a str>);
-    let mut slot_by_key: NameMap<Key<'_>, usize> = NameMap::default();
-    let slot_of = components()
-        .map(|c| {
-            let key = (
-                c.offset,
-                c.length,
-                c.encoding,
-                c.digest.as_ref(),
-                c.logical_type.as_deref(),
-            );
-            let next = slot_by_key.len();
-            *slot_by_key.entry(key).or_insert(next)
-        })
-        .collect();
-    (slot_of, slot_by_key.len())
+    let slots = |typed: bool| {
+        let mut slot_by_key: NameMap<Key<'_>, usize> = NameMap::default();
+        let slot_of: Vec<usize> = components()
+            .map(|c| {
+                let logical_type = c.logical_type.as_deref().filter(|_| typed);
+                let key = (
+                    c.offset,
+                    c.length,
+                    c.encoding,
+                    c.digest.as_ref(),
+                    logical_type,
+                );
+                let next = slot_by_key.len();
+                *slot_by_key.entry(key).or_insert(next)
+            })
+            .collect();
+        let n = slot_by_key.len();
+        (slot_of, n)
+    };
+    let (digest, digests) = slots(false);
+    let (content, contents) = slots(true);
+    CheckSlots {
+        digest,
+        digests,
+        content,
+        contents,
+    }
+}
+
+/// What [`check_slots`] finds.
+struct CheckSlots {
+    digest: Vec<usize>,
+    digests: usize,
+    content: Vec<usize>,
+    contents: usize,
 }
