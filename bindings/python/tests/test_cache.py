@@ -643,3 +643,38 @@ def test_a_dead_readers_pins_are_reclaimed_before_healthy_entries_are_evicted():
         assert "golden" in cache
         assert cache.stats["evictions"] == 0
         cache.check()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm to look in")
+def test_a_pool_under_a_generated_name_goes_when_its_creator_exits():
+    """TensorCache() names its pool itself; nobody else knows the name unless told,
+    so the creator unlinks it at exit if no one did (as tenso's pools are); it was
+    left in /dev/shm. A named pool stays until unlink(); a forked child's exit
+    leaves its parent's pool."""
+    named = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    child = run_child("""
+        import os, sys
+        from tensorwire.cache import TensorCache
+        closed, dropped, kept = TensorCache("1MB"), TensorCache("1MB"), TensorCache("1MB")
+        closed.put("k", [1.0, 2.0])
+        closed.close()
+        del dropped
+        TensorCache("1MB", name=sys.argv[1]).close()
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # runs atexit handlers in the child
+        os.waitpid(pid, 0)
+        print(closed.name, kept.name, os.path.exists("/dev/shm/" + closed.name))
+    """, named)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    closed, kept, after_fork = out.split()
+    try:
+        assert after_fork == "True"  # the forked child left it
+        assert not os.path.exists(f"/dev/shm/{closed}")
+        assert not os.path.exists(f"/dev/shm/{kept}")
+        assert os.path.exists(f"/dev/shm/{named}")
+    finally:
+        from tensorwire import shm
+
+        shm.unlink(named)

@@ -35,6 +35,7 @@ Better than the reference:
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 from typing import Any, List, Optional
@@ -136,6 +137,24 @@ def _to_device(value, device: str):
     raise ValueError(f"unknown device {device!r} (numpy, torch[:dev], jax, cupy[:id])")
 
 
+#: Pools this process created under a generated name (``name=None``), by name, with
+#: the creating process's id: nothing else knows such a name unless told, so this
+#: process removes it at exit if no one has (as tenso's pools are, through Python's
+#: resource tracker). Named pools stay until ``unlink()``.
+_GENERATED = {}
+
+
+@atexit.register
+def _unlink_generated() -> None:
+    for name, pid in list(_GENERATED.items()):
+        if pid == os.getpid():  # not in a forked child that inherited the table
+            try:
+                _native.ShmSegment.unlink(name)
+            except OSError:
+                pass  # unlinked already by another process
+    _GENERATED.clear()
+
+
 class TensorCache:
     """A shared-memory tensor cache (tenso's ``TensoCache``).
 
@@ -147,7 +166,9 @@ class TensorCache:
     the longest wait for the pool's lock in seconds (then ``TimeoutError``).
 
     Used as a context manager, exiting closes the handle and, if this handle created
-    the pool, unlinks its name (processes still attached keep working).
+    the pool, unlinks its name (processes still attached keep working). A pool created
+    under a generated name (``name=None``) is unlinked when its creating process
+    exits, if not before; a named one stays until :meth:`unlink`.
     """
 
     def __init__(self, max_memory="256MB", name: Optional[str] = None, create: bool = True,
@@ -159,6 +180,8 @@ class TensorCache:
         if create:
             size = _parse_size(max_memory)
             self._h = _native.CacheHandle.create(name, size, max_entries, timeout, _pause_at)
+            if name is None:
+                _GENERATED[self._h.name] = os.getpid()
         else:
             if name is None:
                 raise ValueError("name is required when create=False")
@@ -246,6 +269,7 @@ class TensorCache:
     def unlink(self) -> None:
         """Remove the pool's name; attached processes keep working. A name already
         gone (unlinked before, by this or another handle) is no error, as with tenso."""
+        _GENERATED.pop(self.name, None)
         try:
             self._h.unlink()
         except FileNotFoundError:
@@ -261,6 +285,7 @@ class TensorCache:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if self._owns:
+                _GENERATED.pop(self.name, None)
                 self._h.unlink_quietly()
         finally:
             self.close()
