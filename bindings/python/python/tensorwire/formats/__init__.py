@@ -35,9 +35,12 @@ Differences from the ``safetensors`` package:
 - Non-contiguous inputs are written in C order, and tensors that share memory are
   written once each (the package refuses both).
 - With torch, ``F8_E8M0`` and ``F4`` are ``float8_e8m0fnu`` and ``float4_e2m1fn_x2``
-  (as the package gives them). numpy has no such dtypes: there they, and ``F6_*``
-  everywhere, come back as their raw bytes (``uint8``); ``get_slice(name).get_dtype()``
-  names them, and saving those bytes again writes ``U8``. Over a PyTorch checkpoint,
+  (as the package gives them). numpy has no such dtypes built in (the package's
+  numpy reader fails on them): there they, and ``F6_*`` everywhere, come back as
+  their raw bytes (``uint8``, also where ``ml_dtypes`` has the type: a saved
+  ``ml_dtypes.float8_e8m0fnu`` array reads back as its bytes);
+  ``get_slice(name).get_dtype()`` names them, and saving those bytes again writes
+  ``U8``. Over a PyTorch checkpoint,
   ``get_slice`` names float8_e8m0fnu ``F8_E8M0``, float4_e2m1fn_x2 ``F4`` (with the
   shape safetensors gives it) and complex32 ``"complex32"`` with torch's shape.
 - Frameworks are ``"np"`` (``"numpy"``) and ``"pt"`` (``"torch"``).
