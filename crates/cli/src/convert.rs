@@ -110,6 +110,19 @@ pub fn run(args: &Args) -> Result<()> {
     remove_on_interrupt()?;
     let start = Instant::now();
     let src = tensorwire::open(&args.src)?;
+    // A sharded source reads other files than `src`: none of them may be replaced.
+    if let Some(sharded) = src.as_any().downcast_ref::<tensorwire::ShardedSource>() {
+        for shard in sharded.shard_paths() {
+            if same_file(&shard, &args.dst)? {
+                bail!(
+                    "refusing to overwrite the source: {} is {}, one of the files {} reads",
+                    args.dst.display(),
+                    shard.display(),
+                    args.src.display()
+                );
+            }
+        }
+    }
     let total_bytes: u64 = src.tensors().iter().map(|t| t.nbytes).sum();
     let bar = progress_bar(total_bytes);
     let result = tensorwire::convert_source(

@@ -21,7 +21,9 @@ const MAX_ATTR_WIDTH: usize = 100;
 pub struct Args {
     /// The tensor file.
     file: PathBuf,
-    /// Print a JSON document instead of a table (names and values are never cut).
+    /// Print a JSON document instead of a table (names and values are never cut;
+    /// integers are exact numbers up to 64 bits, which a reader must keep exact past
+    /// 2^53 as Python's json does, and strings beyond; NaN and infinities are strings).
     #[arg(long)]
     json: bool,
 }

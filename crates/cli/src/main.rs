@@ -22,7 +22,7 @@ const EXIT_CODES: &str = "\
 Exit status:
   0  success
   1  the file is corrupt or failed verification (digest mismatch, undecodable
-     data, malformed structure)
+     data, malformed structure), or holds a pickle global refused as unsafe
   2  usage error, I/O error, unrecognised or unsupported format";
 
 /// Inspect, convert, verify and benchmark tensor files.
@@ -87,6 +87,10 @@ fn main() -> ExitCode {
 /// piped into `head`.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
+        // serde_json keeps the io error's kind but not the error itself in its chain.
+        if let Some(json) = e.downcast_ref::<serde_json::Error>() {
+            return json.io_error_kind() == Some(io::ErrorKind::BrokenPipe);
+        }
         let io = e.downcast_ref::<io::Error>().or_else(|| {
             match e
                 .downcast_ref::<tensorwire::Error>()

@@ -706,18 +706,26 @@ fn a_closed_stdout_exits_quietly() {
     }
     w.finish().unwrap();
 
-    let mut child = Command::new(BIN)
-        .args([OsStr::new("inspect"), path.as_os_str()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Read one byte, then hang up, as `| head -c1` would.
-    let mut first = [0u8; 1];
-    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert_exit(&o, 0);
-    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    // The table, and the JSON (written through serde_json, whose errors hide the
+    // io error from the chain).
+    for json in [false, true] {
+        let mut args = vec![OsStr::new("inspect"), path.as_os_str()];
+        if json {
+            args.push(OsStr::new("--json"));
+        }
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read one byte, then hang up, as `| head -c1` would.
+        let mut first = [0u8; 1];
+        child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_exit(&o, 0);
+        assert!(stderr(&o).is_empty(), "json {json}: {}", stderr(&o));
+    }
 }
 
 /// The README quick start: convert a committed fixture with `--compress`, inspect and
@@ -1357,6 +1365,29 @@ fn a_pipe_is_refused_at_once_as_source() {
     assert!(!out.exists());
 }
 
+/// `/dev/stdout` when stdout is a pipe: `/proc/self/fd/1` links to `pipe:[N]`, which
+/// names no path; the refusal says what it is (it was an ENOENT from a path made of
+/// that text).
+#[cfg(target_os = "linux")]
+#[test]
+fn convert_to_dev_stdout_as_a_pipe_is_refused_as_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = sample(dir.path(), Checksum::None);
+    let o = Command::new(BIN)
+        .args([
+            OsStr::new("convert"),
+            src.as_os_str(),
+            OsStr::new("/dev/stdout"),
+        ])
+        .args(["--format", "zt"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+}
+
 #[cfg(unix)]
 #[test]
 fn convert_never_replaces_a_pipe_or_a_socket() {
@@ -1498,5 +1529,68 @@ fn inspect_shows_an_lz4_packets_compressed_frame_as_stored() {
         } else {
             assert_eq!(offset + stored + after, bytes.len(), "{file}: {t}");
         }
+    }
+}
+
+/// `verify` counts digests only: a ZIP checkpoint's record CRC-32s, none for a legacy
+/// one (its storages' element counts are checked, but they are no digests).
+#[test]
+fn verify_counts_no_digests_for_a_legacy_checkpoint() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch");
+    let o = tw([
+        OsStr::new("verify"),
+        dir.join("views.legacy.pt").as_os_str(),
+    ]);
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains(", 0 digests checked"), "{}", stdout(&o));
+    let o = tw([OsStr::new("verify"), dir.join("views.pt").as_os_str()]);
+    assert_exit(&o, 0);
+    assert!(
+        !stdout(&o).contains(", 0 digests checked"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A sharded source reads more files than the one named: converting it over one of
+/// them (an index's shard, a GGUF split) is refused like converting a file over
+/// itself, and the shard is left as it was.
+#[test]
+fn convert_refuses_to_overwrite_a_file_of_a_sharded_source() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    for (from, entry, shard) in [
+        (
+            "sharded/safetensors",
+            "model.safetensors.index.json",
+            "model-00002-of-00003.safetensors",
+        ),
+        (
+            "gguf/split",
+            "model-00001-of-00003.gguf",
+            "model-00002-of-00003.gguf",
+        ),
+    ] {
+        let copy = dir.path().join(from.replace('/', "_"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for file in std::fs::read_dir(fixtures.join(from)).unwrap() {
+            let file = file.unwrap().path();
+            std::fs::copy(&file, copy.join(file.file_name().unwrap())).unwrap();
+        }
+        let before = std::fs::read(copy.join(shard)).unwrap();
+        let o = tw([
+            OsStr::new("convert"),
+            copy.join(entry).as_os_str(),
+            copy.join(shard).as_os_str(),
+            OsStr::new("--format"),
+            OsStr::new("zt"),
+        ]);
+        assert_exit(&o, 2);
+        assert!(
+            stderr(&o).contains("refusing to overwrite the source"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(std::fs::read(copy.join(shard)).unwrap(), before, "{from}");
     }
 }

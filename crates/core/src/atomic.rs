@@ -122,10 +122,16 @@ pub fn write_destination(path: &Path) -> Result<PathBuf> {
             return Ok(at);
         }
         let target = fs::read_link(&at).map_err(|e| Error::from(e).with_path(&at))?;
-        at = match at.parent() {
+        let resolved = match at.parent() {
             Some(folder) if target.is_relative() => folder.join(target),
             _ => target,
         };
+        // A link the kernel follows but whose text names no path (`/proc/self/fd/1`
+        // → `pipe:[…]` when stdout is a pipe): the link itself names what it reaches.
+        if fs::symlink_metadata(&resolved).is_err() && fs::metadata(&at).is_ok() {
+            return Ok(at);
+        }
+        at = resolved;
     }
     Err(Error::invalid(format!(
         "{}: more than {MAX_LINKS} levels of symbolic links",

@@ -213,6 +213,11 @@ impl ShardedSource {
         self.shards.iter().map(|(name, _)| name.as_str())
     }
 
+    /// The path of every shard file, in [`ShardedSource::shard_names`] order.
+    pub fn shard_paths(&self) -> impl Iterator<Item = PathBuf> + '_ {
+        self.shards.iter().map(|(name, _)| self.folder.join(name))
+    }
+
     /// The opened shard called `name` (a file name from the index).
     pub fn shard(&self, name: &str) -> Option<&dyn TensorSource> {
         self.shards
