@@ -141,7 +141,7 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
             table_cell(&t.name, MAX_NAME_WIDTH),
             dtype,
             shown_shape(holder, t).to_string(),
-            t.layout.to_string(),
+            shown_layout(holder, t).to_string(),
             human_bytes(t.nbytes),
             stored,
         ];
@@ -293,12 +293,19 @@ fn shown_shape<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwir
         .map_or(&t.shape, |o| &o.shape)
 }
 
+/// A tensor's layout, as [`shown_shape`] goes with it: a `.zt` object's own (a
+/// version 2 `gguf.q4_k/1` object is listed as its rows of blocks, dense).
+fn shown_layout<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwire::Layout {
+    zt.and_then(|zt| zt.object(&t.name).ok())
+        .map_or(&t.layout, |o| &o.layout)
+}
+
 fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
     let mut obj = json!({
         "name": &*t.name,
         "dtype": t.dtype.to_string(),
         "shape": shown_shape(zt, t).dims(),
-        "layout": t.layout.to_string(),
+        "layout": shown_layout(zt, t).to_string(),
         "nbytes": t.nbytes,
         "stored_bytes": t.stored_bytes,
         "offset": t.offset,

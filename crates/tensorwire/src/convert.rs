@@ -7,9 +7,11 @@ use tensorwire_core::progress::within_tensor;
 use tensorwire_core::{
     Bytes, DType, Error, Layout, Result, Shape, TensorInfo, TensorSource, Value, SOURCE_LAYOUT_KEY,
 };
+use tensorwire_formats::gguf::GgmlType;
 use tensorwire_formats::safetensors::{float4_values_as_pairs, StDType};
 use tensorwire_zt::{
     ByteType, Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter,
+    GGUF_BLOCK_BYTES, GGUF_ELEMS_PER_BLOCK,
 };
 
 /// The format [`convert`] writes.
@@ -171,6 +173,26 @@ pub fn convert_source(
                 write,
                 &mut within,
             )?;
+        } else if let Some(blocks) = gguf_block_object(info, version) {
+            // GGUF quantized blocks into version 2: ztensor 2's registered object for
+            // the type, which ztensor 2.x reads as such (and tensorwire's reader turns
+            // back into the rows of blocks the GGUF reader gives).
+            let view = source.view_at(at)?;
+            let data = [ComponentData {
+                role: "data",
+                dtype: DType::U8,
+                logical_type: None,
+                data: &view.bytes,
+            }];
+            writer.add_object_with_progress(
+                &info.name,
+                &blocks.shape,
+                Layout::Other(blocks.layout),
+                Some(blocks.attributes),
+                &data,
+                write,
+                &mut within,
+            )?;
         } else if info.layout == Layout::Dense
             || (matches!(info.layout, Layout::Other(_)) && zt.is_none())
         {
@@ -265,6 +287,65 @@ fn zt_byte_type(info: &TensorInfo, version: ZtVersion) -> Result<Option<(&'stati
         _ => return Ok(None),
     };
     dims.map(|d| Ok((logical, Shape::new(d)?))).transpose()
+}
+
+/// A GGUF quantized tensor (from a GGUF file, or a `.zt` file holding one's rows of
+/// blocks) as ztensor 2 writes it into a version 2 file.
+struct GgufBlocks {
+    /// `gguf.<type>/1`, the type's name in lower case.
+    layout: String,
+    /// The logical shape (elements, not bytes).
+    shape: Shape,
+    /// The source's attributes without the GGUF listing, with `block_bytes` and
+    /// `elems_per_block`.
+    attributes: BTreeMap<String, Value>,
+}
+
+/// [`GgufBlocks`] for `info` when writing version 2 and `info` is a GGUF quantized
+/// type's rows of blocks whose logical shape (`gguf.shape`) agrees with them; `None`
+/// otherwise (such a tensor then goes as its bytes, as to 1.x).
+fn gguf_block_object(info: &TensorInfo, version: ZtVersion) -> Option<GgufBlocks> {
+    if version != ZtVersion::V2 || info.dtype != DType::U8 {
+        return None;
+    }
+    let name = info.source_layout_name()?.strip_prefix("gguf:")?;
+    let ty = *GgmlType::ALL
+        .iter()
+        .find(|t| t.name() == name && t.is_quantized())?;
+    let Some(Value::List(dims)) = info.attributes.get("gguf.shape") else {
+        return None;
+    };
+    let dims: Vec<u64> = dims
+        .iter()
+        .map(|d| match d {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let (&last, lead) = dims.split_last()?;
+    let rows = info.shape.dims();
+    let row_bytes = (last % ty.block_size() == 0)
+        .then(|| (last / ty.block_size()).checked_mul(ty.type_size()))??;
+    if rows.split_last() != Some((&row_bytes, lead)) {
+        return None;
+    }
+    let mut attributes = info.attributes.clone().into_map();
+    for listing in [SOURCE_LAYOUT_KEY, "gguf.type", "gguf.shape"] {
+        attributes.remove(listing);
+    }
+    attributes.insert(
+        GGUF_BLOCK_BYTES.to_owned(),
+        Value::Int(ty.type_size().into()),
+    );
+    attributes.insert(
+        GGUF_ELEMS_PER_BLOCK.to_owned(),
+        Value::Int(ty.block_size().into()),
+    );
+    Some(GgufBlocks {
+        layout: format!("gguf.{}/1", name.to_ascii_lowercase()),
+        shape: Shape::new(dims).ok()?,
+        attributes,
+    })
 }
 
 /// A version 2 `f4_e2m1` tensor as `.zt` 1.x holds it. 1.x has no type that packs two

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use tensorwire_core::{
     AlignedBuf, Bytes, DType, Error, Layout, Limits, NameMap, Result, Shape, TensorInfo,
-    TensorSource, TensorView, Value,
+    TensorSource, TensorView, Value, SOURCE_LAYOUT_KEY,
 };
 use tensorwire_mmap::{MapMode, MappedFile};
 
@@ -385,11 +385,24 @@ impl ZtReader {
     /// [`TensorInfo::nbytes`] long).
     pub fn read_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
         let obj = self.object(name)?;
-        require_dense(obj)?;
+        self.require_dense(self.position(name)?)?;
         self.readable(obj)?;
         self.component_into(name, "data", dst)?;
         let (oi, ci, comp) = self.locate(name, "data")?;
         self.check_content(oi, ci, comp, dst)
+    }
+
+    /// Fails unless the object at `oi` is listed dense: a dense object, or a version 2
+    /// GGUF object listed as its rows of blocks (see `gguf_rows`).
+    fn require_dense(&self, oi: usize) -> Result<()> {
+        let info = self.infos.get(oi).ok_or_else(|| Error::no_tensor_at(oi))?;
+        if info.layout != Layout::Dense {
+            return Err(Error::unsupported(format!(
+                "tensor `{}` has layout {}; read its components instead",
+                info.name, info.layout
+            )));
+        }
+        Ok(())
     }
 
     /// The limits this reader was opened with.
@@ -499,16 +512,6 @@ pub(crate) fn check_f4_tail(
 #[inline(never)]
 fn check_odd_f4_tail(obj: &Object, part: &Component, decoded: &[u8], what: &str) -> Result<()> {
     check_f4_tail(obj, part, decoded.last().copied(), what)
-}
-
-fn require_dense(obj: &Object) -> Result<()> {
-    if obj.layout != Layout::Dense {
-        return Err(Error::unsupported(format!(
-            "tensor `{}` has layout {}; read its components instead",
-            obj.name, obj.layout
-        )));
-    }
-    Ok(())
 }
 
 fn read_u64_le(bytes: &[u8], at: usize) -> Option<u64> {
@@ -780,6 +783,48 @@ pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
     Ok(())
 }
 
+/// The attributes naming the block size of a `gguf.<type>/1` object (ztensor 2's
+/// registered layouts for GGUF's quantized types): bytes per block.
+pub const GGUF_BLOCK_BYTES: &str = "block_bytes";
+/// See [`GGUF_BLOCK_BYTES`]: elements per block.
+pub const GGUF_ELEMS_PER_BLOCK: &str = "elems_per_block";
+
+/// The rows of blocks of a version 2 `gguf.<type>/1` object (ztensor 2's layout for
+/// a GGUF quantized type: the logical shape, [`GGUF_BLOCK_BYTES`] and
+/// [`GGUF_ELEMS_PER_BLOCK`] attributes, and the blocks as one `u8` `data` component):
+/// the type's GGUF name and the shape of the `u8` rows, as the GGUF reader gives
+/// such a tensor. `None` for any other object, or one whose sizes disagree.
+fn gguf_rows(obj: &Object) -> Option<(String, Shape)> {
+    let Layout::Other(id) = &obj.layout else {
+        return None;
+    };
+    let name = id.strip_prefix("gguf.")?.strip_suffix("/1").filter(|n| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    })?;
+    let int = |key: &str| match obj.attributes.as_ref()?.get(key)? {
+        Value::Int(n) => u64::try_from(*n).ok().filter(|&n| n > 0),
+        _ => None,
+    };
+    let (block_bytes, per_block) = (int(GGUF_BLOCK_BYTES)?, int(GGUF_ELEMS_PER_BLOCK)?);
+    let [data] = obj.components.as_slice() else {
+        return None;
+    };
+    let (&last, lead) = obj.shape.dims().split_last()?;
+    if data.role != "data"
+        || data.dtype != DType::U8
+        || data.logical_type.is_some()
+        || last % per_block != 0
+    {
+        return None;
+    }
+    let mut rows = lead.to_vec();
+    rows.push((last / per_block).checked_mul(block_bytes)?);
+    let rows = Shape::new(rows).ok()?;
+    (rows.numel().ok()? == data.decoded_length()).then(|| (name.to_ascii_uppercase(), rows))
+}
+
 /// See [`ZtReader::byte_type`].
 fn byte_type_of(obj: &Object, version: ZtVersion) -> Option<ByteType> {
     let data = obj
@@ -798,6 +843,32 @@ fn info_of(obj: &Object, version: ZtVersion) -> Result<TensorInfo> {
         .iter()
         .find(|c| c.encoding != Encoding::Raw)
         .map(|c| c.encoding.name().to_owned());
+    if let Some((type_name, rows)) = gguf_rows(obj).filter(|_| version == ZtVersion::V2) {
+        // Listed as the GGUF reader and a 1.x conversion list it: dense `u8` rows of
+        // blocks, the type and logical shape as attributes.
+        let mut attributes = obj.attributes.clone().unwrap_or_default();
+        attributes.remove(GGUF_BLOCK_BYTES);
+        attributes.remove(GGUF_ELEMS_PER_BLOCK);
+        let logical = obj.shape.dims().iter().map(|&d| Value::Int(d.into()));
+        attributes.insert("gguf.shape".to_owned(), Value::List(logical.collect()));
+        attributes.insert("gguf.type".to_owned(), Value::Str(type_name.clone()));
+        attributes.insert(
+            SOURCE_LAYOUT_KEY.to_owned(),
+            Value::Str(format!("gguf:{type_name}")),
+        );
+        let data = &obj.components[0];
+        return Ok(TensorInfo {
+            name: obj.name.clone(),
+            dtype: DType::U8,
+            shape: rows,
+            layout: Layout::Dense,
+            nbytes: data.decoded_length(),
+            stored_bytes: data.length,
+            offset: data.offset,
+            encoding,
+            attributes: attributes.into(),
+        });
+    }
     let dtype = match version {
         ZtVersion::V2 => obj.primary().map_or(DType::U8, manifest_v2::element_dtype),
         _ => obj.dtype(),
@@ -875,7 +946,7 @@ impl TensorSource for ZtReader {
             .get(oi)
             .ok_or_else(|| Error::no_tensor_at(oi))?;
         let name = &*obj.name;
-        require_dense(obj)?;
+        self.require_dense(oi)?;
         self.readable(obj)?;
         // Validated on open: a dense object has a `data` component of exactly
         // shape × dtype bytes.

@@ -230,6 +230,25 @@ fn every_v2_fixture_reads_back_equal_to_its_source_arrays() {
                         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
                     }
                 }
+            } else if let Some(ty) = layout_id(&obj.layout)
+                .strip_prefix("gguf.")
+                .and_then(|t| t.strip_suffix("/1"))
+            {
+                // ztensor 2's GGUF objects: listed and viewed as the GGUF reader gives
+                // them, rows of blocks with the type and logical shape as attributes.
+                let view = reader.view(name).unwrap_or_else(|e| panic!("{label}: {e}"));
+                let data = reader.component(name, "data").unwrap();
+                assert_eq!(view.bytes.as_slice(), data.as_slice(), "{label}: {name}");
+                assert_eq!(info.layout, Layout::Dense);
+                assert_eq!(
+                    info.source_layout_name(),
+                    Some(&*format!("gguf:{}", ty.to_uppercase()))
+                );
+                let (lead, last) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
+                let row_bytes = view.shape.dims().last().copied().unwrap();
+                assert_eq!(&view.shape.dims()[..lead.len()], lead, "{label}: {name}");
+                assert_eq!(row_bytes * lead.iter().product::<u64>(), data.len() as u64);
+                assert!(last > 0 && row_bytes > 0, "{label}: {name}");
             } else {
                 assert!(matches!(reader.view(name), Err(Error::Unsupported { .. })));
             }
