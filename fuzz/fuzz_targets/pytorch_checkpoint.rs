@@ -65,6 +65,25 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(view.dtype, info.dtype);
             assert_eq!(view.shape, info.shape);
         }
+        // `in_place_extent` names the very bytes a zero-copy strided view lends, and
+        // only where it lends them.
+        let position = reader.position(name).expect("listed tensor has a position");
+        if let Some(in_place) = reader.in_place_extent(position) {
+            let lent = reader
+                .strided_at(position)
+                .unwrap_or_else(|e| panic!("`{name}` in place but no strided view: {e}"));
+            assert!(lent.zero_copy, "`{name}` in place but copied");
+            assert_eq!(
+                in_place.as_ptr(),
+                lent.bytes.as_ptr(),
+                "`{name}` in place elsewhere"
+            );
+            assert_eq!(
+                in_place.len(),
+                lent.bytes.len(),
+                "`{name}` in place, other length"
+            );
+        }
         if let Ok(strided) = reader.strided(name) {
             let (start, end) = extent.expect("strided view without a byte extent");
             assert_eq!(

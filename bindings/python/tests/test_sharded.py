@@ -157,3 +157,20 @@ def test_a_layout_named_like_a_torch_only_dtype_over_other_elements_is_unsupport
     pytest.importorskip("torch")
     with pytest.raises(tensorwire.UnsupportedError, match="pytorch:complex32"):
         r.read_torch("x")
+
+
+def test_convert_refuses_to_overwrite_its_source_or_a_shard(tmp_path):
+    """As the CLI: the destination may not be the file converted, nor one of the
+    shards an index reads (the set would lose it)."""
+    folder = tmp_path / "set"
+    shutil.copytree(os.path.join(SHARDED, "safetensors"), folder)
+    index = str(folder / INDEXES["safetensors"])
+    shard = folder / "model-00002-of-00003.safetensors"
+    before = shard.read_bytes()
+    with pytest.raises(tensorwire.InvalidArgumentError, match="refusing to overwrite the source"):
+        tensorwire.convert(index, str(shard), format="zt")
+    assert shard.read_bytes() == before
+    with pytest.raises(tensorwire.InvalidArgumentError, match="are the same file"):
+        tensorwire.convert(str(shard), str(shard))
+    assert shard.read_bytes() == before
+    assert tensorwire.convert(index, str(tmp_path / "merged.zt")) > 0

@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::io::{self, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
@@ -77,13 +77,6 @@ pub fn run(args: &Args) -> Result<()> {
     // A pipe, socket or device node (`/dev/null`) would be replaced by a regular file
     // (the writers refuse it too; checked here before the source is read).
     tensorwire::core::check_replaceable(&tensorwire::core::write_destination(&args.dst)?)?;
-    if same_file(&args.src, &args.dst)? {
-        bail!(
-            "refusing to overwrite the source: {} and {} are the same file",
-            args.src.display(),
-            args.dst.display()
-        );
-    }
     let format = match args.format {
         Some(f) => OutputFormat::from(f),
         None => OutputFormat::from_path(&args.dst)?,
@@ -110,19 +103,7 @@ pub fn run(args: &Args) -> Result<()> {
     remove_on_interrupt()?;
     let start = Instant::now();
     let src = tensorwire::open(&args.src)?;
-    // A sharded source reads other files than `src`: none of them may be replaced.
-    if let Some(sharded) = src.as_any().downcast_ref::<tensorwire::ShardedSource>() {
-        for shard in sharded.shard_paths() {
-            if same_file(&shard, &args.dst)? {
-                bail!(
-                    "refusing to overwrite the source: {} is {}, one of the files {} reads",
-                    args.dst.display(),
-                    shard.display(),
-                    args.src.display()
-                );
-            }
-        }
-    }
+    tensorwire::refuse_overwriting_source(&args.src, src.as_ref(), &args.dst)?;
     let total_bytes: u64 = src.tensors().iter().map(|t| t.nbytes).sum();
     let bar = progress_bar(total_bytes);
     let result = tensorwire::convert_source(
@@ -199,27 +180,4 @@ fn progress_bar(total_bytes: u64) -> ProgressBar {
         bar.set_style(style);
     }
     bar
-}
-
-/// True when `dst` exists and is the same file as `src` (the same inode on Unix,
-/// the same canonical path elsewhere).
-fn same_file(src: &Path, dst: &Path) -> Result<bool> {
-    let Ok(dst_meta) = fs::metadata(dst) else {
-        return Ok(false);
-    };
-    let Ok(src_meta) = fs::metadata(src) else {
-        // Opening the source reports this error with its path.
-        return Ok(false);
-    };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let _ = (src, dst);
-        Ok(src_meta.dev() == dst_meta.dev() && src_meta.ino() == dst_meta.ino())
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (src_meta, dst_meta);
-        Ok(fs::canonicalize(src)? == fs::canonicalize(dst)?)
-    }
 }

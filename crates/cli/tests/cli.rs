@@ -367,7 +367,7 @@ fn convert_refuses_to_overwrite_its_source() {
         assert_exit(&o, 2);
         let err = stderr(&o);
         assert!(
-            err.starts_with("error: refusing to overwrite the source"),
+            err.starts_with("error: invalid argument: refusing to overwrite the source"),
             "{err}"
         );
     }

@@ -68,8 +68,55 @@ pub fn convert(
     options: &ConvertOptions,
     progress: &mut dyn FnMut(usize, usize, u64) -> Result<()>,
 ) -> Result<usize> {
-    let source = crate::open(src)?;
+    let source = crate::open(&src)?;
+    refuse_overwriting_source(src.as_ref(), source.as_ref(), dst.as_ref())?;
     convert_source(source.as_ref(), dst, options, progress)
+}
+
+/// Refuses a destination that is the source file, or one of the files a sharded
+/// source reads (an index's shards, a GGUF model's splits): the converted file would
+/// replace what it was converted from (the write itself is atomic, so nothing read is
+/// corrupted, but the source set is gone). [`Error::InvalidArgument`] names both.
+pub fn refuse_overwriting_source(src: &Path, source: &dyn TensorSource, dst: &Path) -> Result<()> {
+    if same_file(src, dst)? {
+        return Err(Error::invalid(format!(
+            "refusing to overwrite the source: {} and {} are the same file",
+            src.display(),
+            dst.display()
+        )));
+    }
+    if let Some(sharded) = source.as_any().downcast_ref::<crate::ShardedSource>() {
+        for shard in sharded.shard_paths() {
+            if same_file(&shard, dst)? {
+                return Err(Error::invalid(format!(
+                    "refusing to overwrite the source: {} is {}, one of the files {} reads",
+                    dst.display(),
+                    shard.display(),
+                    src.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when `dst` exists and is the same file as `src` (the same inode on Unix,
+/// the same canonical path elsewhere).
+fn same_file(src: &Path, dst: &Path) -> Result<bool> {
+    let (Ok(src_meta), Ok(dst_meta)) = (std::fs::metadata(src), std::fs::metadata(dst)) else {
+        return Ok(false);
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let _ = (src, dst);
+        Ok(src_meta.dev() == dst_meta.dev() && src_meta.ino() == dst_meta.ino())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (src_meta, dst_meta);
+        Ok(std::fs::canonicalize(src)? == std::fs::canonicalize(dst)?)
+    }
 }
 
 /// Writes every tensor of an open source into a new file at `dst`.

@@ -47,6 +47,8 @@ pub use tensorwire_core::{
     Value, SOURCE_LAYOUT_KEY,
 };
 
-pub use crate::convert::{convert, convert_source, ConvertOptions, OutputFormat};
+pub use crate::convert::{
+    convert, convert_source, refuse_overwriting_source, ConvertOptions, OutputFormat,
+};
 pub use crate::sharded::{zt_holding, ShardedSource};
 pub use crate::sniff::{open, open_bytes, open_with, sniff, FileFormat, OpenOptions};
