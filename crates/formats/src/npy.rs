@@ -579,9 +579,42 @@ impl ArrayRecord {
     /// `.npy` file has no digest to check.
     fn check_crc(&self, check: impl FnOnce(&ZipEntry) -> Result<()>) -> Result<()> {
         match self.location.member() {
-            Some(member) => member.check_once(check),
+            Some(member) => member.check_once(check).map_err(naming_array),
             None => Ok(()),
         }
+    }
+}
+
+/// A CRC mismatch or undecodable data of an NPZ member named for its array, as
+/// tensors are listed: the ZIP layer names the member (`f2.npy`), the error says
+/// ``tensor `f2` (NPZ member f2.npy)``.
+fn naming_array(error: Error) -> Error {
+    let named = |member: String| match member.strip_suffix(".npy") {
+        Some(array) => format!("{array} (NPZ member {member})"),
+        None => format!("NPZ member {member}"),
+    };
+    match error {
+        Error::DigestMismatch {
+            tensor,
+            algorithm,
+            expected,
+            found,
+        } => Error::DigestMismatch {
+            tensor: named(tensor),
+            algorithm,
+            expected,
+            found,
+        },
+        Error::Decode {
+            tensor,
+            encoding,
+            reason,
+        } => Error::Decode {
+            tensor: named(tensor),
+            encoding,
+            reason,
+        },
+        other => other,
     }
 }
 
@@ -767,8 +800,8 @@ impl NumpyReader {
             // never decompressed.
             Location::Deflated(entry) => {
                 let end = h.data_end();
-                let npy =
-                    read_entry_prefix(&self.input, entry, end, self.limits.max_decoded_bytes)?;
+                let npy = read_entry_prefix(&self.input, entry, end, self.limits.max_decoded_bytes)
+                    .map_err(naming_array)?;
                 if end == entry.size {
                     record.check_crc(|member| member.check_crc32(&npy))?;
                 }
@@ -1060,7 +1093,9 @@ impl TensorSource for NumpyReader {
     /// does when it reads them; an `.npy` file has no digest (`Ok(0)`).
     fn verify(&self) -> Result<usize> {
         match &self.archive {
-            Some(archive) => archive.verify(&self.input, self.limits.max_decoded_bytes, false),
+            Some(archive) => archive
+                .verify(&self.input, self.limits.max_decoded_bytes, false)
+                .map_err(naming_array),
             None => Ok(0),
         }
     }

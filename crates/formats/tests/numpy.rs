@@ -401,6 +401,26 @@ fn verify_checks_every_npz_members_crc() {
         let reader = NumpyReader::from_bytes(Bytes::from(bad), &Limits::default()).unwrap();
         let err = reader.verify().unwrap_err();
         assert!(err.is_corrupt_data(), "{file}: {err}");
+        // Named as the array is listed, with its member.
+        let last = reader.tensors().last().unwrap().name.to_string();
+        assert!(
+            matches!(&err, tensorwire_core::Error::DigestMismatch { tensor, .. }
+                | tensorwire_core::Error::Decode { tensor, .. }
+                if *tensor == format!("{last} (NPZ member {last}.npy)")),
+            "{file}: {err}"
+        );
+        // A read that checks the member first says the same.
+        let at = reader.tensors().len() - 1;
+        if let Err(err) = reader
+            .check_record_at(at)
+            .and_then(|()| reader.view_at(at).map(drop))
+        {
+            assert!(
+                err.to_string()
+                    .contains(&format!("`{last} (NPZ member {last}.npy)`")),
+                "{err}"
+            );
+        }
     }
     let npy = std::fs::read(fixture("numpy/c_order.npy")).unwrap();
     let reader = NumpyReader::from_bytes(Bytes::from(npy), &Limits::default()).unwrap();
@@ -512,7 +532,8 @@ fn check_record_checks_a_stored_members_crc_and_views_do_not() {
             Err(Error::DigestMismatch {
                 tensor, algorithm, ..
             }) => {
-                assert_eq!(tensor, format!("{}.npy", damaged_info.name));
+                let name = &damaged_info.name;
+                assert_eq!(tensor, format!("{name} (NPZ member {name}.npy)"));
                 assert_eq!(algorithm, "crc32");
             }
             other => panic!("round {round}: {other:?}"),
@@ -548,7 +569,9 @@ fn deflated_members_inflated_whole_are_checked_against_their_crc() {
         reader.strided("whole").map(drop),
     ] {
         match result {
-            Err(Error::DigestMismatch { tensor, .. }) => assert_eq!(tensor, "whole.npy"),
+            Err(Error::DigestMismatch { tensor, .. }) => {
+                assert_eq!(tensor, "whole (NPZ member whole.npy)")
+            }
             other => panic!("{other:?}"),
         }
     }
