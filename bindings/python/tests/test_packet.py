@@ -393,6 +393,16 @@ def test_string_tensor(strings):
             out[len(strings)]
 
 
+def test_string_tensor_elements_are_str_or_bytes_like():
+    """Bytes-like elements are their bytes (as tenso takes them); an int is refused
+    with a TypeError, as tenso refuses it, not turned into that many NUL bytes."""
+    st = StringTensor([b"ab", bytearray(b"c"), memoryview(b"de"), np.bytes_(b"f")])
+    assert packet.loads(st.dumps()).to_list() == ["ab", "c", "de", "f"]
+    for bad in ([3], [np.int64(2)], ["ok", None]):
+        with pytest.raises(TypeError):
+            StringTensor(bad)
+
+
 def test_ragged_array():
     rows = [np.array([1, 2, 3], np.int32), np.array([], np.int32), np.array([4], np.int32)]
     ra = RaggedArray(rows)

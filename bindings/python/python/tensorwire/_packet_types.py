@@ -230,6 +230,16 @@ class QuantizedTensor:
                 f"scheme={scheme}, nbytes={self.nbytes})")
 
 
+def _string_bytes(s) -> bytes:
+    """A `StringTensor` element's bytes: a str's UTF-8, else those of a bytes-like
+    object with a length, as tenso takes it (a number, even a numpy one, is a
+    `TypeError`; `bytes(3)` would have been three NUL bytes)."""
+    if isinstance(s, str):
+        return s.encode("utf-8")
+    len(s)
+    return memoryview(s).tobytes()
+
+
 class StringTensor:
     """A batch of variable-length UTF-8 strings: packed bytes plus ``count + 1``
     uint64 offsets, with no padding.
@@ -243,7 +253,7 @@ class StringTensor:
     __slots__ = ("_offsets", "_data")
 
     def __init__(self, strings: Sequence[Union[str, bytes]]):
-        parts = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in strings]
+        parts = [_string_bytes(s) for s in strings]
         offsets = np.zeros(len(parts) + 1, dtype=np.uint64)
         np.cumsum([len(p) for p in parts], out=offsets[1:])
         self._offsets = offsets
