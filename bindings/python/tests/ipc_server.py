@@ -65,6 +65,10 @@ def endpoints(provider):
     def unshareable():
         return {1, 2, 3}
 
+    @provider.share(cache_format_key="key:{missing}")
+    def badly_keyed(n: int):
+        return n
+
     return provider
 
 

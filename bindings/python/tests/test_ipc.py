@@ -386,6 +386,11 @@ def test_unshareable_values_and_endpoint_errors(client):
     assert info.value.kind == "EndpointFailed"
     with pytest.raises(ipc.RemoteError, match="cannot share a set"):
         client.call("unshareable")
+    # A cache_format_key naming no argument is the endpoint's fault, said once.
+    with pytest.raises(ipc.RemoteError, match="cache key: KeyError: 'missing'") as info:
+        client.call("badly_keyed", 3)
+    assert info.value.kind == "EndpointFailed"
+    assert str(info.value).count("from server") == 1, str(info.value)
     with pytest.raises(ipc.RemoteError) as info:
         client.call("no_such_endpoint")
     assert info.value.kind == "UnknownEndpoint"

@@ -452,8 +452,12 @@ impl Service {
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         let opts = &ep.options;
         let key = if opts.cache || opts.singleflight {
-            ep.key(&args.payload)
-                .map_err(|e| (RemoteKind::BadRequest, format!("cache key: {e}")))?
+            ep.key(&args.payload).map_err(|e| match e {
+                // The endpoint's own key function failed (a `cache_format_key` naming
+                // no argument): the server's fault, kept as the function reported it.
+                IpcError::Remote { kind, message } => (kind, format!("cache key: {message}")),
+                other => (RemoteKind::BadRequest, format!("cache key: {other}")),
+            })?
         } else {
             None
         };
