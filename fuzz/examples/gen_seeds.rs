@@ -34,24 +34,15 @@ fn dense(tensors: &[(&str, DType, &[u64])], o: WriteOptions) -> Vec<u8> {
 fn generated() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     let raw = opts(Compression::Raw, Checksum::None);
-    out.push((
-        "empty".into(),
-        ZtWriter::new(Vec::new()).unwrap().finish_into().unwrap(),
-    ));
+    out.push(("empty".into(), ZtWriter::new(Vec::new()).unwrap().finish_into().unwrap()));
     out.push(("one_f32".into(), dense(&[("w", DType::F32, &[2, 3])], raw)));
     out.push(("scalar".into(), dense(&[("s", DType::I64, &[])], raw)));
     out.push(("zero_dim".into(), dense(&[("z", DType::F16, &[0, 4])], raw)));
     for (i, d) in DType::ALL.iter().enumerate() {
-        if matches!(
-            d,
-            DType::QInt8 | DType::QUInt8 | DType::QInt4 | DType::QUInt4
-        ) {
+        if matches!(d, DType::QInt8 | DType::QUInt8 | DType::QInt4 | DType::QUInt4) {
             continue;
         }
-        out.push((
-            format!("dtype_{}", d.name()),
-            dense(&[("t", *d, &[3])], raw),
-        ));
+        out.push((format!("dtype_{}", d.name()), dense(&[("t", *d, &[3])], raw)));
         let _ = i;
     }
     let all: Vec<(&str, DType, &[u64])> = vec![
@@ -61,7 +52,10 @@ fn generated() -> Vec<(String, Vec<u8>)> {
         ("d", DType::F8E4M3Fn, &[5]),
         ("e", DType::Bool, &[3]),
     ];
-    for (c, cn) in [(Compression::Raw, "raw"), (Compression::Zstd(3), "zstd")] {
+    for (c, cn) in [
+        (Compression::Raw, "raw"),
+        (Compression::Zstd(3), "zstd"),
+    ] {
         for (k, kn) in [
             (Checksum::None, "none"),
             (Checksum::Crc32c, "crc"),
@@ -78,15 +72,11 @@ fn generated() -> Vec<(String, Vec<u8>)> {
     attrs.insert(
         "nested".to_owned(),
         Value::Map(vec![
-            (
-                "x".into(),
-                Value::List(vec![Value::Float(1.5), Value::Null, Value::Bool(true)]),
-            ),
+            ("x".into(), Value::List(vec![Value::Float(1.5), Value::Null, Value::Bool(true)])),
             ("b".into(), Value::Bytes(vec![1, 2, 3])),
         ]),
     );
-    w.set_attributes(attrs.clone())
-        .expect("seed attributes fit a file");
+    w.set_attributes(attrs.clone()).expect("seed attributes fit a file");
     let vals = bytes(12);
     let idx = bytes(24);
     let ptr = bytes(16);
@@ -96,24 +86,9 @@ fn generated() -> Vec<(String, Vec<u8>)> {
         Layout::SparseCsr,
         Some(attrs.clone()),
         &[
-            ComponentData {
-                role: "values",
-                dtype: DType::F32,
-                logical_type: None,
-                data: &vals,
-            },
-            ComponentData {
-                role: "indices",
-                dtype: DType::I64,
-                logical_type: None,
-                data: &idx,
-            },
-            ComponentData {
-                role: "indptr",
-                dtype: DType::I32,
-                logical_type: None,
-                data: &ptr,
-            },
+            ComponentData { role: "values", dtype: DType::F32, logical_type: None, data: &vals },
+            ComponentData { role: "indices", dtype: DType::I64, logical_type: None, data: &idx },
+            ComponentData { role: "indptr", dtype: DType::I32, logical_type: None, data: &ptr },
         ],
         opts(Compression::Raw, Checksum::Crc32c),
     )
@@ -124,18 +99,8 @@ fn generated() -> Vec<(String, Vec<u8>)> {
         Layout::SparseCoo,
         None,
         &[
-            ComponentData {
-                role: "values",
-                dtype: DType::F32,
-                logical_type: None,
-                data: &vals,
-            },
-            ComponentData {
-                role: "coords",
-                dtype: DType::I64,
-                logical_type: None,
-                data: &idx,
-            },
+            ComponentData { role: "values", dtype: DType::F32, logical_type: None, data: &vals },
+            ComponentData { role: "coords", dtype: DType::I64, logical_type: None, data: &idx },
         ],
         opts(Compression::Zstd(1), Checksum::Sha256),
     )
@@ -146,18 +111,8 @@ fn generated() -> Vec<(String, Vec<u8>)> {
         Layout::QuantizedGroup,
         None,
         &[
-            ComponentData {
-                role: "packed_weight",
-                dtype: DType::U8,
-                logical_type: Some("qint4"),
-                data: &bytes(4),
-            },
-            ComponentData {
-                role: "scales",
-                dtype: DType::F16,
-                logical_type: None,
-                data: &bytes(4),
-            },
+            ComponentData { role: "packed_weight", dtype: DType::U8, logical_type: Some("qint4"), data: &bytes(4) },
+            ComponentData { role: "scales", dtype: DType::F16, logical_type: None, data: &bytes(4) },
         ],
         opts(Compression::Raw, Checksum::None),
     )
@@ -167,12 +122,7 @@ fn generated() -> Vec<(String, Vec<u8>)> {
         &Shape::new(vec![2]).unwrap(),
         Layout::Other("my_layout".into()),
         Some(BTreeMap::new()),
-        &[ComponentData {
-            role: "blob",
-            dtype: DType::U8,
-            logical_type: Some("mystery"),
-            data: &bytes(7),
-        }],
+        &[ComponentData { role: "blob", dtype: DType::U8, logical_type: Some("mystery"), data: &bytes(7) }],
         opts(Compression::Raw, Checksum::None),
     )
     .unwrap();
@@ -195,13 +145,7 @@ fn generated() -> Vec<(String, Vec<u8>)> {
 fn variants(name: &str, file: &[u8]) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     let n = file.len();
-    for cut in [
-        n / 2,
-        n.saturating_sub(1),
-        n.saturating_sub(9),
-        n.saturating_sub(17),
-        16,
-    ] {
+    for cut in [n / 2, n.saturating_sub(1), n.saturating_sub(9), n.saturating_sub(17), 16] {
         if cut < n {
             out.push((format!("{name}.trunc{cut}"), file[..cut].to_vec()));
         }
@@ -229,11 +173,7 @@ fn variants(name: &str, file: &[u8]) -> Vec<(String, Vec<u8>)> {
 }
 
 fn main() {
-    let dir = PathBuf::from(
-        std::env::args()
-            .nth(1)
-            .unwrap_or_else(|| "corpus/zt_reader".into()),
-    );
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "corpus/zt_reader".into()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut files = generated();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/zt");

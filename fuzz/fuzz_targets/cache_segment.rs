@@ -38,14 +38,9 @@ fn world() -> &'static World {
         let cache = TensorCache::create(None, 256 << 10, options).unwrap();
         let raw = Segment::open(cache.name(), Access::ReadWrite).unwrap();
         cache.unlink().unwrap(); // nothing left in /dev/shm when the fuzzer exits
-        for (i, len) in [10usize, 100, 1000, 5000, 64, 20_000]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, len) in [10usize, 100, 1000, 5000, 64, 20_000].into_iter().enumerate() {
             let ttl = (i == 2).then(|| Duration::from_secs(3600));
-            cache
-                .put(&format!("k{i}"), &vec![i as u8; len], ttl)
-                .unwrap();
+            cache.put(&format!("k{i}"), &vec![i as u8; len], ttl).unwrap();
         }
         let pristine = raw.as_slice().to_vec();
         let tables_end = cache.layout().data_offset;
@@ -101,8 +96,7 @@ fuzz_target!(|data: &[u8]| {
     let c = &w.cache;
     let _ = c.stats();
     if repair {
-        c.check_consistency()
-            .expect("a repaired cache is consistent");
+        c.check_consistency().expect("a repaired cache is consistent");
     } else {
         // Damage unrepaired: the check may fail, never panic.
         let _ = c.check_consistency();
@@ -128,7 +122,6 @@ fuzz_target!(|data: &[u8]| {
         let _ = c.clear();
     }
     if repair {
-        c.check_consistency()
-            .expect("operations keep a repaired cache consistent");
+        c.check_consistency().expect("operations keep a repaired cache consistent");
     }
 });

@@ -52,11 +52,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(strided) = reader.strided(name) {
             let gathered = strided.to_contiguous(limits.max_decoded_bytes);
             if let (Ok(g), Ok(v)) = (gathered, &view) {
-                assert_eq!(
-                    g.as_slice(),
-                    &*v.bytes,
-                    "strided and view disagree on `{name}`"
-                );
+                assert_eq!(g.as_slice(), &*v.bytes, "strided and view disagree on `{name}`");
             }
         }
     }

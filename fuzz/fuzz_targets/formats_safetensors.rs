@@ -28,11 +28,7 @@ fuzz_target!(|data: &[u8]| {
     let json: serde_json::Value =
         serde_json::from_slice(header).expect("an accepted header is valid JSON");
     let object = json.as_object().expect("an accepted header is an object");
-    let names: Vec<&str> = object
-        .keys()
-        .map(String::as_str)
-        .filter(|k| *k != "__metadata__")
-        .collect();
+    let names: Vec<&str> = object.keys().map(String::as_str).filter(|k| *k != "__metadata__").collect();
     let mut listed: Vec<&str> = reader.tensors().iter().map(|t| &*t.name).collect();
     listed.sort_unstable();
     let mut expected = names.clone();
@@ -42,12 +38,7 @@ fuzz_target!(|data: &[u8]| {
     let theirs: std::collections::BTreeMap<String, String> = match object.get("__metadata__") {
         Some(serde_json::Value::Object(m)) => m
             .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    v.as_str().expect("metadata values are strings").to_owned(),
-                )
-            })
+            .map(|(k, v)| (k.clone(), v.as_str().expect("metadata values are strings").to_owned()))
             .collect(),
         _ => Default::default(),
     };
@@ -72,13 +63,7 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(again.tensors().len(), reader.tensors().len());
     for info in reader.tensors() {
         let other = again.info(&info.name).expect("same names");
-        assert_eq!(
-            (other.dtype, &other.shape, &other.layout),
-            (info.dtype, &info.shape, &info.layout)
-        );
-        assert_eq!(
-            &*again.raw(&info.name).unwrap(),
-            &*reader.raw(&info.name).unwrap()
-        );
+        assert_eq!((other.dtype, &other.shape, &other.layout), (info.dtype, &info.shape, &info.layout));
+        assert_eq!(&*again.raw(&info.name).unwrap(), &*reader.raw(&info.name).unwrap());
     }
 });

@@ -34,21 +34,12 @@ fuzz_target!(|data: &[u8]| {
     for (name, shard) in index.tensors() {
         let file = &shards[*shard];
         assert_eq!(map[&**name].as_str(), Some(file.as_str()), "{name}");
-        assert!(
-            !file.is_empty()
-                && !file.contains(['/', '\\', '\0', ':'])
-                && file != ".."
-                && file != "."
-        );
+        assert!(!file.is_empty() && !file.contains(['/', '\\', '\0', ':']) && file != ".." && file != ".");
     }
     if let Some(meta) = json.get("metadata").and_then(|m| m.as_object()) {
         for (key, value) in meta {
             if let serde_json::Value::String(s) = value {
-                assert_eq!(
-                    index.metadata().get(key),
-                    Some(&Value::Str(s.clone())),
-                    "{key}"
-                );
+                assert_eq!(index.metadata().get(key), Some(&Value::Str(s.clone())), "{key}");
             }
         }
     }

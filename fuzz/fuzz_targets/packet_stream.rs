@@ -40,9 +40,11 @@ impl Read for Chunks<'_> {
 
 fuzz_target!(|data: &[u8]| {
     // The chunking and the limits derive from the input, so seeds can be plain packets.
-    let seed = data.iter().rev().take(8).fold(data.len() as u64, |h, &b| {
-        h.wrapping_mul(31).wrapping_add(u64::from(b))
-    });
+    let seed = data
+        .iter()
+        .rev()
+        .take(8)
+        .fold(data.len() as u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     let limits = match seed % 4 {
         0 => PacketLimits::default(),
         1 => PacketLimits {
@@ -78,19 +80,12 @@ fuzz_target!(|data: &[u8]| {
         match result {
             Ok(Some(packet)) => {
                 assert!(packet.is_aligned(64));
-                assert_eq!(
-                    whole.unwrap(),
-                    Framing::Complete {
-                        len: packet.len() as u64
-                    }
-                );
+                assert_eq!(whole.unwrap(), Framing::Complete { len: packet.len() as u64 });
                 assert_eq!(&packet[..], &rest[..packet.len()]);
                 let mut alone = PacketFramer::new(limits);
                 assert_eq!(
                     alone.advance(&packet).unwrap(),
-                    Framing::Complete {
-                        len: packet.len() as u64
-                    }
+                    Framing::Complete { len: packet.len() as u64 }
                 );
                 position += packet.len();
                 assert_eq!(reader.position(), position as u64);
@@ -106,7 +101,10 @@ fuzz_target!(|data: &[u8]| {
                 match whole {
                     Ok(Framing::Incomplete { need }) => {
                         assert!(need as usize > rest.len());
-                        assert!(matches!(e, tensorwire_core::Error::Truncated { .. }), "{e}");
+                        assert!(
+                            matches!(e, tensorwire_core::Error::Truncated { .. }),
+                            "{e}"
+                        );
                     }
                     Ok(Framing::Complete { len }) => {
                         panic!("reader failed ({e}) on a {len}-byte packet the framer accepts")

@@ -36,10 +36,7 @@ fuzz_target!(|data: &[u8]| {
     for (obj, info) in reader.objects().iter().zip(reader.tensors()) {
         assert_eq!(obj.name, info.name);
         let name: &str = &obj.name;
-        assert!(
-            reader.object(name).is_ok(),
-            "object `{name}` not found by name"
-        );
+        assert!(reader.object(name).is_ok(), "object `{name}` not found by name");
         assert!(reader.info(name).is_ok(), "info `{name}` not found by name");
         let _ = obj.dtype();
         let _ = obj.primary();
@@ -57,11 +54,7 @@ fuzz_target!(|data: &[u8]| {
 
             let whole = reader.component(name, role);
             if let Ok(bytes) = &whole {
-                assert_eq!(
-                    bytes.len() as u64,
-                    decoded,
-                    "{name}/{role}: component length"
-                );
+                assert_eq!(bytes.len() as u64, decoded, "{name}/{role}: component length");
                 if comp.encoding == Encoding::Raw {
                     assert_eq!(bytes.as_slice(), stored.as_ref().unwrap().as_slice());
                 }

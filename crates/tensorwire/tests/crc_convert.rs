@@ -56,7 +56,9 @@ fn convert_refuses_an_npz_member_whose_crc_does_not_match() {
             let err = convert(&src, &dst, &options, &mut |_, _, _| Ok(())).unwrap_err();
             match err.root() {
                 Error::DigestMismatch { tensor, .. } => {
-                    assert_eq!(tensor, &format!("{}.npy", damaged.name), "{name} -> {out}")
+                    let array = &damaged.name;
+                    let named = format!("{array} (NPZ member {array}.npy)");
+                    assert_eq!(tensor, &named, "{name} -> {out}")
                 }
                 other => panic!("{name} -> {out}: {other:?}"),
             }
