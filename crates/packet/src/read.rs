@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tensorwire_core::{
-    align_up, AlignedBuf, Bytes, DType, Error, NameSet, Result, Shape, TensorView,
+    align_up, AlignedBuf, Bytes, DType, Dims, Error, NameSet, Result, Shape, TensorView,
 };
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -263,26 +263,23 @@ impl Reader<'_> {
     /// Reads `ndim` dimensions at `head.pos`; returns the shape and the offset after it.
     fn shape(&self, head: &Head, end: usize, max_elements: Option<u64>) -> Result<(Shape, usize)> {
         let (dims, after) = self.dims(head, end)?;
-        let shape = Shape::from_dims(&dims[..head.ndim])?;
+        let shape = Shape::try_from_dims(dims)?;
         if let Some(max) = max_elements {
             Error::check_limit("element count", shape.numel()?, max)?;
         }
         Ok((shape, after))
     }
 
-    /// The `ndim` raw dimensions at `head.pos` (the first `ndim` of the array), and
-    /// the offset after them; their product is not checked.
-    fn dims(&self, head: &Head, end: usize) -> Result<([u64; 255], usize)> {
+    /// The `ndim` raw dimensions at `head.pos` (inline for the usual ranks), and the
+    /// offset after them; their product is not checked.
+    fn dims(&self, head: &Head, end: usize) -> Result<(Dims, usize)> {
         Error::check_limit(
             "number of dimensions",
             head.ndim as u64,
             self.limits.max_ndim as u64,
         )?;
         let raw = self.take(head.pos, head.ndim * 4, end)?;
-        let mut dims = [0u64; 255];
-        for (d, b) in dims.iter_mut().zip(raw.chunks_exact(4)) {
-            *d = u64::from(u32_le(b));
-        }
+        let dims = raw.chunks_exact(4).map(|b| u64::from(u32_le(b))).collect();
         Ok((dims, head.pos + head.ndim * 4))
     }
 
@@ -448,7 +445,7 @@ impl Reader<'_> {
         // The logical shape of a sparse matrix may exceed the element limit, and even
         // i64 (only its parts are arrays, checked as the dense packets they are).
         let (dims, mut at) = self.dims(head, end)?;
-        let shape = MatrixShape::from_dims(&dims[..head.ndim])
+        let shape = MatrixShape::from_dims(dims.as_slice())
             .map_err(|reason| Error::malformed(head.start as u64, reason))?;
         let mut parts = Vec::with_capacity(3);
         for name in format.part_names() {
