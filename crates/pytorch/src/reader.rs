@@ -685,20 +685,16 @@ impl PtReader {
     /// `strided_at`: it builds no view.
     pub fn in_place_extent(&self, position: usize) -> Option<Bytes> {
         let record = self.records.get(position)?;
-        if !self.little_endian || !self.input.is_mapped() || record.has_lazy_signs() {
+        if !self.little_endian || record.has_lazy_signs() {
             return None;
         }
-        let Some(StorageData::Zip(i)) = self.storages.get(&*record.storage.key) else {
-            return None;
-        };
-        let entry = zip_entry(&self.zip, *i);
-        if entry.method == Method::Deflated {
-            return None;
+        // Only a stored record: a deflated one would be inflated to be looked at.
+        match self.storages.get(&*record.storage.key)? {
+            StorageData::Zip(i) if zip_entry(&self.zip, *i).method != Method::Deflated => {}
+            _ => return None,
         }
-        let (start, end) = record.byte_extent().ok()?;
-        let window = record.storage.window().ok()?.0;
-        let offset = entry.data_offset.checked_add(window)?.checked_add(start)?;
-        self.input.read(offset, end - start).ok()
+        let (bytes, borrowed) = self.stored_extent(record).ok()?;
+        borrowed.then_some(bytes)
     }
 
     /// The bytes of the stored storage `key`, from `start` to `end` (relative to the
@@ -752,10 +748,15 @@ impl PtReader {
     /// whether they borrow the input; a CRC mismatch of the record they are read
     /// from names the tensor.
     fn extent(&self, name: &str, record: &TensorRecord) -> Result<(Bytes, bool)> {
+        self.stored_extent(record)
+            .map_err(|e| naming_tensor_record(e, name))
+    }
+
+    /// [`PtReader::extent`], its errors naming the record only.
+    fn stored_extent(&self, record: &TensorRecord) -> Result<(Bytes, bool)> {
         let (start, end) = record.byte_extent()?;
         let window = record.storage.window()?.0;
         self.storage_range(&record.storage.key, window + start, window + end)
-            .map_err(|e| naming_tensor_record(e, name))
     }
 
     /// Checks every storage: legacy element counts and, for ZIP files, each record's
