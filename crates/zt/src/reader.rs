@@ -125,17 +125,23 @@ impl ZtReader {
             first_component.push(n);
             n += o.components.len();
         }
-        let slots = check_slots(&manifest);
+        let (check_slot, digests) = check_slots(&manifest, false);
+        // A slot per component already: the typed keys cannot share any either.
+        let (content_slot, contents) = if digests == check_slot.len() {
+            (check_slot.clone(), digests)
+        } else {
+            check_slots(&manifest, true)
+        };
         Ok(ZtReader {
             bytes,
             version,
-            verified: (0..slots.digests).map(|_| OnceLock::new()).collect(),
-            content_ok: (0..slots.contents).map(|_| OnceLock::new()).collect(),
+            verified: (0..digests).map(|_| OnceLock::new()).collect(),
+            content_ok: (0..contents).map(|_| OnceLock::new()).collect(),
             manifest,
             infos,
             first_component,
-            check_slot: slots.digest,
-            content_slot: slots.content,
+            check_slot,
+            content_slot,
             last_position: AtomicUsize::new(0),
             limits: *limits,
         })
@@ -843,54 +849,49 @@ fn info_of(obj: &Object, version: ZtVersion) -> Result<TensorInfo> {
         .iter()
         .find(|c| c.encoding != Encoding::Raw)
         .map(|c| c.encoding.name().to_owned());
-    if let Some((type_name, rows)) = gguf_rows(obj).filter(|_| version == ZtVersion::V2) {
-        // Listed as the GGUF reader and a 1.x conversion list it: dense `u8` rows of
-        // blocks, the type and logical shape as attributes.
-        let mut attributes = obj.attributes.clone().unwrap_or_default();
-        attributes.remove(GGUF_BLOCK_BYTES);
-        attributes.remove(GGUF_ELEMS_PER_BLOCK);
-        let logical = obj.shape.dims().iter().map(|&d| Value::Int(d.into()));
-        attributes.insert("gguf.shape".to_owned(), Value::List(logical.collect()));
-        attributes.insert("gguf.type".to_owned(), Value::Str(type_name.clone()));
-        attributes.insert(
-            SOURCE_LAYOUT_KEY.to_owned(),
-            Value::Str(format!("gguf:{type_name}")),
-        );
-        let data = &obj.components[0];
-        return Ok(TensorInfo {
-            name: obj.name.clone(),
-            dtype: DType::U8,
-            shape: rows,
-            layout: Layout::Dense,
-            nbytes: data.decoded_length(),
-            stored_bytes: data.length,
-            offset: data.offset,
-            encoding,
-            attributes: attributes.into(),
-        });
-    }
     let dtype = match version {
         ZtVersion::V2 => obj.primary().map_or(DType::U8, manifest_v2::element_dtype),
         _ => obj.dtype(),
     };
+    let mut attributes = obj.attributes.clone().unwrap_or_default();
+    let (shape, layout) = match gguf_rows(obj).filter(|_| version == ZtVersion::V2) {
+        // Listed as the GGUF reader and a 1.x conversion list it: dense `u8` rows of
+        // blocks (its one `u8` part's dtype), the type and logical shape as attributes.
+        Some((type_name, rows)) => {
+            attributes.remove(GGUF_BLOCK_BYTES);
+            attributes.remove(GGUF_ELEMS_PER_BLOCK);
+            let logical = obj.shape.dims().iter().map(|&d| Value::Int(d.into()));
+            attributes.insert("gguf.shape".to_owned(), Value::List(logical.collect()));
+            attributes.insert(
+                SOURCE_LAYOUT_KEY.to_owned(),
+                Value::Str(format!("gguf:{type_name}")),
+            );
+            attributes.insert("gguf.type".to_owned(), Value::Str(type_name));
+            (rows, Layout::Dense)
+        }
+        None => match byte_type_of(obj, version) {
+            // Two elements per byte: listed (and viewed) as its bytes.
+            Some(ByteType::F4E2M1) => (
+                Shape::new(vec![obj
+                    .components
+                    .iter()
+                    .map(Component::decoded_length)
+                    .sum()])?,
+                obj.layout.clone(),
+            ),
+            _ => (obj.shape.clone(), obj.layout.clone()),
+        },
+    };
     Ok(TensorInfo {
         name: obj.name.clone(),
         dtype,
-        shape: match byte_type_of(obj, version) {
-            // Two elements per byte: listed (and viewed) as its bytes.
-            Some(ByteType::F4E2M1) => Shape::new(vec![obj
-                .components
-                .iter()
-                .map(Component::decoded_length)
-                .sum()])?,
-            _ => obj.shape.clone(),
-        },
-        layout: obj.layout.clone(),
+        shape,
+        layout,
         nbytes: obj.components.iter().map(Component::decoded_length).sum(),
         stored_bytes: obj.components.iter().map(|c| c.length).sum(),
         offset: obj.components.iter().map(|c| c.offset).min().unwrap_or(0),
         encoding,
-        attributes: obj.attributes.clone().unwrap_or_default().into(),
+        attributes: attributes.into(),
     })
 }
 
@@ -1055,62 +1056,37 @@ impl ZtReader {
     }
 }
 
-/// The check slots of every component of `manifest` (flattened in object order):
-/// digest slots, shared by components naming the same stored bytes (offset and
-/// length) with the same encoding and digest, whatever their types (a version 2
-/// writer stores identical bytes once, even for two dtypes), and content-rule slots,
-/// shared only by those of one logical type too. Then the number of each.
-fn check_slots(manifest: &Manifest) -> CheckSlots {
+/// The check slot of every component of `manifest` (flattened in object order) and
+/// the number of slots: components naming the same stored bytes (offset and length)
+/// with the same encoding and digest share the first one's slot, and with `typed`,
+/// only those of one logical type too. Digests are checked by untyped slots (a
+/// version 2 writer stores identical bytes once, even for two dtypes), content rules
+/// by typed ones.
+fn check_slots(manifest: &Manifest, typed: bool) -> (Vec<usize>, usize) {
     let components = || manifest.objects.iter().flat_map(|o| o.components.iter());
     let count = components().count();
     // Most files store every part apart: one slot each, found without hashing.
     let mut offsets: Vec<u64> = components().map(|c| c.offset).collect();
     offsets.sort_unstable();
     if offsets.windows(2).all(|w| w[0] != w[1]) {
-        let each: Vec<usize> = (0..count).collect();
-        return CheckSlots {
-            digest: each.clone(),
-            digests: count,
-            content: each,
-            contents: count,
-        };
+        return ((0..count).collect(), count);
     }
     // Keyed by everything a check depends on, so that many components over the same
     // bytes cost one lookup each.
     type Key<'a> = (u64, u64, Encoding, Option<&'a Digest>, Option<&'a str>);
-    let slots = |typed: bool| {
-        let mut slot_by_key: NameMap<Key<'_>, usize> = NameMap::default();
-        let slot_of: Vec<usize> = components()
-            .map(|c| {
-                let logical_type = c.logical_type.as_deref().filter(|_| typed);
-                let key = (
-                    c.offset,
-                    c.length,
-                    c.encoding,
-                    c.digest.as_ref(),
-                    logical_type,
-                );
-                let next = slot_by_key.len();
-                *slot_by_key.entry(key).or_insert(next)
-            })
-            .collect();
-        let n = slot_by_key.len();
-        (slot_of, n)
-    };
-    let (digest, digests) = slots(false);
-    let (content, contents) = slots(true);
-    CheckSlots {
-        digest,
-        digests,
-        content,
-        contents,
-    }
-}
-
-/// What [`check_slots`] finds.
-struct CheckSlots {
-    digest: Vec<usize>,
-    digests: usize,
-    content: Vec<usize>,
-    contents: usize,
+    let mut slot_by_key: NameMap<Key<'_>, usize> = NameMap::default();
+    let slot_of = components()
+        .map(|c| {
+            let key = (
+                c.offset,
+                c.length,
+                c.encoding,
+                c.digest.as_ref(),
+                c.logical_type.as_deref().filter(|_| typed),
+            );
+            let next = slot_by_key.len();
+            *slot_by_key.entry(key).or_insert(next)
+        })
+        .collect();
+    (slot_of, slot_by_key.len())
 }
