@@ -10,8 +10,8 @@ use tensorwire_core::{
 use tensorwire_formats::gguf::GgmlType;
 use tensorwire_formats::safetensors::{float4_values_as_pairs, StDType};
 use tensorwire_zt::{
-    ByteType, Checksum, ComponentData, Compression, WriteOptions, ZtReader, ZtVersion, ZtWriter,
-    GGUF_BLOCK_BYTES, GGUF_ELEMS_PER_BLOCK,
+    gguf_layout_id, ByteType, Checksum, ComponentData, Compression, WriteOptions, ZtReader,
+    ZtVersion, ZtWriter, GGUF_BLOCK_BYTES, GGUF_ELEMS_PER_BLOCK,
 };
 
 /// The format [`convert`] writes.
@@ -370,10 +370,8 @@ fn gguf_block_object(info: &TensorInfo, version: ZtVersion) -> Option<GgufBlocks
         })
         .collect::<Option<_>>()?;
     let (&last, lead) = dims.split_last()?;
-    let rows = info.shape.dims();
-    let row_bytes = (last % ty.block_size() == 0)
-        .then(|| (last / ty.block_size()).checked_mul(ty.type_size()))??;
-    if rows.split_last() != Some((&row_bytes, lead)) {
+    let row_bytes = ty.row_bytes(last).ok()?;
+    if info.shape.dims().split_last() != Some((&row_bytes, lead)) {
         return None;
     }
     let mut attributes = info.attributes.clone().into_map();
@@ -389,7 +387,7 @@ fn gguf_block_object(info: &TensorInfo, version: ZtVersion) -> Option<GgufBlocks
         Value::Int(ty.block_size().into()),
     );
     Some(GgufBlocks {
-        layout: format!("gguf.{}/1", name.to_ascii_lowercase()),
+        layout: gguf_layout_id(name),
         shape: Shape::new(dims).ok()?,
         attributes,
     })

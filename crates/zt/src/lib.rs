@@ -44,7 +44,9 @@ mod writer;
 
 pub use crate::digest::{Checksum, Digest};
 pub use crate::manifest::{is_int_outside_cbor, Component, Encoding, Object};
-pub use crate::reader::{ByteType, ZtReader, ZtVersion, GGUF_BLOCK_BYTES, GGUF_ELEMS_PER_BLOCK};
+pub use crate::reader::{
+    gguf_layout_id, ByteType, ZtReader, ZtVersion, GGUF_BLOCK_BYTES, GGUF_ELEMS_PER_BLOCK,
+};
 pub use crate::writer::{ComponentData, Compression, WriteOptions, ZtWriter};
 
 /// Magic bytes at the start and end of a version 1.x file.

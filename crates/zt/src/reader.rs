@@ -795,6 +795,18 @@ pub const GGUF_BLOCK_BYTES: &str = "block_bytes";
 /// See [`GGUF_BLOCK_BYTES`]: elements per block.
 pub const GGUF_ELEMS_PER_BLOCK: &str = "elems_per_block";
 
+const GGUF_LAYOUT_PREFIX: &str = "gguf.";
+const GGUF_LAYOUT_SUFFIX: &str = "/1";
+
+/// The version 2 layout id ztensor 2 registers for the GGUF type `type_name`
+/// (`Q4_K` → `gguf.q4_k/1`), which the reader lists as rows of blocks.
+pub fn gguf_layout_id(type_name: &str) -> String {
+    format!(
+        "{GGUF_LAYOUT_PREFIX}{}{GGUF_LAYOUT_SUFFIX}",
+        type_name.to_ascii_lowercase()
+    )
+}
+
 /// The rows of blocks of a version 2 `gguf.<type>/1` object (ztensor 2's layout for
 /// a GGUF quantized type: the logical shape, [`GGUF_BLOCK_BYTES`] and
 /// [`GGUF_ELEMS_PER_BLOCK`] attributes, and the blocks as one `u8` `data` component):
@@ -804,11 +816,14 @@ fn gguf_rows(obj: &Object) -> Option<(String, Shape)> {
     let Layout::Other(id) = &obj.layout else {
         return None;
     };
-    let name = id.strip_prefix("gguf.")?.strip_suffix("/1").filter(|n| {
-        !n.is_empty()
-            && n.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    })?;
+    let name = id
+        .strip_prefix(GGUF_LAYOUT_PREFIX)?
+        .strip_suffix(GGUF_LAYOUT_SUFFIX)
+        .filter(|n| {
+            !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })?;
     let int = |key: &str| match obj.attributes.as_ref()?.get(key)? {
         Value::Int(n) => u64::try_from(*n).ok().filter(|&n| n > 0),
         _ => None,
