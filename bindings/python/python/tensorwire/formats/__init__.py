@@ -258,8 +258,10 @@ class TensorSlice:
         # A raw type numpy reads as bytes: (name, logical shape), found now, while
         # the file is open.
         self._raw = None
-        if isinstance(self._view, np.ndarray) and self.get_dtype() in _RAW_TYPE_BITS:
-            self._raw = (self.get_dtype(), self.get_shape())
+        if isinstance(self._view, np.ndarray):
+            dtype = self.get_dtype()
+            if dtype in _RAW_TYPE_BITS:
+                self._raw = (dtype, self.get_shape())
 
     def get_shape(self):
         """The shape the file gives (for ``F4``/``F6_*``/``F8_E8M0`` tensors, read as
