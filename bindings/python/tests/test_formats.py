@@ -535,6 +535,28 @@ def test_gguf_lengths_past_the_end_of_a_small_file_are_truncation():
         tensorwire.Reader(buffer=many_pairs)
 
 
+def test_gguf_string_values_that_are_not_utf8_read_as_bytes(tmp_path):
+    # The spec asks for UTF-8, but llama.cpp and gguf-py keep a value's bytes: a raw
+    # byte in a vocabulary must not make the tensors unreadable.
+    def gstr(b):
+        return struct.pack("<Q", len(b)) + b
+    kv = gstr(b"tok") + struct.pack("<I", 8) + gstr(b"a\xff")
+    kv += gstr(b"vocab") + struct.pack("<IIQ", 9, 8, 2) + gstr(b"ok") + gstr(b"\xc3")
+    info = gstr(b"t") + struct.pack("<IQIQ", 1, 4, 0, 0)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 2) + kv + info
+    path = tmp_path / "raw.gguf"
+    path.write_bytes(head + bytes(-len(head) % 32) + np.arange(4, dtype=np.float32).tobytes())
+    r = tensorwire.Reader(str(path))
+    assert r.attributes == {"tok": b"a\xff", "vocab": ["ok", b"\xc3"]}
+    np.testing.assert_array_equal(r.read_numpy("t"), np.arange(4, dtype=np.float32))
+    tensorwire.convert(str(path), str(tmp_path / "raw.zt"))
+    assert tensorwire.Reader(str(tmp_path / "raw.zt")).attributes == r.attributes
+    # A key that is not UTF-8 is still malformed.
+    bad_key = head.replace(gstr(b"tok"), gstr(b"t\xff\xfe"))
+    with pytest.raises(tensorwire.MalformedError, match="UTF-8"):
+        tensorwire.Reader(buffer=bad_key + bytes(-len(bad_key) % 32) + bytes(16))
+
+
 def test_gguf_reads_what_the_gguf_package_reads():
     gguf = pytest.importorskip("gguf")
     for name in ["plain.gguf", "quantized.gguf"]:

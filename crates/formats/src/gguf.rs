@@ -4,6 +4,8 @@
 //!
 //! Everything is little-endian (GGUF v3 allows big-endian files; we refuse them).
 //! Strings are `u64` byte length | UTF-8 bytes (no terminator).
+//! Keys and tensor names must be UTF-8; a string *value* that is not reads as bytes,
+//! as llama.cpp and gguf-py keep such values.
 //!
 //! ```text
 //! "GGUF" | version u32 (2 or 3) | tensor_count u64 | kv_count u64
@@ -30,7 +32,8 @@
 //!
 //! [`GgufReader`] validates the whole header on open and implements
 //! [`TensorSource`]. Key-value metadata become attributes (integers → `Int`, floats →
-//! `Float`, `BOOL` → `Bool`, strings → `Str`, arrays → `List`). Plain types (`F32`,
+//! `Float`, `BOOL` → `Bool`, strings → `Str`, or `Bytes` when not UTF-8, arrays →
+//! `List`). Plain types (`F32`,
 //! `F16`, `BF16`, `F64`, `I8`, `I16`, `I32`, `I64`) are dense tensors of the logical
 //! shape. Block (quantized) types are exposed as their raw blocks, as gguf-py's
 //! `GGUFReader` does: dtype `U8`, shape = logical shape with the last dimension
@@ -626,54 +629,18 @@ impl<'a> Cursor<'a> {
     }
 }
 
-impl Cursor<'_> {
-    /// Steps over `n` strings, accepting exactly what `n` calls of [`Cursor::str`]
-    /// accept, with the same error, but faster: vocabularies hold hundreds of
-    /// thousands of strings.
-    fn check_strings(&mut self, n: usize) -> Result<()> {
-        match self.skip_valid_strings(n) {
-            Some(end) => {
-                self.pos = end;
-                Ok(())
-            }
-            // Something is wrong (or unusual): string by string, for the exact error.
-            None => (0..n).try_for_each(|_| self.str(None).map(drop)),
-        }
+impl<'a> Cursor<'a> {
+    /// The bytes of a GGUF string value, UTF-8 or not: the spec asks for UTF-8, but
+    /// llama.cpp and gguf-py keep a value's bytes as they are, so a tokenizer
+    /// vocabulary holding a raw byte does not make the file unreadable.
+    fn string_bytes(&mut self) -> Result<&'a [u8]> {
+        let len = self.u64()?;
+        self.take(len)
     }
 
-    /// Where `n` valid strings from here end, or `None` when one is not (or runs
-    /// past the input or the header limit).
-    ///
-    /// Strings shorter than 128 bytes are checked a run at a time: each one's 8
-    /// length bytes are then ASCII (the low byte below 0x80, the others 0), and an
-    /// ASCII byte neither continues nor is continued by a multi-byte UTF-8 sequence,
-    /// so a run of length fields and texts is valid UTF-8 exactly when every text is.
-    /// One validation of the run replaces one call per string.
-    fn skip_valid_strings(&self, n: usize) -> Option<usize> {
-        let end = self
-            .buf
-            .len()
-            .min(usize::try_from(self.limit).unwrap_or(usize::MAX));
-        let valid =
-            |from: usize, to: usize| simdutf8::basic::from_utf8(&self.buf[from..to]).is_ok();
-        let mut pos = self.pos;
-        let mut run = pos;
-        for _ in 0..n {
-            let header = self.buf.get(pos..pos.checked_add(8)?.min(end))?;
-            let len = usize::try_from(u64::from_le_bytes(header.try_into().ok()?)).ok()?;
-            let next = pos.checked_add(8)?.checked_add(len)?;
-            if next > end {
-                return None;
-            }
-            if len >= 128 {
-                if !valid(run, pos) || !valid(pos + 8, next) {
-                    return None;
-                }
-                run = next;
-            }
-            pos = next;
-        }
-        valid(run, pos).then_some(pos)
+    /// Steps over `n` string values, checking only that they are all there.
+    fn skip_strings(&mut self, n: usize) -> Result<()> {
+        (0..n).try_for_each(|_| self.string_bytes().map(drop))
     }
 }
 
@@ -750,7 +717,7 @@ fn read_value(
         match fixed_value_size(item_type) {
             // `need_items` checked they are all there.
             Some(size) => skip_fixed(c, item_type, count * size)?,
-            None if item_type == vt::STRING => c.check_strings(n)?,
+            None if item_type == vt::STRING => c.skip_strings(n)?,
             None => {
                 for _ in 0..n {
                     read_value(c, item_type, item_at, depth, max_depth, build)?;
@@ -804,10 +771,13 @@ fn read_scalar(c: &mut Cursor<'_>, vtype: u32, type_at: u64, build: Build) -> Re
             Value::Bool(b == 1)
         }
         vt::STRING => {
-            let text = c.str(None)?;
+            let bytes = c.string_bytes()?;
             match build {
                 Build::Nothing => Value::Null,
-                Build::Values => Value::Str(text.to_owned()),
+                Build::Values => match std::str::from_utf8(bytes) {
+                    Ok(text) => Value::Str(text.to_owned()),
+                    Err(_) => Value::Bytes(bytes.to_vec()),
+                },
             }
         }
         other => return Err(unknown_value_type(type_at, other)),
@@ -1077,97 +1047,6 @@ fn check_overlap(tensors: &[GgufTensorInfo]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    /// A GGUF string: its length (or a lie about it) and bytes.
-    fn encoded(strings: &[(Option<u64>, Vec<u8>)]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (len, bytes) in strings {
-            out.extend(len.unwrap_or(bytes.len() as u64).to_le_bytes());
-            out.extend(bytes);
-        }
-        out
-    }
-
-    fn text() -> impl Strategy<Value = Vec<u8>> {
-        prop_oneof![
-            "[a-z]{0,12}".prop_map(String::into_bytes),
-            "[a-zé€\u{1F600} ]{0,60}".prop_map(String::into_bytes),
-            proptest::collection::vec(any::<u8>(), 0..200),
-            // A text cut after the lead byte of a 2-byte character, and long ASCII
-            // texts whose length's low byte (128..192) is a continuation byte: side by
-            // side, a check that took long lengths into a run would join the two.
-            ("[a-z]{0,5}", 0xC2u8..0xE0).prop_map(|(t, lead)| {
-                let mut v = t.into_bytes();
-                v.push(lead);
-                v
-            }),
-            "[a-z]{128,191}".prop_map(String::into_bytes),
-            // Long runs of multi-byte characters, and invalid bytes placed where a
-            // character crosses the 128-byte mark.
-            (64usize..200, any::<u8>()).prop_map(|(n, b)| {
-                let mut v = "é".repeat(n).into_bytes();
-                let at = 127.min(v.len() - 1);
-                v[at] = b;
-                v
-            }),
-        ]
-    }
-
-    proptest! {
-        /// The run-at-a-time check accepts exactly what string-by-string reads
-        /// accept, ends in the same place, and fails with the same error.
-        #[test]
-        fn check_strings_is_n_string_reads(
-            strings in proptest::collection::vec((proptest::option::weighted(0.05, 0u64..300), text()), 0..40),
-            extra in 0usize..3,
-            limit_cut in 0usize..40,
-        ) {
-            let buf = encoded(&strings);
-            let limit = buf.len().saturating_sub(limit_cut % 8 * (limit_cut / 8)) as u64;
-            same_as_string_reads(&buf, 0, strings.len() + extra, limit)?;
-        }
-
-        /// The same from any start, with the header limit anywhere, past the input
-        /// or absent.
-        #[test]
-        fn check_strings_at_any_start_and_limit(
-            prefix in proptest::collection::vec(any::<u8>(), 0..10),
-            strings in proptest::collection::vec((proptest::option::weighted(0.05, 0u64..300), text()), 0..20),
-            extra in 0usize..3,
-            cut in prop_oneof![(0u64..400).prop_map(Some), Just(None)],
-        ) {
-            let mut buf = prefix.clone();
-            buf.extend(encoded(&strings));
-            let limit = cut.map_or(u64::MAX, |cut| (buf.len() as u64 + 8).saturating_sub(cut));
-            same_as_string_reads(&buf, prefix.len(), strings.len() + extra, limit)?;
-        }
-    }
-
-    fn same_as_string_reads(
-        buf: &[u8],
-        start: usize,
-        n: usize,
-        limit: u64,
-    ) -> Result<(), TestCaseError> {
-        let mut fast = Cursor {
-            buf,
-            pos: start,
-            limit,
-        };
-        let mut slow = Cursor {
-            buf,
-            pos: start,
-            limit,
-        };
-        let fast_result = fast.check_strings(n);
-        let slow_result = (0..n).try_for_each(|_| slow.str(None).map(drop));
-        prop_assert_eq!(format!("{fast_result:?}"), format!("{slow_result:?}"));
-        if fast_result.is_ok() {
-            prop_assert_eq!(fast.pos, slow.pos);
-        }
-        Ok(())
-    }
 
     #[test]
     fn type_table_matches_gguf_py() {
