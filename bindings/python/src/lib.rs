@@ -3,7 +3,8 @@
 //!
 //! The module is split by job: `errors` (the exception hierarchy and the one
 //! conversion from `tensorwire::Error`), `dtypes` (DType ↔ numpy), `arrays`
-//! (zero-copy and fresh arrays), `values` (attributes), `reader`, `writer`,
+//! (zero-copy and fresh arrays), `values` (attributes), `limits` (parser limits),
+//! `reader`, `writer`,
 //! `formats` (safetensors files from arrays),
 //! `packet` (tenso packets), `shm` (packets in shared memory) and `ipc`
 //! (sharing tensors with other processes over a Unix socket).
@@ -20,6 +21,7 @@ mod dtypes;
 mod errors;
 mod formats;
 mod ipc;
+mod limits;
 mod packet;
 mod reader;
 mod shm;
@@ -41,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reader::raw_torch_dims, m)?)?;
     m.add_function(wrap_pyfunction!(reader::float4_pairs_as_values, m)?)?;
     m.add_function(wrap_pyfunction!(writer::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::default_limits, m)?)?;
     m.add_function(wrap_pyfunction!(formats::safetensors_save, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(packet::packet_loads, m)?)?;

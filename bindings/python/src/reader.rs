@@ -744,19 +744,28 @@ impl Reader {
     /// Opens `path` (any supported format, recognised by its magic bytes), or reads
     /// the file held in `buffer` (any object with the buffer protocol: `bytes`,
     /// `bytearray`, `mmap`, a contiguous `uint8` array), viewed without copying: its
-    /// arrays are read-only and keep it alive.
+    /// arrays are read-only and keep it alive. `limits` raises (or lowers) the parser
+    /// limits by name (`{"max_depth": 100}`; the others keep their defaults).
     #[new]
-    #[pyo3(signature = (path = None, *, buffer = None))]
+    #[pyo3(signature = (path = None, *, buffer = None, limits = None))]
     fn new(
         py: Python<'_>,
         path: Option<PathBuf>,
         buffer: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let limits = crate::limits::from_py(limits)?;
         let source = match (&path, buffer) {
-            (Some(path), None) => py.detach(|| tensorwire::open(path)),
+            (Some(path), None) => {
+                let options = tensorwire::OpenOptions {
+                    limits,
+                    ..Default::default()
+                };
+                py.detach(|| tensorwire::open_with(path, &options))
+            }
             (None, Some(buffer)) => {
                 let bytes = arrays::lend_bytes(&arrays::as_byte_array(buffer)?)?;
-                py.detach(|| tensorwire::open_bytes(bytes, &tensorwire::Limits::default()))
+                py.detach(|| tensorwire::open_bytes(bytes, &limits))
             }
             (Some(_), Some(_)) => {
                 return Err(PyTypeError::new_err(

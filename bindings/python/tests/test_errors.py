@@ -207,3 +207,69 @@ def test_verify_checks_npz_member_crcs(tmp_path):
         assert r.read_numpy("a")[50] == 51  # the read itself trusts the file
         with pytest.raises(tw.ChecksumError, match="a.npy"):
             r.verify()
+
+
+def _gguf_nested(levels):
+    """A GGUF file whose one key holds `levels` arrays nested in each other."""
+    import struct
+
+    value = struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)      # innermost: [7] (UINT32)
+    for _ in range(levels - 1):
+        value = struct.pack("<IQ", 9, 1) + value                  # an array holding it
+    kv = struct.pack("<Q", 1) + b"k" + struct.pack("<I", 9) + value
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv
+
+
+def test_limits_are_raised_or_lowered_by_name(tmp_path):
+    assert tw.DEFAULT_LIMITS["max_depth"] == 64
+    with pytest.raises(TypeError):
+        tw.DEFAULT_LIMITS["max_depth"] = 1                        # read-only
+    deep = _gguf_nested(70)
+    with pytest.raises(tw.LimitExceededError, match="nesting depth is 65, above the limit of 64"):
+        tw.Reader(buffer=deep)
+    r = tw.Reader(buffer=deep, limits={"max_depth": 70})
+    value = r.attributes["k"]
+    for _ in range(69):
+        (value,) = value
+    assert value == [7]
+    # The ceiling holds whatever the limit asks: each level is a stack frame.
+    with pytest.raises(tw.LimitExceededError, match="above the limit of 128"):
+        tw.Reader(buffer=_gguf_nested(200), limits={"max_depth": 10**9})
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(deep)
+    assert tw.open(str(path), limits={"max_depth": 70}).attributes == r.attributes
+    with pytest.raises(tw.LimitExceededError, match="header size is 109, above the limit of 100"):
+        tw.Reader(str(path), limits={"max_metadata_bytes": 100})
+    assert len(tw.Reader(buffer=_gguf_nested(3), limits=None).attributes) == 1
+
+
+@pytest.mark.parametrize("limits, error, match", [
+    ({"max_dpth": 1}, tw.InvalidArgumentError, "unknown limit 'max_dpth'|unknown limit \"max_dpth\""),
+    ({"max_depth": -1}, tw.InvalidArgumentError, "must be an int"),
+    ({"max_depth": 2**64}, tw.InvalidArgumentError, "must be an int"),
+    ({"max_depth": 1.5}, tw.InvalidArgumentError, "must be an int"),
+    ({1: 2}, tw.InvalidArgumentError, "names are str"),
+    ([("max_depth", 1)], TypeError, "must be a dict"),
+])
+def test_a_bad_limit_is_named(limits, error, match):
+    with pytest.raises(error, match=match):
+        tw.Reader(buffer=_gguf_nested(1), limits=limits)
+
+
+def test_a_checkpoint_nested_deeper_than_the_default_loads_with_a_raised_limit(tmp_path):
+    torch = pytest.importorskip("torch")
+    sd = {"w": torch.arange(4.0)}
+    for _ in range(69):
+        sd = {"a": sd}
+    path = str(tmp_path / "deep.pt")
+    torch.save(sd, path)
+    with pytest.raises(tw.LimitExceededError, match="limit of 64"):
+        tw.pytorch.load(path)
+    name = "a." * 69 + "w"
+    flat = tw.pytorch.load(path, limits={"max_depth": 80})
+    assert list(flat) == [name] and torch.equal(flat[name], torch.arange(4.0))
+    assert tw.pytorch.load_numpy(path, limits={"max_depth": 80})[name].tolist() == [0, 1, 2, 3]
+    obj = tw.pytorch.load(path, limits={"max_depth": 80}, flat=False)
+    for _ in range(69):
+        obj = obj["a"]
+    assert torch.equal(obj["w"], torch.arange(4.0))

@@ -18,6 +18,8 @@ pub struct Args {
     /// Number of repetitions (the median is reported).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 /// Runs the command.
@@ -27,7 +29,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut stats = Stats::default();
     for _ in 0..args.repeat {
         let start = Instant::now();
-        let src = tensorwire::open(&args.file)?;
+        let src = args.limits.open(&args.file)?;
         let at_path = |e: tensorwire::Error| e.with_path(&args.file);
         let mut views = Vec::with_capacity(src.tensors().len());
         stats = Stats::default();

@@ -46,6 +46,8 @@ pub struct Args {
     /// Version of `.zt` output: 1 (ztensor 1.x reads it) or 2 (ztensor 2.x reads it).
     #[arg(long, default_value = "1", value_parser = PossibleValuesParser::new(["1", "2"]))]
     zt_version: String,
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 /// Output formats `--format` accepts.
@@ -102,7 +104,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     remove_on_interrupt()?;
     let start = Instant::now();
-    let src = tensorwire::open(&args.src)?;
+    let src = args.limits.open(&args.src)?;
     tensorwire::refuse_overwriting_source(&args.src, src.as_ref(), &args.dst)?;
     let total_bytes: u64 = src.tensors().iter().map(|t| t.nbytes).sum();
     let bar = progress_bar(total_bytes);

@@ -26,11 +26,13 @@ pub struct Args {
     /// 2^53 as Python's json does, and strings beyond; NaN and infinities are strings).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 /// Runs the command.
 pub fn run(args: &Args) -> Result<()> {
-    let src = tensorwire::open(&args.file)?;
+    let src = args.limits.open(&args.file)?;
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if args.json {

@@ -10,6 +10,7 @@
 mod bench;
 mod convert;
 mod inspect;
+mod limits;
 mod output;
 mod verify;
 

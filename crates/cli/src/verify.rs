@@ -12,12 +12,15 @@ use tensorwire::{Layout, TensorInfo, TensorSource};
 pub struct Args {
     /// The tensor file.
     file: PathBuf,
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 /// Runs the command: every stored digest is checked, then every tensor is read (and
 /// decompressed) once. The first failure is returned as the library's typed error.
 pub fn run(args: &Args) -> Result<()> {
-    let (digests, unchecked, n) = check(&args.file).map_err(|e| e.with_path(&args.file))?;
+    let (digests, unchecked, n) =
+        check(&args.file, &args.limits).map_err(|e| e.with_path(&args.file))?;
     let mut out = io::stdout().lock();
     write!(
         out,
@@ -50,8 +53,11 @@ pub(crate) fn has_dense_view(
 
 /// Checks digests, then reads every tensor; returns (digests checked, tensors that
 /// could not be read, tensors).
-fn check(path: &Path) -> tensorwire::Result<(usize, usize, usize)> {
-    let src = tensorwire::open(path)?;
+fn check(
+    path: &Path,
+    limits: &crate::limits::LimitArgs,
+) -> tensorwire::Result<(usize, usize, usize)> {
+    let src = limits.open(path)?;
     let digests = src.verify()?;
     let zt = src.as_any().downcast_ref::<ZtReader>();
     let mut unchecked = 0usize;

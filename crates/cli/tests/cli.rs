@@ -1594,3 +1594,88 @@ fn convert_refuses_to_overwrite_a_file_of_a_sharded_source() {
         assert_eq!(std::fs::read(copy.join(shard)).unwrap(), before, "{from}");
     }
 }
+
+/// A GGUF file whose one key holds `levels` arrays nested in each other, and one
+/// f32 tensor.
+fn gguf_nested(levels: usize) -> Vec<u8> {
+    let mut value = [
+        4u32.to_le_bytes().as_slice(),
+        &1u64.to_le_bytes(),
+        &7u32.to_le_bytes(),
+    ]
+    .concat();
+    for _ in 1..levels {
+        value = [9u32.to_le_bytes().as_slice(), &1u64.to_le_bytes(), &value].concat();
+    }
+    let string = |s: &[u8]| [(s.len() as u64).to_le_bytes().as_slice(), s].concat();
+    let mut file = [
+        b"GGUF".as_slice(),
+        &3u32.to_le_bytes(),
+        &1u64.to_le_bytes(),
+        &1u64.to_le_bytes(),
+    ]
+    .concat();
+    file.extend(string(b"k"));
+    file.extend(9u32.to_le_bytes());
+    file.extend(value);
+    file.extend(string(b"t"));
+    file.extend(1u32.to_le_bytes());
+    file.extend(4u64.to_le_bytes());
+    file.extend(0u32.to_le_bytes()); // F32
+    file.extend(0u64.to_le_bytes());
+    file.resize(file.len().next_multiple_of(32), 0);
+    file.extend(f32_bytes([1.0, 2.0, 3.0, 4.0]));
+    file
+}
+
+#[test]
+fn limits_are_raised_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.gguf");
+    fs::write(&deep, gguf_nested(70)).unwrap();
+    let o = tw([OsStr::new("inspect"), deep.as_os_str()]);
+    assert_exit(&o, 1);
+    assert!(
+        stderr(&o).contains("nesting depth is 65, above the limit of 64"),
+        "{}",
+        stderr(&o)
+    );
+    let raised = ["--limit", "max_depth=70"];
+    for command in ["inspect", "verify", "bench"] {
+        let mut args = vec![OsStr::new(command), deep.as_os_str()];
+        args.extend(raised.iter().map(OsStr::new));
+        assert_exit(&tw(args), 0);
+    }
+    let out = dir.path().join("deep.zt");
+    let mut args = vec![OsStr::new("convert"), deep.as_os_str(), out.as_os_str()];
+    args.extend(raised.iter().map(OsStr::new));
+    assert_exit(&tw(args), 0);
+    // The attribute went along, as deep (the manifest adds four levels above it): the
+    // output needs a raised limit too.
+    assert!(matches!(
+        tensorwire::open(&out),
+        Err(e) if matches!(e.root(), tensorwire::Error::LimitExceeded { .. })
+    ));
+    let limits = tensorwire::Limits {
+        max_depth: 80,
+        ..Default::default()
+    };
+    let written = ZtReader::open_with(&out, tensorwire::mmap::MapMode::ReadOnly, &limits).unwrap();
+    assert_eq!(
+        &tensorwire::TensorSource::view(&written, "t").unwrap().bytes[..],
+        f32_bytes([1.0, 2.0, 3.0, 4.0])
+    );
+    // Lowered, and misspelt.
+    let mut args = vec![OsStr::new("inspect"), deep.as_os_str()];
+    args.extend(["--limit", "max_tensors=0"].iter().map(OsStr::new));
+    assert_exit(&tw(args), 1);
+    for bad in ["max_dpth=70", "max_depth", "max_depth=-1"] {
+        let o = tw([
+            OsStr::new("inspect"),
+            deep.as_os_str(),
+            OsStr::new("--limit"),
+            OsStr::new(bad),
+        ]);
+        assert_exit(&o, 2);
+    }
+}

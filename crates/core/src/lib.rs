@@ -35,7 +35,7 @@ pub use crate::bytes::{AlignedBuf, Bytes, Owner};
 pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};
 pub use crate::index::{NameMap, NameSet, TensorIndex};
-pub use crate::limits::Limits;
+pub use crate::limits::{Limits, MAX_DEPTH_CEILING};
 pub use crate::reading::{check_regular_file, open_for_reading};
 pub use crate::shape::{Dims, Shape, MAX_NDIM};
 pub use crate::source::{

@@ -63,10 +63,6 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// The metadata key that sets the data alignment.
 pub const ALIGNMENT_KEY: &str = "general.alignment";
 
-/// Deepest array nesting accepted whatever [`Limits::max_depth`] says (the parser
-/// recurses once per level).
-const MAX_NESTING: usize = 256;
-
 /// True when `head` (the first bytes of a file) starts with the GGUF magic.
 pub fn sniff(head: &[u8]) -> bool {
     head.starts_with(MAGIC)
@@ -865,7 +861,7 @@ fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header> {
     Error::check_limit("tensor count", tensor_count, limits.max_tensors)?;
 
     // Key-value metadata.
-    let max_depth = limits.max_depth.min(MAX_NESTING);
+    let max_depth = limits.depth();
     c.need_items(kv_count, MIN_KV_BYTES)?;
     let mut metadata = Vec::with_capacity(usize::try_from(kv_count).unwrap_or(0));
     let mut keys = NameSet::default();

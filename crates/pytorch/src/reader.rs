@@ -413,7 +413,7 @@ impl PtReader {
         little_endian: bool,
         limits: &Limits,
     ) -> Result<PtReader> {
-        let flat = flatten(arena, root, limits.max_depth, limits.max_tensors)?;
+        let flat = flatten(arena, root, limits.depth(), limits.max_tensors)?;
         // Each part of a sparse tensor carries the tensor's layout and size: the
         // positions of the parts, in order, with their tensor's attributes.
         let mut sparse_parts = flat
@@ -541,7 +541,7 @@ impl PtReader {
             }
             None => legacy::parse(&self.input, &limits, self.limits.max_metadata_bytes)?.object,
         };
-        let tree = structure(&object.arena, object.root, self.limits.max_depth)?;
+        let tree = structure(&object.arena, object.root, self.limits.depth())?;
         check_leaves(&tree, &self.index, &self.meta_names)?;
         Ok(tree)
     }

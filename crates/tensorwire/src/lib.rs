@@ -44,7 +44,7 @@ pub use tensorwire_zt as zt;
 
 pub use tensorwire_core::{
     Bytes, DType, Error, Layout, Limits, Result, Shape, TensorInfo, TensorSource, TensorView,
-    Value, SOURCE_LAYOUT_KEY,
+    Value, MAX_DEPTH_CEILING, SOURCE_LAYOUT_KEY,
 };
 
 pub use crate::convert::{

@@ -18,13 +18,25 @@ pub(crate) struct CborError {
     pub at: usize,
     /// What went wrong.
     pub reason: &'static str,
+    /// The depth limit, when nesting past it is what went wrong: a limit the caller
+    /// may raise, so not a malformed file.
+    pub depth_limit: Option<usize>,
 }
 
 impl CborError {
     /// A [`Error::Malformed`](tensorwire_core::Error::Malformed) at the error's
     /// offset counted from `base` (where the CBOR starts in the file).
     pub(crate) fn at_file_offset(&self, base: u64) -> tensorwire_core::Error {
-        tensorwire_core::Error::malformed(base.saturating_add(self.at as u64), self.reason)
+        match self.depth_limit {
+            Some(limit) => tensorwire_core::Error::LimitExceeded {
+                what: "metadata nesting depth",
+                limit: limit as u64,
+                found: limit as u64 + 1,
+            },
+            None => {
+                tensorwire_core::Error::malformed(base.saturating_add(self.at as u64), self.reason)
+            }
+        }
     }
 }
 
@@ -95,6 +107,7 @@ impl<'a> Decoder<'a> {
         CborError {
             at: self.pos,
             reason,
+            depth_limit: None,
         }
     }
 
@@ -319,7 +332,10 @@ impl<'a> Decoder<'a> {
 
     pub(crate) fn value(&mut self, depth: usize) -> Result<Value, CborError> {
         if depth > self.max_depth {
-            return Err(self.err("CBOR nesting deeper than the depth limit"));
+            return Err(CborError {
+                depth_limit: Some(self.max_depth),
+                ..self.err("CBOR nesting deeper than the depth limit")
+            });
         }
         let b = self.byte()?;
         let (major, info) = (b >> 5, b & 0x1f);
@@ -417,6 +433,30 @@ mod tests {
         let mut out = Vec::new();
         ciborium::ser::into_writer(v, &mut out).unwrap();
         out
+    }
+
+    /// Nesting past the depth limit is a limit the caller may raise, not a
+    /// malformed file.
+    #[test]
+    fn nesting_past_the_depth_limit_is_a_limit() {
+        // 20 one-item arrays around 0.
+        let bytes: Vec<u8> = std::iter::repeat_n(0x81, 20).chain([0x00]).collect();
+        let err = Decoder::new(&bytes, 16).value(0).unwrap_err();
+        assert_eq!(err.depth_limit, Some(16));
+        assert!(matches!(
+            err.at_file_offset(100),
+            tensorwire_core::Error::LimitExceeded {
+                limit: 16,
+                found: 17,
+                ..
+            }
+        ));
+        assert!(Decoder::new(&bytes, 20).value(0).is_ok());
+        let short = Decoder::new(&bytes[..5], 16).value(0).unwrap_err();
+        assert!(matches!(
+            short.at_file_offset(100),
+            tensorwire_core::Error::Malformed { .. }
+        ));
     }
 
     fn value_of(bytes: &[u8]) -> Result<Value, CborError> {

@@ -59,6 +59,7 @@ impl<'a> Det<'a> {
         CborError {
             at: self.pos,
             reason,
+            depth_limit: None,
         }
     }
 
@@ -328,12 +329,14 @@ impl KeyOrder {
                     return Err(CborError {
                         at: start,
                         reason: "repeated map key",
+                        depth_limit: None,
                     })
                 }
                 std::cmp::Ordering::Greater => {
                     return Err(CborError {
                         at: start,
                         reason: "map keys not in deterministic (sorted) order",
+                        depth_limit: None,
                     })
                 }
             }

@@ -611,7 +611,7 @@ fn count_check(len: Len, ctx: &Ctx<'_>) -> Result<()> {
 
 /// Decodes a version 1.x manifest.
 pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
-    let mut d = Decoder::new(bytes, ctx.limits.max_depth);
+    let mut d = Decoder::new(bytes, ctx.limits.depth());
     let len = d
         .map()
         .map_err(|e| ctx.err(&d, format!("the manifest is not a map ({})", e.reason)))?;
@@ -685,7 +685,7 @@ pub(crate) fn decode_v1(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
 
 /// Decodes a version 0.1 manifest (a CBOR array of tensor records) into the 1.2 model.
 pub(crate) fn decode_v01(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
-    let mut d = Decoder::new(bytes, ctx.limits.max_depth);
+    let mut d = Decoder::new(bytes, ctx.limits.depth());
     let len = d
         .array()
         .map_err(|_| ctx.err(&d, "a 0.1 manifest must be an array"))?;

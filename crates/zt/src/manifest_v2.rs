@@ -199,7 +199,7 @@ fn read_attributes(
 /// Decodes a version 2 manifest (the bytes the footer points at, hash already
 /// checked). `ctx.offset` is the manifest's file offset.
 pub(crate) fn decode(bytes: &[u8], ctx: &Ctx<'_>) -> Result<Manifest> {
-    let mut d = Det::new(bytes, ctx.limits.max_depth.min(MAX_DEPTH));
+    let mut d = Det::new(bytes, ctx.limits.depth().min(MAX_DEPTH));
     let n = d.map(0).map_err(|e| {
         Error::malformed(
             ctx.offset + e.at as u64,

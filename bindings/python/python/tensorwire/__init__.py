@@ -27,6 +27,8 @@ Errors derive from ``TensorwireError`` (``TensorNotFoundError`` is also a KeyErr
 ``InvalidArgumentError`` a ValueError); I/O errors are OSError.
 """
 
+import types
+
 from ._native import (
     BadMagicError,
     BytesOwner,
@@ -45,6 +47,7 @@ from ._native import (
     UnsupportedError,
     __version__,
     convert,
+    default_limits as _default_limits,
 )
 from ._reader import Reader
 
@@ -55,9 +58,20 @@ from ._writer import Writer
 from . import cache, formats, ipc, packet, pytorch, shm
 
 
-def open(path):
-    """Open a tensor file for reading (the format is recognised by its magic bytes)."""
-    return Reader(path)
+def open(path, *, limits=None):
+    """Open a tensor file for reading (the format is recognised by its magic bytes).
+
+    ``limits`` raises or lowers the parser limits by name (see ``DEFAULT_LIMITS``):
+    ``open(path, limits={"max_depth": 100})``."""
+    return Reader(path, limits=limits)
+
+
+#: The parser limits every reader applies unless given ``limits={name: int}``:
+#: the largest header or manifest (``max_metadata_bytes``), the most tensors
+#: (``max_tensors``), dimensions of one tensor (``max_ndim``, 64 at most), bytes of a
+#: name (``max_name_bytes``), bytes one tensor decodes to (``max_decoded_bytes``) and
+#: levels of nested containers or attribute values (``max_depth``, 128 at most).
+DEFAULT_LIMITS = types.MappingProxyType(_default_limits())
 
 
 __all__ = [
@@ -65,6 +79,7 @@ __all__ = [
     "BytesOwner",
     "ChecksumError",
     "ClosedError",
+    "DEFAULT_LIMITS",
     "DecodeError",
     "DuplicateNameError",
     "FormatError",

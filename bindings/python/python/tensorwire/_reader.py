@@ -20,6 +20,10 @@ class Reader(_native.Reader):
     ``memoryview``, ``mmap``): arrays are read-only views of ``data`` and keep it
     alive; torch tensors are copies, as torch has no read-only tensors.
 
+    ``limits={name: int}`` raises or lowers the parser limits by name, the others
+    keeping ``tensorwire.DEFAULT_LIMITS``: ``Reader(path, limits={"max_depth": 100})``
+    reads a checkpoint nested deeper than the default 64 levels.
+
     Usable as a context manager (``close()`` on exit; arrays stay valid).
     """
 

@@ -35,20 +35,22 @@ __all__ = ["UnsafePickleError", "FORMATS", "MetaTensor", "open", "load", "load_n
 FORMATS = ("pytorch-zip", "pytorch-legacy")
 
 
-def open(f):
+def open(f, *, limits=None):
     """A ``tensorwire.Reader`` over a PyTorch checkpoint.
 
     Args:
         f: a path (str or ``os.PathLike``), the file's bytes (``bytes``,
             ``bytearray``, ``memoryview``, ``mmap``: viewed, not copied), or a binary
             file object (read whole).
+        limits: parser limits by name, as for ``tensorwire.Reader``
+            (``{"max_depth": 100}`` for containers nested deeper than 64 levels).
 
     Raises:
         UnsupportedError: the file is another tensor format (use ``tensorwire.open``).
         FormatError: the file is damaged; ``UnsafePickleError`` when its pickle asks
             for anything outside the allowlist.
     """
-    reader = _reader(f)
+    reader = _reader(f, limits)
     if reader.format not in FORMATS:
         fmt = reader.format
         reader.close()
@@ -57,13 +59,13 @@ def open(f):
     return reader
 
 
-def _reader(f):
+def _reader(f, limits=None):
     if isinstance(f, (str, os.PathLike)):
-        return Reader(f)
-    return Reader(buffer=f.read() if hasattr(f, "read") else f)
+        return Reader(f, limits=limits)
+    return Reader(buffer=f.read() if hasattr(f, "read") else f, limits=limits)
 
 
-def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
+def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True, limits=None):
     """Every tensor of a checkpoint as ``{dotted name: torch tensor}``, in the order
     the checkpoint lists them (a checkpoint that is one bare tensor gives
     ``{"tensor": t}``, a list ``{"0": ..., "1": ...}``); with ``flat=False``, the
@@ -96,6 +98,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
             dicts (``OrderedDict`` where saved so), lists, tuples, int keys, and the
             non-tensor values in place (an optimizer's ``state_dict()``, a training
             checkpoint's ``epoch``), with these tensors at their places.
+        limits: parser limits by name, as for :func:`open`.
 
     Zero-copy tensors keep their strides (transposes, slices), and those that share a
     storage in the checkpoint share memory here, as with ``torch.load``. Quantized
@@ -113,7 +116,7 @@ def load(f, map_location=None, *, mmap=None, weights_only=None, flat=True):
         raise InvalidArgumentError(
             "weights_only=False would run pickled code; tensorwire never does")
     restore, device_of = _restore_location(map_location)
-    with open(f) as reader:
+    with open(f, limits=limits) as reader:
         if restore is None and mmap is not False and _views_share_storages(reader):
             # Every tensor a view of the map, as fast as it gets: a tensor with a
             # storage to itself is a view of just its bytes, which is all of its
@@ -486,7 +489,7 @@ def _lazy_signs(reader, names):
     return out
 
 
-def load_numpy(f, *, mmap=True, flat=True):
+def load_numpy(f, *, mmap=True, flat=True, limits=None):
     """Every tensor of a checkpoint as ``{dotted name: numpy array}`` (no torch
     needed): views of a private copy-on-write map of the file (writable), or
     read-only views when ``f`` is bytes. ``mmap=False`` gives arrays that own their
@@ -511,8 +514,8 @@ def load_numpy(f, *, mmap=True, flat=True):
 
     A tensor saved on torch's meta device has no data: it comes as a
     :class:`MetaTensor` (dtype, shape, stride, requires_grad, parameter) at its
-    place."""
-    with open(f) as reader:
+    place. ``limits``: parser limits by name, as for :func:`open`."""
+    with open(f, limits=limits) as reader:
         names = reader.keys()
         same = reader._pytorch_same_objects()
         if same:
