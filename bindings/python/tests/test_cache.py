@@ -678,3 +678,106 @@ def test_a_pool_under_a_generated_name_goes_when_its_creator_exits():
         from tensorwire import shm
 
         shm.unlink(named)
+
+
+def test_a_view_dropped_while_the_lock_is_busy_leaves_no_pin_after_close():
+    """A view dropped while another process holds the pool lock past lock_timeout
+    leaves its unpin pending; closing the last handle then released nothing, and the
+    entry stayed pinned by no one: its block was never reused and a put that fit the
+    empty pool failed."""
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    c = TensorCache(256 * 1024, name=name, max_entries=16, lock_timeout=0.3)
+    try:
+        c.put("k1", np.arange(4000, dtype=np.float64))
+        view = c.get("k1")
+        with _lock_held_by_a_stopped_child(name):
+            del view                                  # the unpin times out: pending
+        c.close()
+        c = TensorCache(name=name, create=False, lock_timeout=5)
+        assert c.stats["pinned_bytes"] == 0
+        c.put("k1", np.ones(4000, dtype=np.float64))
+        c.delete("k1")
+        c.put("big", np.zeros(c.stats["data_region_size"] - 1024, np.uint8))
+        c.check()
+    finally:
+        c.close()
+        tensorwire.shm.unlink(name)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_late_registered_child_dropping_a_stale_inherited_view_keeps_its_new_view_pinned():
+    """No registry slot could be taken for the child before the fork (another
+    process held the lock), and the parent rewrote the entry before the child first
+    used the cache: the child's inherited view is stale. Dropping it must not release
+    the pin of a fresh view the child took of the same (reused) slot, or the parent's
+    next in-place rewrite changed that fresh view under the child."""
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    c = TensorCache(1 << 20, name=name, lock_timeout=20)
+    try:
+        c.put("K", np.full(10000, 1.0))
+        views = [c.get("K")]
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        with _lock_held_by_a_stopped_child(name):
+            pid = os.fork()                           # no slot reserved for the child
+            if pid == 0:
+                try:
+                    os.read(to_child_r, 1)            # the parent rewrote K in place
+                    fresh = c.get("K")
+                    before = fresh.copy()
+                    views.clear()                     # the stale inherited view goes
+                    os.write(to_parent_w, b"x")
+                    os.read(to_child_r, 1)            # the parent rewrote K again
+                    os._exit(0 if np.array_equal(fresh, before) else 1)
+                finally:
+                    os._exit(2)
+            time.sleep(0.3)                           # the child's after-fork hook gives up
+        views.clear()
+        c.put("K", np.full(10000, 2.0))               # unpinned, same size: in place
+        os.write(to_child_w, b"x")
+        os.read(to_parent_r, 1)
+        c.put("K", np.full(10000, 3.0))               # the child's fresh view pins it
+        os.write(to_child_w, b"x")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's fresh view changed"
+        c.check()
+    finally:
+        c.close()
+        tensorwire.shm.unlink(name)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_attach_waits_for_a_creator_that_has_not_sized_the_segment():
+    """Between a creator's shm_open and its ftruncate the object is empty: attach
+    waits for it (up to a second, as for the header) instead of failing. The creator
+    is played by hand: an empty object, then a real cache's bytes with the magic
+    (its first 8 bytes) written last."""
+    import threading
+
+    model = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"twtest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with TensorCache(1 << 20, name=model):
+        with open(f"/dev/shm/{model}", "rb") as f:
+            image = f.read()
+    with contextlib.suppress(FileNotFoundError):
+        tensorwire.shm.unlink(model)
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+
+    def create():
+        time.sleep(0.2)
+        os.ftruncate(fd, len(image))
+        time.sleep(0.1)
+        os.pwrite(fd, image[8:], 8)
+        os.pwrite(fd, image[:8], 0)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        with TensorCache(name=name, create=False, lock_timeout=5) as c:
+            c.put("k", np.arange(3))
+            assert c.get("k").tolist() == [0, 1, 2]
+    finally:
+        creator.join()
+        os.close(fd)
+        tensorwire.shm.unlink(name)

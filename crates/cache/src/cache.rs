@@ -176,8 +176,9 @@ struct Me {
     pending_children: Vec<(usize, u64)>,
     /// Pinned entry slots whose view went while the lock could not be taken (a
     /// timeout): the next operation that takes it releases them, so a lock held a
-    /// while by another process does not leave an entry pinned for good.
-    pending_unpins: Vec<u32>,
+    /// while by another process does not leave an entry pinned for good. Each with
+    /// the sequence number its view pinned (see [`Shared::unpin_locked`]).
+    pending_unpins: Vec<(u32, u64)>,
 }
 
 /// A registry slot [`prepare_fork`] claimed for the child about to be forked.
@@ -546,7 +547,13 @@ impl TensorCache {
     /// second for a creator that is still initializing it; refuses a segment that is
     /// not a tensorwire cache or whose header does not hold together.
     pub fn attach(name: &str, options: CacheOptions) -> Result<TensorCache> {
-        let segment = Arc::new(Segment::open(name, Access::ReadWrite)?);
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        // The creator makes the object, then sizes it, then writes the header.
+        let segment = Arc::new(Segment::open_sized(
+            name,
+            Access::ReadWrite,
+            Duration::from_secs(1),
+        )?);
         if segment.len() < HEADER_SIZE {
             return Err(Error::Truncated {
                 offset: 0,
@@ -554,7 +561,6 @@ impl TensorCache {
                 available: segment.len() as u64,
             });
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
         let layout = loop {
             let header = &segment.as_slice()[..HEADER_SIZE];
             match Layout::from_header(header, segment.len()) {
@@ -855,8 +861,8 @@ impl Shared {
             }
             std::mem::take(&mut local.pending_unpins)
         };
-        for slot in pending {
-            self.unpin_locked(slot, me);
+        for (slot, seq) in pending {
+            self.unpin_locked(slot, seq, me);
         }
     }
 
@@ -1061,8 +1067,21 @@ impl Shared {
         let r = &self.region;
         let slot =
             (0..self.layout.max_processes).find(|&p| r.get64(self.layout.process(p)) == 0)?;
+        // A free slot's pins belong to no one (a handle that closed while the lock was
+        // busy cannot clear its own): the new process must not take them over.
+        self.clear_process_pins(slot);
         self.write_registered(slot, id.to_words());
         Some(slot)
+    }
+
+    /// Clears registry slot `p`'s pin bit on every entry (freeing retired entries
+    /// no one pins any more). Lock held.
+    fn clear_process_pins(&self, p: usize) {
+        for entry in 0..self.layout.max_entries as u32 {
+            if self.region.get8(self.layout.slot(entry) + e::STATE) != FREE {
+                self.clear_pin_bit(entry, p);
+            }
+        }
     }
 
     /// The id words (pid, start time) registry slot `p` holds; zeros when free.
@@ -1244,9 +1263,16 @@ impl Shared {
                     self.recover();
                     continue;
                 }
-                checked_fit = true;
                 let held = self.unevictable_bytes();
                 let available = (self.layout.data_size as u64).saturating_sub(held);
+                // Before refusing, one repair: pins left on free registry slots
+                // (which it drops) are not held by anyone either.
+                if size > available && !recovered {
+                    recovered = true;
+                    self.recover();
+                    continue;
+                }
+                checked_fit = true;
                 if size > available {
                     return Err(Error::NoSpace {
                         what: format!(
@@ -1466,22 +1492,25 @@ impl Shared {
                 return Ok(None);
             }
             let (off, len) = this.value_range(slot)?;
-            this.pin(slot, me);
+            let seq = this.pin(slot, me);
             this.touch(slot);
             r.add64(h::HITS, 1);
-            Ok(Some((slot, off, len)))
+            Ok(Some((slot, seq, off, len)))
         })?;
-        Ok(found.map(|(slot, off, len)| {
+        Ok(found.map(|(slot, seq, off, len)| {
             Bytes::from_owner(Pinned {
                 shared: Arc::clone(this),
                 slot,
+                seq,
                 addr: this.region.addr(off),
                 len,
             })
         }))
     }
 
-    fn pin(&self, slot: u32, me: usize) {
+    /// One more view of entry `slot`; returns the entry's sequence number, which the
+    /// view gives back to [`Shared::unpin`]. Lock held.
+    fn pin(&self, slot: u32, me: usize) -> u64 {
         let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.region.get64(self.layout.slot(slot) + e::SEQ);
         let (count, _) = local.pins.entry(slot).or_insert((0, seq));
@@ -1495,28 +1524,36 @@ impl Shared {
                 self.set_pin_bit(slot, child.slot);
             }
         }
+        seq
     }
 
-    fn unpin(&self, slot: u32) {
+    fn unpin(&self, slot: u32, seq: u64) {
         let released = self.locked(|me| {
-            self.unpin_locked(slot, me);
+            self.unpin_locked(slot, seq, me);
             Ok(())
         });
         if released.is_err() {
             // The lock could not be taken (a timeout; `f` never ran): the next
             // operation that takes it releases the pin.
             let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
-            local.pending_unpins.push(slot);
+            local.pending_unpins.push((slot, seq));
         }
     }
 
-    /// One view of entry `slot` gone: its local count down, and the pin bits cleared
-    /// with the last. Lock held.
-    fn unpin_locked(&self, slot: u32, me: usize) {
+    /// One view of entry `slot`, pinned at sequence number `seq`, gone: its local
+    /// count down, and the pin bits cleared with the last. A view whose pin this
+    /// process no longer counts (one inherited by a forked child whose entry changed
+    /// before the child registered: [`Shared::register`] forgot it) releases
+    /// nothing, so it never takes the pin of a later view of the reused slot. Lock
+    /// held.
+    fn unpin_locked(&self, slot: u32, seq: u64, me: usize) {
         let mut local = self.me.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((count, _)) = local.pins.get_mut(&slot) else {
+        let Some((count, pinned_seq)) = local.pins.get_mut(&slot) else {
             return;
         };
+        if *pinned_seq != seq {
+            return;
+        }
         *count -= 1;
         if *count > 0 {
             return;
@@ -1551,6 +1588,8 @@ fn check_written(n: usize, len: usize) -> Result<usize> {
 struct Pinned {
     shared: Arc<Shared>,
     slot: u32,
+    /// The entry's sequence number when pinned.
+    seq: u64,
     addr: usize,
     len: usize,
 }
@@ -1570,7 +1609,7 @@ impl Owner for Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        self.shared.unpin(self.slot);
+        self.shared.unpin(self.slot, self.seq);
     }
 }
 
@@ -1589,12 +1628,19 @@ impl Drop for Shared {
         }
         if let Ok(mut guard) = self.mutex.lock(Some(self.options.lock_timeout)) {
             if self.repair_if_needed(&mut guard).is_ok() {
+                let slot = self.me.lock().unwrap_or_else(PoisonError::into_inner).slot;
+                // Views that went while the lock was busy leave their pins here.
+                self.release_pending_unpins(slot);
                 // Under the lock, as `register` takes it: a handle opened meanwhile
                 // keeps the slot.
-                let mut me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
+                let me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
                 if me.handles == 0 && me.pid == std::process::id() {
-                    self.write_registered(me.slot, [0, 0]);
-                    me.pid = 0;
+                    drop(me);
+                    // No view is left (each holds this handle), so no pin of this
+                    // process is either: none may outlive its registry slot.
+                    self.clear_process_pins(slot);
+                    self.write_registered(slot, [0, 0]);
+                    self.me.lock().unwrap_or_else(PoisonError::into_inner).pid = 0;
                 }
             }
         }

@@ -205,8 +205,8 @@ impl Segment {
     }
 
     /// [`Segment::open`], waiting up to `wait` for a creator that has made the object
-    /// but not yet sized it.
-    fn open_sized(name: &str, access: Access, wait: std::time::Duration) -> Result<Segment> {
+    /// but not yet sized it (between its `shm_open` and its `ftruncate`).
+    pub fn open_sized(name: &str, access: Access, wait: std::time::Duration) -> Result<Segment> {
         let path = posix_path(name)?;
         let flags = match access {
             Access::ReadOnly => libc::O_RDONLY,

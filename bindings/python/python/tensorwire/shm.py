@@ -40,8 +40,9 @@ is written with its magic bytes last (and a :meth:`put` first clears the old one
 so a reader that looks while it is being written gets ``BadMagicError`` — retry.
 ``get(copy=True)`` decodes a snapshot of the packet and checks it after taking it
 (the magic still there, and the integrity hash over the snapshot when the packet has
-one), so a :meth:`put` from another process during the copy is ``BadMagicError`` or
-``ChecksumError`` too, not arrays mixing two packets (without an integrity hash, a
+one), so a :meth:`put` from another process during the copy is ``BadMagicError``,
+``MalformedError`` (a header caught half-rewritten) or ``ChecksumError`` too, all
+to retry, not arrays mixing two packets (without an integrity hash, a
 put begun and finished within the copy can still go unseen). Zero-copy views
 (``copy=False``) see what is written later, as with tenso. Within one process, every
 handle of one segment shares one lock: a ``get`` and a ``put`` do not overlap (a
