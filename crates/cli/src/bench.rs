@@ -98,9 +98,29 @@ struct Stats {
     bytes: u64,
 }
 
+/// The median: the middle time, or the mean of the two middle ones for an even count.
 fn median(times: &mut [Duration]) -> Duration {
     times.sort_unstable();
-    times.get(times.len() / 2).copied().unwrap_or_default()
+    let n = times.len();
+    match n {
+        0 => Duration::ZERO,
+        _ if n % 2 == 1 => times[n / 2],
+        _ => (times[n / 2 - 1] + times[n / 2]) / 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
+        assert_eq!(median(&mut ms(&[5, 1, 3])), Duration::from_millis(3));
+        assert_eq!(median(&mut ms(&[4, 1, 2, 3])), Duration::from_micros(2500));
+        assert_eq!(median(&mut ms(&[7])), Duration::from_millis(7));
+        assert_eq!(median(&mut []), Duration::ZERO);
+    }
 }
 
 fn ms(d: Duration) -> f64 {
