@@ -115,7 +115,11 @@ mod tests {
 
     #[test]
     fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(median(&mut ms(&[5, 1, 3])), Duration::from_millis(3));
         assert_eq!(median(&mut ms(&[4, 1, 2, 3])), Duration::from_micros(2500));
         assert_eq!(median(&mut ms(&[7])), Duration::from_millis(7));
