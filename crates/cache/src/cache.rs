@@ -1628,16 +1628,19 @@ impl Drop for Shared {
         }
         if let Ok(mut guard) = self.mutex.lock(Some(self.options.lock_timeout)) {
             if self.repair_if_needed(&mut guard).is_ok() {
-                let slot = self.me.lock().unwrap_or_else(PoisonError::into_inner).slot;
-                // Views that went while the lock was busy leave their pins here.
-                self.release_pending_unpins(slot);
                 // Under the lock, as `register` takes it: a handle opened meanwhile
-                // keeps the slot.
-                let me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
-                if me.handles == 0 && me.pid == std::process::id() {
-                    drop(me);
-                    // No view is left (each holds this handle), so no pin of this
+                // keeps the slot (and only this process's own slot is freed, never
+                // the parent's slot a forked child that never registered still
+                // names). Nothing pins while the lock is held.
+                let slot = {
+                    let me = self.me.lock().unwrap_or_else(PoisonError::into_inner);
+                    (me.handles == 0 && me.pid == std::process::id()).then_some(me.slot)
+                };
+                if let Some(slot) = slot {
+                    // Views that went while the lock was busy left their pins pending;
+                    // no view is left now (each holds this handle), so no pin of this
                     // process is either: none may outlive its registry slot.
+                    self.release_pending_unpins(slot);
                     self.clear_process_pins(slot);
                     self.write_registered(slot, [0, 0]);
                     self.me.lock().unwrap_or_else(PoisonError::into_inner).pid = 0;
