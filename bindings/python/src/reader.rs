@@ -1353,8 +1353,16 @@ impl Reader {
         d.set_item("format", info.layout.name())?;
         let comps = PyDict::new(py);
         let object = tensorwire::zt_holding(src, name).and_then(|z| z.object(name).ok());
-        // The logical shape (a `.zt` `f4_e2m1` tensor is listed as its bytes).
-        d.set_item("shape", object.map_or(&info.shape, |o| &o.shape).dims())?;
+        // A `.zt` 2 GGUF block object is listed, and read, as rows of blocks with the
+        // GGUF reader's attributes, not as written: its shape and attributes are the
+        // listing's, as what reads return.
+        let as_written = object.is_some_and(|o| o.layout == info.layout);
+        // Otherwise the logical shape (a `.zt` `f4_e2m1` tensor is listed as its bytes).
+        let shape = match object {
+            Some(o) if as_written => &o.shape,
+            _ => &info.shape,
+        };
+        d.set_item("shape", shape.dims())?;
         if let Some(obj) = object {
             for c in &obj.components {
                 comps.set_item(&c.role, component_meta(py, c)?)?;
@@ -1365,10 +1373,12 @@ impl Reader {
                 primary.map_or("unknown", |c| dtypes::numpy_name(c.dtype)),
             )?;
             d.set_item("type", primary.and_then(|c| c.logical_type.as_deref()))?;
-            d.set_item(
-                "attributes",
-                values::map_to_py(py, obj.attributes.as_ref())?,
-            )?;
+            let attributes = if as_written {
+                values::map_to_py(py, obj.attributes.as_ref())?
+            } else {
+                values::map_to_py(py, Some(&info.attributes))?
+            };
+            d.set_item("attributes", attributes)?;
         } else {
             let (storage, _) = info.dtype.storage();
             let logical = (storage != info.dtype).then(|| info.dtype.name());

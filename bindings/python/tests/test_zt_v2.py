@@ -506,3 +506,23 @@ def test_byte_types_read_the_same_through_a_shard_index(tmp_path):
         a, b = index.read_torch(name), shard.read_torch(name)
         assert (a.dtype, a.shape) == (b.dtype, b.shape), name
     assert index.read_torch("f4_rows").dtype == torch.float4_e2m1fn_x2
+
+
+def test_gguf_block_objects_are_described_as_they_read():
+    """A `gguf.<type>/1` object is listed and read as its `u8` rows of blocks: its
+    metadata gives that shape and the GGUF reader's attributes, as the same tensor
+    read from the GGUF file (it gave the object's logical shape, which its bytes do
+    not fill)."""
+    v2 = os.path.join(REPO, "fixtures", "zt", "v2", "gguf_blocks.zt")
+    gguf = os.path.join(REPO, "fixtures", "gguf", "quantized.gguf")
+    with tensorwire.Reader(v2) as r, tensorwire.Reader(gguf) as g:
+        blocks = [n for n in r.keys() if (r.metadata(n).attributes or {}).get("gguf.type") not in (None, "F32")]
+        assert blocks
+        for name in blocks:
+            meta, array = r.metadata(name), r.read_numpy(name)
+            assert tuple(meta.shape) == array.shape == g.read_numpy(name).shape, name
+            assert meta.dtype == "uint8"
+            want = g.metadata(name).attributes
+            assert {k: meta.attributes[k] for k in ("gguf.type", "gguf.shape")} == want, name
+            assert meta.attributes["tensorwire.layout"] == "gguf:" + want["gguf.type"]
+            assert meta.components["data"]["length"] == array.nbytes

@@ -289,14 +289,18 @@ fn attributes_json<'a>(attrs: impl IntoIterator<Item = (&'a String, &'a tensorwi
 }
 
 /// A tensor's logical shape: a `.zt` object's own (an `f4_e2m1` tensor is listed as
-/// its bytes, two elements per byte).
+/// its bytes, two elements per byte), unless the object is listed in another layout
+/// (a version 2 `gguf.q4_k/1` object, listed and read as its `u8` rows of blocks:
+/// its shape then goes with the listed dtype and size).
 fn shown_shape<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwire::Shape {
-    zt.and_then(|zt| zt.object(&t.name).ok())
-        .map_or(&t.shape, |o| &o.shape)
+    match zt.and_then(|zt| zt.object(&t.name).ok()) {
+        Some(o) if o.layout == t.layout => &o.shape,
+        _ => &t.shape,
+    }
 }
 
-/// A tensor's layout, as [`shown_shape`] goes with it: a `.zt` object's own (a
-/// version 2 `gguf.q4_k/1` object is listed as its rows of blocks, dense).
+/// A tensor's layout: a `.zt` object's own (a version 2 `gguf.q4_k/1` object is
+/// listed as its rows of blocks, dense; the layout names its block type).
 fn shown_layout<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwire::Layout {
     zt.and_then(|zt| zt.object(&t.name).ok())
         .map_or(&t.layout, |o| &o.layout)

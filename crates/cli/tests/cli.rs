@@ -1679,3 +1679,28 @@ fn limits_are_raised_by_name() {
         assert_exit(&o, 2);
     }
 }
+
+/// A `.zt` 2 GGUF block object is listed as its `u8` rows of blocks: the shape shown
+/// goes with the dtype and size shown (it was the logical shape, which 136 bytes of a
+/// `[2, 64]` `u8` tensor cannot be), and the layout names the block type.
+#[test]
+fn inspect_shows_gguf_block_objects_as_their_rows_of_blocks() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zt/v2/gguf_blocks.zt");
+    let doc = inspect_json(&path);
+    let mut blocks = 0;
+    for t in doc["tensors"].as_array().unwrap() {
+        let numel: u64 = t["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .product();
+        let item = if t["dtype"] == "f32" { 4 } else { 1 };
+        assert_eq!(numel * item, t["nbytes"].as_u64().unwrap(), "{t}");
+        if t["layout"].as_str().unwrap().starts_with("gguf.") {
+            blocks += 1;
+            assert_eq!(t["dtype"], "u8", "{t}");
+        }
+    }
+    assert_eq!(blocks, 6);
+}
