@@ -311,7 +311,7 @@ impl<W: Write> ZtWriter<W> {
     pub fn set_attributes(&mut self, attributes: BTreeMap<String, Value>) -> Result<()> {
         for (key, value) in &attributes {
             if self.version == ZtVersion::V2 {
-                manifest_v2::check_name(key, "attribute key", &Limits::default())?;
+                check_writable_name(key, "attribute key")?;
             }
             manifest::check_cbor_ints(key, value)?;
         }
@@ -657,8 +657,7 @@ impl<W: Write> ZtWriter<W> {
             attributes,
             components,
         } = object;
-        let limits = Limits::default();
-        manifest_v2::check_name(name, "object name", &limits)?;
+        check_writable_name(name, "object name")?;
         if shape.ndim() > manifest_v2::MAX_RANK {
             return Err(Error::invalid(format!(
                 "object `{name}`: rank {} is above {}",
@@ -673,13 +672,13 @@ impl<W: Write> ZtWriter<W> {
         }
         if let Some(attributes) = &attributes {
             for key in attributes.keys() {
-                manifest_v2::check_name(key, "attribute key", &limits)?;
+                check_writable_name(key, "attribute key")?;
             }
         }
         let layout = manifest_v2::layout_of(&manifest_v2::layout_id(&layout)?);
         let mut parts: Vec<(Component, &[u8])> = Vec::with_capacity(components.len());
         for c in components {
-            manifest_v2::check_name(c.role, "part name", &limits)?;
+            check_writable_name(c.role, "part name")?;
             // `bool` is a logical type over `u8` in version 2.
             let (dtype, logical_type) = match (c.dtype, c.logical_type) {
                 (DType::Bool, None | Some("bool")) => (DType::U8, Some("bool")),
@@ -968,4 +967,19 @@ fn check_content_v2(object: &Object, part: &Component, data: &[u8]) -> Result<()
         check_bool(data, 0, &what)?;
     }
     check_f4_tail(object, part, data.last().copied(), &what)
+}
+
+/// Checks that `.zt` 2 can hold the name (spec §3.5: non-empty, no NUL, at most
+/// 1024 bytes). A longer one is `Unsupported`, as for other input the format cannot
+/// hold (not `LimitExceeded`, which says a file is bad), named by its start.
+fn check_writable_name(name: &str, what: &str) -> Result<()> {
+    if name.len() > manifest_v2::MAX_NAME {
+        let start: String = name.chars().take(48).collect();
+        return Err(Error::unsupported(format!(
+            "{what} `{start}…` is {} bytes long; .zt 2 names are at most {} bytes",
+            name.len(),
+            manifest_v2::MAX_NAME
+        )));
+    }
+    manifest_v2::check_name(name, what, &Limits::default())
 }

@@ -1748,3 +1748,31 @@ fn a_seek_table_claiming_more_than_zstd_can_make_is_refused_on_open() {
         e => panic!("{e}"),
     }
 }
+
+/// A name `.zt` 2 cannot hold is input the format refuses (`Unsupported`, named),
+/// not a bad file (`LimitExceeded`, which the CLI reports as corrupt).
+#[test]
+fn a_name_too_long_for_v2_is_unsupported() {
+    let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2).unwrap();
+    let long = "w".repeat(2000);
+    let err = w
+        .add_dense(
+            &long,
+            DType::U8,
+            &Shape::new(vec![1]).unwrap(),
+            &[1],
+            WriteOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("2000 bytes long"), "{err}");
+    let at_most = "w".repeat(1024);
+    w.add_dense(
+        &at_most,
+        DType::U8,
+        &Shape::new(vec![1]).unwrap(),
+        &[1],
+        WriteOptions::default(),
+    )
+    .unwrap();
+}
