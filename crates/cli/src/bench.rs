@@ -109,6 +109,10 @@ fn median(times: &mut [Duration]) -> Duration {
     }
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,8 +129,4 @@ mod tests {
         assert_eq!(median(&mut ms(&[7])), Duration::from_millis(7));
         assert_eq!(median(&mut []), Duration::ZERO);
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

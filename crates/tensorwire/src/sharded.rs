@@ -24,7 +24,9 @@ type Shard = (String, Box<dyn TensorSource>);
 ///
 /// Tensors come shard by shard (in shard-name order), in each shard's own order, as
 /// their shards describe them ([`ShardedSource::shard_of`] names a tensor's shard);
-/// the index's `metadata` are the source's attributes. Only the tensors the index lists are
+/// the index's `metadata` are the source's attributes, with every attribute all shards
+/// hold alike (a Hugging Face checkpoint's `format: pt`, which `transformers` asks
+/// of a safetensors file) where the index has no such key. Only the tensors the index lists are
 /// served: a shard's other tensors are not. A tensor the index lists but its shard
 /// lacks, a missing shard, or a shard that is itself an index, fails the open.
 pub struct ShardedSource {
@@ -37,6 +39,29 @@ pub struct ShardedSource {
     places: Vec<(usize, usize)>,
     index: TensorIndex,
     attributes: BTreeMap<String, Value>,
+}
+
+/// `attributes` (the index's metadata) plus each attribute every shard holds with
+/// one value, where `attributes` has no such key: what a file merged from the shards
+/// should carry (a safetensors shard's `format: pt`, without which `transformers`
+/// refuses the merged file).
+fn with_common_shard_attributes(
+    mut attributes: BTreeMap<String, Value>,
+    shards: &[Shard],
+) -> BTreeMap<String, Value> {
+    let Some(((_, first), rest)) = shards.split_first() else {
+        return attributes;
+    };
+    for (key, value) in first.attributes() {
+        if !attributes.contains_key(key)
+            && rest
+                .iter()
+                .all(|(_, shard)| shard.attributes().get(key) == Some(value))
+        {
+            attributes.insert(key.clone(), value.clone());
+        }
+    }
+    attributes
 }
 
 impl std::fmt::Debug for ShardedSource {
@@ -94,7 +119,8 @@ impl ShardedSource {
             places.push((*shard, at));
         }
         places.sort_unstable();
-        ShardedSource::new(path, shards, places, index.metadata().clone(), options)
+        let attributes = with_common_shard_attributes(index.metadata().clone(), &shards);
+        ShardedSource::new(path, shards, places, attributes, options)
     }
 
     /// The source serving, in order, the tensors at `places` (shard, position there)

@@ -141,7 +141,41 @@ fn serves_only_what_the_index_lists() {
     let names: Vec<&str> = src.tensors().iter().map(|t| &*t.name).collect();
     assert_eq!(names, ["embed.weight"]);
     assert!(matches!(src.view("step"), Err(Error::NotFound { .. })));
-    assert!(src.attributes().is_empty());
+    // The one shard's own metadata, as no index metadata says otherwise.
+    assert_eq!(src.attributes().len(), 1);
+    assert_eq!(src.attributes()["format"], Value::Str("pt".into()));
+}
+
+/// A file merged from the shards keeps what every shard says alike (`format: pt`,
+/// without which `transformers` refuses a safetensors file), under the index's own
+/// metadata; what the shards disagree on is left out.
+#[test]
+fn attributes_all_shards_hold_alike_join_the_index_metadata() {
+    let src =
+        tensorwire::open(fixtures().join("safetensors/model.safetensors.index.json")).unwrap();
+    assert_eq!(src.attributes()["format"], Value::Str("pt".into()));
+    assert_eq!(src.attributes()["total_size"], Value::Int(324));
+
+    let (dir, path) = with_index(
+        r#"{"metadata": {"format": "index"}, "weight_map": {"embed.weight": "model-00001-of-00003.safetensors", "x": "other.safetensors"}}"#,
+    );
+    let header = br#"{"__metadata__":{"format":"tf","kind":"other"},"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+    let mut other = (header.len() as u64).to_le_bytes().to_vec();
+    other.extend_from_slice(header);
+    other.push(7);
+    std::fs::write(dir.path().join("other.safetensors"), other).unwrap();
+    let src = tensorwire::open(&path).unwrap();
+    assert_eq!(src.attributes().len(), 1);
+    assert_eq!(src.attributes()["format"], Value::Str("index".into()));
+    let (_dir2, path) = with_index(
+        r#"{"weight_map": {"embed.weight": "model-00001-of-00003.safetensors", "x": "other.safetensors"}}"#,
+    );
+    std::fs::copy(
+        dir.path().join("other.safetensors"),
+        path.with_file_name("other.safetensors"),
+    )
+    .unwrap();
+    assert!(tensorwire::open(&path).unwrap().attributes().is_empty());
 }
 
 #[test]
