@@ -192,3 +192,16 @@ def test_cuda_device_if_available(zt_path):
         assert torch.equal(dst.cpu(), torch.arange(5, dtype=torch.float32))
         with tw.Writer(zt_path + "2") as w:
             w.write_torch("g", t)
+
+
+def test_read_into_a_dtype_torch_cannot_cast_to_is_unsupported(tmp_path):
+    """torch has no cast from float4_e2m1fn_x2 to uint8: a typed error, not torch's
+    bare NotImplementedError."""
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    path = str(tmp_path / "f4.pt")
+    torch.save({"f4": torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}, path)
+    r = tw.open(path)
+    dst = torch.empty(8, dtype=torch.uint8)
+    with pytest.raises(tw.UnsupportedError, match="cannot copy"):
+        r.read_into("f4", dst)

@@ -158,7 +158,13 @@ class Reader(_native.Reader):
             self._read_into_raw(name, tt.torch_dst_bytes(dst))
         else:
             self._check_record(name)  # every byte is copied: its CRC first
-            dst.copy_(self.read_torch(name))
+            src = self.read_torch(name)
+            try:
+                dst.copy_(src)
+            except NotImplementedError as e:  # torch has no cast between the two
+                raise _native.UnsupportedError(
+                    f"`{name}` is {src.dtype}, which torch cannot copy into a "
+                    f"{dst.dtype} tensor ({e})") from e
 
     def __repr__(self):
         return _native.Reader.__repr__(self)
