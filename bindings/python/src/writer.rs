@@ -442,9 +442,9 @@ impl Writer {
 /// every 8 MiB within a large one). Ctrl-C (any signal handler's exception), or an
 /// exception `progress` raises, stops the conversion within 8 MiB and is raised; no
 /// output is left behind (once the last tensor is written, the file is finished
-/// first).
+/// first). `limits` are the parser limits the source is opened with, as for `Reader`.
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none", zt_version=1, progress=None))]
+#[pyo3(signature = (src, dst, *, format=None, compress=None, checksum="none", zt_version=1, progress=None, limits=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn convert(
     py: Python<'_>,
@@ -455,6 +455,7 @@ pub fn convert(
     checksum: &str,
     zt_version: u32,
     progress: Option<Py<PyAny>>,
+    limits: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
     let write = options(compress, checksum)?;
     let format = match format {
@@ -487,6 +488,7 @@ pub fn convert(
         format: Some(format),
         compression: write.compression,
         checksum: write.checksum,
+        limits: crate::limits::from_py(limits)?,
     };
     // The first Python exception (a signal handler's, or the callback's) stops the
     // conversion and is raised in place of the `Cancelled` it causes.

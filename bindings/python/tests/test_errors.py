@@ -238,6 +238,12 @@ def test_limits_are_raised_or_lowered_by_name(tmp_path):
     path = tmp_path / "deep.gguf"
     path.write_bytes(deep)
     assert tw.open(str(path), limits={"max_depth": 70}).attributes == r.attributes
+    with pytest.raises(tw.LimitExceededError):
+        tw.convert(str(path), str(tmp_path / "deep.zt"))
+    assert not (tmp_path / "deep.zt").exists()
+    tw.convert(str(path), str(tmp_path / "deep.zt"), limits={"max_depth": 70})
+    # The manifest holds the attribute four levels down.
+    assert tw.Reader(str(tmp_path / "deep.zt"), limits={"max_depth": 80}).attributes == r.attributes
     with pytest.raises(tw.LimitExceededError, match="header size is 109, above the limit of 100"):
         tw.Reader(str(path), limits={"max_metadata_bytes": 100})
     assert len(tw.Reader(buffer=_gguf_nested(3), limits=None).attributes) == 1

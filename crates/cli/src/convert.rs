@@ -100,6 +100,7 @@ pub fn run(args: &Args) -> Result<()> {
             Some(level) => Compression::Zstd(level.unwrap_or(DEFAULT_ZSTD_LEVEL)),
         },
         checksum: args.checksum,
+        limits: args.limits.limits(),
     };
 
     remove_on_interrupt()?;

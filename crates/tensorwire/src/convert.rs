@@ -52,6 +52,8 @@ pub struct ConvertOptions {
     pub compression: Compression,
     /// Digest recorded for each tensor in the output.
     pub checksum: Checksum,
+    /// Parser limits [`convert`] opens the source with.
+    pub limits: tensorwire_core::Limits,
 }
 
 /// Converts the file at `src` into a new file at `dst`, returning the number of tensors
@@ -68,7 +70,11 @@ pub fn convert(
     options: &ConvertOptions,
     progress: &mut dyn FnMut(usize, usize, u64) -> Result<()>,
 ) -> Result<usize> {
-    let source = crate::open(&src)?;
+    let open = crate::OpenOptions {
+        limits: options.limits,
+        ..crate::OpenOptions::default()
+    };
+    let source = crate::open_with(&src, &open)?;
     refuse_overwriting_source(src.as_ref(), source.as_ref(), dst.as_ref())?;
     convert_source(source.as_ref(), dst, options, progress)
 }

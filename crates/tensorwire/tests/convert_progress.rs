@@ -43,6 +43,7 @@ fn progress_is_reported_within_a_large_tensor() {
             format: Some(format),
             compression,
             checksum: Checksum::None,
+            ..ConvertOptions::default()
         };
         let mut calls = Vec::new();
         let n = convert(&src, &dst, &options, &mut |done, of, bytes| {
@@ -103,6 +104,7 @@ fn an_error_from_progress_cancels_the_conversion_and_leaves_nothing() {
             format: Some(format),
             compression,
             checksum: Checksum::None,
+            ..ConvertOptions::default()
         };
         let mut reports = 0;
         let err = convert(&src, &dst, &options, &mut |_, _, _| {

@@ -30,6 +30,7 @@ fn to_safetensors(src: &std::path::Path, dst: &std::path::Path) -> tensorwire::c
         format: Some(OutputFormat::Safetensors),
         compression: Compression::Raw,
         checksum: Checksum::None,
+        ..ConvertOptions::default()
     };
     convert(src, dst, &options, &mut |_, _, _| Ok(()))
 }
