@@ -1067,11 +1067,31 @@ impl Shared {
         let r = &self.region;
         let slot =
             (0..self.layout.max_processes).find(|&p| r.get64(self.layout.process(p)) == 0)?;
-        // A free slot's pins belong to no one (a handle that closed while the lock was
-        // busy cannot clear its own): the new process must not take them over.
+        // A free slot's pins belong to no one (closing clears a process's pins before
+        // freeing its slot, and a repair those of the dead; a pool written by an
+        // earlier version may still hold some): the new process must not take them
+        // over.
         self.clear_process_pins(slot);
         self.write_registered(slot, id.to_words());
         Some(slot)
+    }
+
+    /// True when some entry is pinned by a free registry slot (no process). Lock
+    /// held.
+    fn pins_on_free_process_slots(&self) -> bool {
+        let l = &self.layout;
+        let words = l.max_processes.div_ceil(64);
+        let mut free = [0u64; crate::layout::MAX_PROCESSES.div_ceil(64)];
+        for p in 0..l.max_processes {
+            if self.region.get64(l.process(p)) == 0 {
+                free[p / 64] |= 1 << (p % 64);
+            }
+        }
+        (0..l.max_entries as u32).any(|entry| {
+            let sl = l.slot(entry);
+            self.region.get8(sl + e::STATE) != FREE
+                && (0..words).any(|w| self.region.get64(sl + e::PINS + w * 8) & free[w] != 0)
+        })
     }
 
     /// Clears registry slot `p`'s pin bit on every entry (freeing retired entries
@@ -1265,9 +1285,9 @@ impl Shared {
                 }
                 let held = self.unevictable_bytes();
                 let available = (self.layout.data_size as u64).saturating_sub(held);
-                // Before refusing, one repair: pins left on free registry slots
-                // (which it drops) are not held by anyone either.
-                if size > available && !recovered {
+                // Before refusing, one repair if pins sit on free registry slots
+                // (which it drops): they are not held by anyone either.
+                if size > available && !recovered && self.pins_on_free_process_slots() {
                     recovered = true;
                     self.recover();
                     continue;

@@ -93,7 +93,10 @@ impl<'a> Det<'a> {
 
     fn check_depth(&self, depth: usize) -> DetResult<()> {
         if depth > self.max_depth {
-            return Err(self.err("CBOR nesting deeper than the depth limit"));
+            return Err(CborError {
+                depth_limit: Some(self.max_depth),
+                ..self.err("CBOR nesting deeper than the depth limit")
+            });
         }
         Ok(())
     }

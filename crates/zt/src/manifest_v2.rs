@@ -144,7 +144,15 @@ pub(crate) fn check_name(name: &str, what: &str, limits: &Limits) -> Result<()> 
 
 /// Converts a decoder error into a [`Error::Malformed`] at its file offset.
 fn det(ctx: &Ctx<'_>, e: CborError) -> Error {
-    e.at_file_offset(ctx.offset)
+    match e.depth_limit {
+        // Past the spec's own nesting limit: no setting reads it.
+        Some(limit) if limit >= MAX_DEPTH => Error::malformed(
+            ctx.offset.saturating_add(e.at as u64),
+            format!("the manifest nests deeper than the {MAX_DEPTH} levels .zt 2 allows"),
+        ),
+        // Past the caller's lower limit: `LimitExceeded`, which they may raise.
+        _ => e.at_file_offset(ctx.offset),
+    }
 }
 
 fn malformed(ctx: &Ctx<'_>, d: &Det<'_>, reason: impl Into<String>) -> Error {

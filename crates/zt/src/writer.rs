@@ -314,6 +314,9 @@ impl<W: Write> ZtWriter<W> {
                 check_writable_name(key, "attribute key")?;
             }
             manifest::check_cbor_ints(key, value)?;
+            if self.version == ZtVersion::V2 {
+                check_writable_nesting(key, value, FILE_ATTRIBUTE_NESTING)?;
+            }
         }
         self.manifest.attributes = attributes;
         Ok(())
@@ -671,8 +674,9 @@ impl<W: Write> ZtWriter<W> {
             ));
         }
         if let Some(attributes) = &attributes {
-            for key in attributes.keys() {
+            for (key, value) in attributes {
                 check_writable_name(key, "attribute key")?;
+                check_writable_nesting(key, value, OBJECT_ATTRIBUTE_NESTING)?;
             }
         }
         let layout = manifest_v2::layout_of(&manifest_v2::layout_id(&layout)?);
@@ -982,4 +986,35 @@ fn check_writable_name(name: &str, what: &str) -> Result<()> {
         )));
     }
     manifest_v2::check_name(name, what, &Limits::default())
+}
+
+/// Levels of nested lists and maps a file attribute's value may hold in `.zt` 2: the
+/// manifest nests at most [`manifest_v2::MAX_DEPTH`] levels, and such a value sits at
+/// level 2 (manifest, `attributes`).
+const FILE_ATTRIBUTE_NESTING: usize = manifest_v2::MAX_DEPTH - 2;
+/// The same for an object's attribute, at level 4 (manifest, `objects`, the object,
+/// its `attributes`).
+const OBJECT_ATTRIBUTE_NESTING: usize = manifest_v2::MAX_DEPTH - 4;
+
+/// Checks that an attribute value nests at most `max` levels of lists and maps, as a
+/// `.zt` 2 manifest can hold (deeper, no reader opens the file): `Unsupported`
+/// otherwise, as for other input the format cannot hold.
+fn check_writable_nesting(key: &str, value: &Value, max: usize) -> Result<()> {
+    /// True when a value sits under more than `left` lists and maps in `value`
+    /// (looking at most that deep).
+    fn deeper(value: &Value, left: usize) -> bool {
+        let items: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::List(items) => Box::new(items.iter()),
+            Value::Map(entries) => Box::new(entries.iter().map(|(_, v)| v)),
+            _ => return false,
+        };
+        items.into_iter().any(|v| left == 0 || deeper(v, left - 1))
+    }
+    if deeper(value, max) {
+        return Err(Error::unsupported(format!(
+            "attribute `{key}` nests lists or maps more than {max} levels deep, which a \
+             .zt 2 manifest cannot hold (version 1 can)"
+        )));
+    }
+    Ok(())
 }

@@ -1776,3 +1776,55 @@ fn a_name_too_long_for_v2_is_unsupported() {
     )
     .unwrap();
 }
+
+/// `value` nested in `levels` one-item lists.
+fn nested_list(levels: usize, value: Value) -> Value {
+    (0..levels).fold(value, |v, _| Value::List(vec![v]))
+}
+
+/// A `.zt` 2 manifest nests at most 32 levels: attribute values deeper than that are
+/// refused when written (no reader would open the file), exactly at the line the
+/// reader draws; a reader's lower `max_depth` is a limit it may raise, not a bad file.
+#[test]
+fn attribute_nesting_is_refused_where_the_reader_would_refuse_it() {
+    let write = |file_levels: usize, object_levels: usize| -> Result<Vec<u8>, Error> {
+        let mut w = ZtWriter::with_version(Vec::new(), ZtVersion::V2)?;
+        let mut file = BTreeMap::new();
+        file.insert("f".to_owned(), nested_list(file_levels, Value::Int(1)));
+        w.set_attributes(file)?;
+        let mut object = BTreeMap::new();
+        object.insert("o".to_owned(), nested_list(object_levels, Value::Int(2)));
+        w.add_object(
+            "t",
+            &Shape::new(vec![1]).unwrap(),
+            Layout::Dense,
+            Some(object),
+            &[ComponentData {
+                role: "data",
+                dtype: DType::U8,
+                logical_type: None,
+                data: &[9],
+            }],
+            WriteOptions::default(),
+        )?;
+        w.finish_into()
+    };
+    let deepest = write(30, 28).unwrap();
+    let reader = open(deepest.clone()).unwrap();
+    assert_eq!(reader.attributes()["f"], nested_list(30, Value::Int(1)));
+    for (file, object) in [(31, 28), (30, 29)] {
+        let err = write(file, object).unwrap_err();
+        assert!(
+            matches!(err, Error::Unsupported { .. }),
+            "{file} {object}: {err}"
+        );
+    }
+    let limits = Limits {
+        max_depth: 10,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        open_with(deepest, &limits),
+        Err(Error::LimitExceeded { limit: 10, .. })
+    ));
+}
