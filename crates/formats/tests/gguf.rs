@@ -788,14 +788,16 @@ fn keys_and_names_not_utf8_and_bad_bools_are_malformed() {
     assert!(matches!(err(&data), Error::Malformed { .. }));
 }
 
+/// An array value of `STRING` items.
+fn strings(items: &[&[u8]]) -> Vec<u8> {
+    let bytes: Vec<u8> = items.iter().flat_map(|s| gstr(s)).collect();
+    array(T_STRING, items.len() as u64, &bytes)
+}
+
 /// The spec asks for UTF-8 values, but llama.cpp and gguf-py keep a value's bytes as
 /// they are: a value that is not UTF-8 reads as bytes, and the file stays readable.
 #[test]
 fn string_values_not_utf8_read_as_bytes() {
-    let strings = |items: &[&[u8]]| {
-        let bytes: Vec<u8> = items.iter().flat_map(|s| gstr(s)).collect();
-        array(T_STRING, items.len() as u64, &bytes)
-    };
     let data = Builder::new()
         .kv("s", T_STRING, &gstr(b"a\xc3"))
         .kv_raw(b"tokens", &strings(&[b"ab", b"c\xff", b"\xe2\x96\x81d"]))
@@ -823,10 +825,6 @@ fn string_values_not_utf8_read_as_bytes() {
 fn values_inside_arrays_are_checked_on_open() {
     // Key "s" puts the array's items at 49: header 24, key 9, type 4, item type 4,
     // count 8.
-    let strings = |items: &[&[u8]]| {
-        let bytes: Vec<u8> = items.iter().flat_map(|s| gstr(s)).collect();
-        array(T_STRING, items.len() as u64, &bytes)
-    };
     let data = Builder::new()
         .kv_raw(b"s", &array(T_BOOL, 3, &[1, 0, 2]))
         .build();
