@@ -39,7 +39,12 @@ pub fn from_py(limits: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
             .cast::<PyString>()
             .map_err(|_| invalid(format!("limit names are str, not {key:?}")))?
             .to_cow()?;
-        let Ok(v) = value.extract::<u64>() else {
+        // A bool is an int to Python, but `True` as a limit is a slip, not a 1.
+        let v = match value.extract::<u64>() {
+            Ok(v) if !value.is_instance_of::<pyo3::types::PyBool>() => Ok(v),
+            _ => Err(()),
+        };
+        let Ok(v) = v else {
             return Err(invalid(format!(
                 "limit {name} must be an int from 0 to 2**64-1, not {value}"
             )));

@@ -254,6 +254,7 @@ def test_limits_are_raised_or_lowered_by_name(tmp_path):
     ({"max_depth": -1}, tw.InvalidArgumentError, "must be an int"),
     ({"max_depth": 2**64}, tw.InvalidArgumentError, "must be an int"),
     ({"max_depth": 1.5}, tw.InvalidArgumentError, "must be an int"),
+    ({"max_depth": True}, tw.InvalidArgumentError, "must be an int"),
     ({1: 2}, tw.InvalidArgumentError, "names are str"),
     ([("max_depth", 1)], TypeError, "must be a dict"),
 ])
