@@ -390,9 +390,9 @@ impl ZtReader {
     /// Copies a dense tensor's decoded bytes into `dst` (exactly
     /// [`TensorInfo::nbytes`] long).
     pub fn read_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
-        let obj = self.object(name)?;
-        self.require_dense(self.position(name)?)?;
-        self.readable(obj)?;
+        let oi = self.position(name)?;
+        self.require_dense(oi)?;
+        self.readable(&self.manifest.objects[oi])?;
         self.component_into(name, "data", dst)?;
         let (oi, ci, comp) = self.locate(name, "data")?;
         self.check_content(oi, ci, comp, dst)
