@@ -24,6 +24,15 @@ pub(crate) struct CborError {
 }
 
 impl CborError {
+    /// Nesting past `max_depth` at `at`: a limit the caller may raise.
+    pub(crate) fn too_deep(at: usize, max_depth: usize) -> CborError {
+        CborError {
+            at,
+            reason: "CBOR nesting deeper than the depth limit",
+            depth_limit: Some(max_depth),
+        }
+    }
+
     /// A [`Error::Malformed`](tensorwire_core::Error::Malformed) at the error's
     /// offset counted from `base` (where the CBOR starts in the file).
     pub(crate) fn at_file_offset(&self, base: u64) -> tensorwire_core::Error {
@@ -332,10 +341,7 @@ impl<'a> Decoder<'a> {
 
     pub(crate) fn value(&mut self, depth: usize) -> Result<Value, CborError> {
         if depth > self.max_depth {
-            return Err(CborError {
-                depth_limit: Some(self.max_depth),
-                ..self.err("CBOR nesting deeper than the depth limit")
-            });
+            return Err(CborError::too_deep(self.pos, self.max_depth));
         }
         let b = self.byte()?;
         let (major, info) = (b >> 5, b & 0x1f);

@@ -93,10 +93,7 @@ impl<'a> Det<'a> {
 
     fn check_depth(&self, depth: usize) -> DetResult<()> {
         if depth > self.max_depth {
-            return Err(CborError {
-                depth_limit: Some(self.max_depth),
-                ..self.err("CBOR nesting deeper than the depth limit")
-            });
+            return Err(CborError::too_deep(self.pos, self.max_depth));
         }
         Ok(())
     }

@@ -312,11 +312,9 @@ impl<W: Write> ZtWriter<W> {
         for (key, value) in &attributes {
             if self.version == ZtVersion::V2 {
                 check_writable_name(key, "attribute key")?;
-            }
-            manifest::check_cbor_ints(key, value)?;
-            if self.version == ZtVersion::V2 {
                 check_writable_nesting(key, value, FILE_ATTRIBUTE_NESTING)?;
             }
+            manifest::check_cbor_ints(key, value)?;
         }
         self.manifest.attributes = attributes;
         Ok(())
@@ -1003,12 +1001,12 @@ fn check_writable_nesting(key: &str, value: &Value, max: usize) -> Result<()> {
     /// True when a value sits under more than `left` lists and maps in `value`
     /// (looking at most that deep).
     fn deeper(value: &Value, left: usize) -> bool {
-        let items: Box<dyn Iterator<Item = &Value>> = match value {
-            Value::List(items) => Box::new(items.iter()),
-            Value::Map(entries) => Box::new(entries.iter().map(|(_, v)| v)),
-            _ => return false,
-        };
-        items.into_iter().any(|v| left == 0 || deeper(v, left - 1))
+        let below = |v: &Value| left == 0 || deeper(v, left - 1);
+        match value {
+            Value::List(items) => items.iter().any(below),
+            Value::Map(entries) => entries.iter().any(|(_, v)| below(v)),
+            _ => false,
+        }
     }
     if deeper(value, max) {
         return Err(Error::unsupported(format!(
