@@ -139,11 +139,12 @@ fn table(out: &mut impl Write, path: &Path, src: &dyn TensorSource) -> io::Resul
             Some(logical) => format!("{logical} ({})", t.dtype),
             None => t.dtype.to_string(),
         };
+        let (shape, layout) = shown(holder, t);
         let mut row = vec![
             table_cell(&t.name, MAX_NAME_WIDTH),
             dtype,
-            shown_shape(holder, t).to_string(),
-            shown_layout(holder, t).to_string(),
+            shape.to_string(),
+            layout.to_string(),
             human_bytes(t.nbytes),
             stored,
         ];
@@ -288,30 +289,29 @@ fn attributes_json<'a>(attrs: impl IntoIterator<Item = (&'a String, &'a tensorwi
     )
 }
 
-/// A tensor's logical shape: a `.zt` object's own (an `f4_e2m1` tensor is listed as
-/// its bytes, two elements per byte), unless the object is listed in another layout
-/// (a version 2 `gguf.q4_k/1` object, listed and read as its `u8` rows of blocks:
-/// its shape then goes with the listed dtype and size).
-fn shown_shape<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwire::Shape {
+/// A tensor's shape and layout as shown, from one lookup of its `.zt` object: the
+/// object's layout, and its logical shape (an `f4_e2m1` tensor is listed as its
+/// bytes, two elements per byte) unless the object is listed in another layout (a
+/// version 2 `gguf.q4_k/1` object, listed and read as its `u8` rows of blocks: its
+/// shape then goes with the listed dtype and size).
+fn shown<'a>(
+    zt: Option<&'a ZtReader>,
+    t: &'a TensorInfo,
+) -> (&'a tensorwire::Shape, &'a tensorwire::Layout) {
     match zt.and_then(|zt| zt.object(&t.name).ok()) {
-        Some(o) if o.layout == t.layout => &o.shape,
-        _ => &t.shape,
+        Some(o) if o.layout == t.layout => (&o.shape, &o.layout),
+        Some(o) => (&t.shape, &o.layout),
+        None => (&t.shape, &t.layout),
     }
 }
 
-/// A tensor's layout: a `.zt` object's own (a version 2 `gguf.q4_k/1` object is
-/// listed as its rows of blocks, dense; the layout names its block type).
-fn shown_layout<'a>(zt: Option<&'a ZtReader>, t: &'a TensorInfo) -> &'a tensorwire::Layout {
-    zt.and_then(|zt| zt.object(&t.name).ok())
-        .map_or(&t.layout, |o| &o.layout)
-}
-
 fn tensor_json(zt: Option<&ZtReader>, t: &TensorInfo) -> J {
+    let (shape, layout) = shown(zt, t);
     let mut obj = json!({
         "name": &*t.name,
         "dtype": t.dtype.to_string(),
-        "shape": shown_shape(zt, t).dims(),
-        "layout": shown_layout(zt, t).to_string(),
+        "shape": shape.dims(),
+        "layout": layout.to_string(),
         "nbytes": t.nbytes,
         "stored_bytes": t.stored_bytes,
         "offset": t.offset,
