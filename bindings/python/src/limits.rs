@@ -40,11 +40,11 @@ pub fn from_py(limits: Option<&Bound<'_, PyAny>>) -> PyResult<Limits> {
             .map_err(|_| invalid(format!("limit names are str, not {key:?}")))?
             .to_cow()?;
         // A bool is an int to Python, but `True` as a limit is a slip, not a 1.
-        let v = match value.extract::<u64>() {
-            Ok(v) if !value.is_instance_of::<pyo3::types::PyBool>() => Ok(v),
-            _ => Err(()),
+        let v = match value.is_instance_of::<pyo3::types::PyBool>() {
+            false => value.extract::<u64>().ok(),
+            true => None,
         };
-        let Ok(v) = v else {
+        let Some(v) = v else {
             return Err(invalid(format!(
                 "limit {name} must be an int from 0 to 2**64-1, not {value}"
             )));

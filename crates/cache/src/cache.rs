@@ -547,13 +547,10 @@ impl TensorCache {
     /// second for a creator that is still initializing it; refuses a segment that is
     /// not a tensorwire cache or whose header does not hold together.
     pub fn attach(name: &str, options: CacheOptions) -> Result<TensorCache> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        const CREATOR_WAIT: Duration = Duration::from_secs(1);
+        let deadline = std::time::Instant::now() + CREATOR_WAIT;
         // The creator makes the object, then sizes it, then writes the header.
-        let segment = Arc::new(Segment::open_sized(
-            name,
-            Access::ReadWrite,
-            Duration::from_secs(1),
-        )?);
+        let segment = Arc::new(Segment::open_sized(name, Access::ReadWrite, CREATOR_WAIT)?);
         if segment.len() < HEADER_SIZE {
             return Err(Error::Truncated {
                 offset: 0,
