@@ -307,7 +307,8 @@ fn wait_readable(listener: &UnixListener) -> bool {
     n > 0
 }
 
-/// The descriptor kept in reserve for [`turn_away`] (`/dev/null`, close-on-exec).
+/// The descriptor kept in reserve for [`turn_away`] (`/dev/null`, close-on-exec; after
+/// a refusal, the refused connection's own descriptor, shut down, holds its place).
 fn open_spare() -> Option<OwnedFd> {
     std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
 }
@@ -346,9 +347,9 @@ impl Warner {
 /// The server has no descriptor left to accept a waiting connection. Without help the
 /// connection would wait in the backlog (its client timing out) while the listener
 /// stays readable. So: give up the spare descriptor, accept the connection with it,
-/// answer `Busy` saying why, close it, and take the spare back (the libev/nginx
-/// trick). Without a spare (another thread took its slot), retry opening it and back
-/// off.
+/// answer `Busy` saying why, and keep that connection's descriptor, shut down, as the
+/// new spare (the libev/nginx trick, without a moment where the number is free).
+/// Without a spare (another thread took its slot), retry opening it and back off.
 fn turn_away(
     shared: &Shared,
     listener: &UnixListener,
@@ -369,19 +370,26 @@ fn turn_away(
     match spare.take() {
         Some(fd) => {
             drop(fd);
-            if let Ok((stream, _)) = listener.accept() {
-                let _ = stream.set_nonblocking(false);
-                let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-                let error = Response::Error {
-                    kind: RemoteKind::Busy,
-                    message: message.clone(),
-                };
-                let _ = send_response(&stream, 0, &error, &[]);
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                    let error = Response::Error {
+                        kind: RemoteKind::Busy,
+                        message: message.clone(),
+                    };
+                    let _ = send_response(&stream, 0, &error, &[]);
+                    // The refused stream, shut down, becomes the spare: its number is
+                    // never free, so a connection thread receiving descriptors cannot
+                    // take it between a close and a reopen (the client may already be
+                    // sending its next request) and leave the server without a spare.
+                    let _ = stream.shutdown(Shutdown::Both);
+                    *spare = Some(OwnedFd::from(stream));
+                }
+                // Another thread took the freed number first: the accept loop reopens
+                // the spare once a descriptor is free again.
+                Err(_) => *spare = open_spare(),
             }
-            // The spare back first (the accepted stream was closed above): the
-            // client already has its answer, and the next request must find the
-            // server at its limit again, not one descriptor short of it.
-            *spare = open_spare();
             warner.warn(&format!("refused a connection: {message}"));
         }
         None => {
@@ -410,6 +418,11 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener, mut spare: Option<Ow
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
+        // A spare lost to another thread comes back as soon as a descriptor is free
+        // (at the latest one idle poll later), not only at the next connection.
+        if spare.is_none() {
+            spare = open_spare();
+        }
         if !wait_readable(&listener) {
             continue;
         }
@@ -427,9 +440,6 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener, mut spare: Option<Ow
                 continue;
             }
         };
-        if spare.is_none() {
-            spare = open_spare();
-        }
         if stream.set_nonblocking(false).is_err() {
             continue;
         }
