@@ -1073,6 +1073,20 @@ impl IpcClient {
             .take();
     }
 
+    /// Seconds each request waits for its answer; setting it applies to the requests
+    /// that follow (a closed client keeps nothing).
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.peek(|c| c.timeout().as_secs_f64())
+    }
+
+    #[setter]
+    fn set_timeout(&self, timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout, "timeout")?;
+        self.peek(|c| c.set_timeout(timeout));
+        Ok(())
+    }
+
     /// True until `close`.
     #[getter]
     fn connected(&self) -> bool {

@@ -13,6 +13,10 @@ from tensorwire import ipc
 
 builds = {"slow": 0}
 _lock = threading.Lock()
+# The server main() runs, for endpoints that wait on its counters.
+_served = {}
+# Opened by the `open_gate` endpoint; `held` tasks wait for it.
+_gate = threading.Event()
 
 
 def endpoints(provider):
@@ -40,10 +44,19 @@ def endpoints(provider):
         return float(kept[n][0])
 
     @provider.share()
-    def slow(k: int):
+    def slow(k: int, waiters: int = 0):
+        """``k * 2``, built once ``waiters`` other callers wait on this build (up to
+        30 s; a plain 0.4 s without a server to ask, or with no waiters named)."""
         with _lock:
             builds["slow"] += 1
-        time.sleep(0.4)
+        server = _served.get("server")
+        if server is None or not waiters:
+            time.sleep(0.4)
+            return k * 2
+        deadline = time.monotonic() + 30
+        while (dict(server.info()["counters"])["singleflight_waits"] < waiters
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
         return k * 2
 
     @provider.share(cache=False)
@@ -56,6 +69,17 @@ def endpoints(provider):
         if ms == 13:
             raise ValueError("unlucky thirteen")
         return np.full(4, ms, dtype=np.int64)
+
+    @provider.share(execution="task", cache=False)
+    def held(ms: int):
+        """A task that ends (answering like ``build``) once ``open_gate`` is called,
+        at most 60 s on."""
+        _gate.wait(60)
+        return np.full(4, ms, dtype=np.int64)
+
+    @provider.share(cache=False)
+    def open_gate():
+        _gate.set()
 
     @provider.share(cache=False)
     def fails():
@@ -78,6 +102,7 @@ def main():
                                       autostart=False))
     server = ipc.Server(provider, task_workers=1)
     server.start()
+    _served["server"] = server
     print("ready", server.server_id, flush=True)
     while server.running:
         time.sleep(0.1)

@@ -122,10 +122,11 @@ def test_info_without_decoding(cache):
 
 
 def test_ttl_expiry(cache):
-    cache.put("short", np.ones(3), ttl=0.05)
+    # A TTL a stalled test process still finds alive, then a sleep past it.
+    cache.put("short", np.ones(3), ttl=1.0)
     cache.put("long", np.ones(3))
     assert cache.get("short") is not None
-    time.sleep(0.08)
+    time.sleep(1.1)
     assert cache.get("short") is None
     assert "short" not in cache and cache.keys() == ["long"]
     assert cache.stats["expirations"] == 1
@@ -765,9 +766,11 @@ def test_attach_waits_for_a_creator_that_has_not_sized_the_segment():
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 
     def create():
-        time.sleep(0.2)
+        # Short pauses, far inside attach's one second: a late start of this thread
+        # on a loaded machine must not run past it.
+        time.sleep(0.05)
         os.ftruncate(fd, len(image))
-        time.sleep(0.1)
+        time.sleep(0.02)
         os.pwrite(fd, image[8:], 8)
         os.pwrite(fd, image[:8], 0)
 

@@ -275,7 +275,14 @@ def test_a_request_to_a_server_that_does_not_read_times_out(sock):
     provider.register(time.sleep, name="nap", cache=False)
     provider.register(len, name="size", cache=False)
     try:
-        c = ipc.Client(sock, timeout=0.5)
+        # Connected with a long timeout (a loaded machine may answer the greeting
+        # late); only the calls below have the short one.
+        c = ipc.Client(sock, timeout=20)
+        assert c.ping()
+        with pytest.raises(ValueError, match="positive seconds"):
+            c.timeout = -1
+        assert c.timeout == 20
+        c.timeout = 0.5   # the live connection's next requests wait no longer
         with pytest.raises(ipc.IpcTimeoutError):
             c.call("nap", 6)   # the server is now busy on this connection for 6 s
         start = time.monotonic()
@@ -401,7 +408,8 @@ def test_singleflight_builds_once(sock, server_proc):
 
     def call():
         with ipc.Client(sock) as c:
-            results.append(c.call("slow", k=21))
+            # The build lasts until the five other callers wait on it.
+            results.append(c.call("slow", k=21, waiters=5))
 
     threads = [threading.Thread(target=call) for _ in range(6)]
     for t in threads:
@@ -411,18 +419,20 @@ def test_singleflight_builds_once(sock, server_proc):
     assert results == [42] * 6
     with ipc.Client(sock) as c:
         assert c.call("slow_builds") == 1
-        assert c.get_server_info()["counters"]["singleflight_waits"] >= 1
+        assert c.get_server_info()["counters"]["singleflight_waits"] == 5
 
 
 def test_task_lifecycle(sock, server_proc):
     c = ipc.AsyncClient(sock)
-    long_id = c.submit("build", 300)
+    # The one worker holds `long` until the gate opens: `queued` is still queued.
+    long_id = c.submit("held", 300)
     queued = c.submit("build", 1)
     failing = c.submit("build", 13)
     assert c.cancel(queued)
     assert c.status(queued).status == ipc.TaskStatus.CANCELLED
     with pytest.raises(ipc.IpcTimeoutError):
         c.wait(long_id, timeout=0.01)
+    c.call("open_gate")
     np.testing.assert_array_equal(c.wait(long_id, timeout=10), np.full(4, 300))
     info = c.status(long_id)
     assert info.status == ipc.TaskStatus.COMPLETED and info.completed_at >= info.started_at

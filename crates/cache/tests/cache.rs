@@ -139,19 +139,23 @@ fn least_recently_used_goes_first() {
     c.check_consistency().unwrap();
 }
 
+/// The TTL of entries a test waits out.
+const SHORT_TTL: Duration = Duration::from_secs(2);
+
 #[test]
 fn entries_expire() {
     let f = cache(1 << 20, None);
     let c = &f.0;
-    c.put("short", b"x", Some(Duration::from_millis(60)))
-        .unwrap();
+    // A TTL long enough that a test thread stalled on a loaded machine still finds the
+    // entry alive, then a sleep past it (a sleep only ever lasts longer).
+    c.put("short", b"x", Some(SHORT_TTL)).unwrap();
     c.put("long", b"y", Some(Duration::from_secs(3600)))
         .unwrap();
     c.put("forever", b"z", None).unwrap();
     let info = c.info("short").unwrap().unwrap();
-    assert_eq!(info.ttl, Some(Duration::from_millis(60)));
+    assert_eq!(info.ttl, Some(SHORT_TTL));
     assert!(c.get("short").unwrap().is_some());
-    std::thread::sleep(Duration::from_millis(80));
+    std::thread::sleep(SHORT_TTL + Duration::from_millis(100));
     assert!(c.get("short").unwrap().is_none());
     assert!(!c.contains("short").unwrap());
     assert_eq!(c.keys().unwrap().len(), 2);
@@ -164,11 +168,10 @@ fn entries_expire() {
 fn stats_count_entries_as_len_does_expired_ones_left_out() {
     let f = cache(256 << 10, None);
     let c = &f.0;
-    c.put("short", b"x", Some(Duration::from_millis(30)))
-        .unwrap();
+    c.put("short", b"x", Some(SHORT_TTL)).unwrap();
     c.put("forever", b"y", None).unwrap();
     assert_eq!(c.stats().unwrap().entries, 2);
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(SHORT_TTL + Duration::from_millis(100));
     // Nothing has touched the expired entry yet; it is still indexed.
     assert_eq!(c.len().unwrap(), 1);
     assert_eq!(c.stats().unwrap().entries, 1);

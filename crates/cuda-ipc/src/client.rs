@@ -68,6 +68,9 @@ pub struct Client {
     path: PathBuf,
     server_id: String,
     options: ClientOptions,
+    /// How long one request may wait for its answer: `options.timeout` until
+    /// [`Client::set_timeout`] changes it.
+    timeout: Mutex<Duration>,
     connection: Mutex<Connection>,
 }
 
@@ -87,6 +90,7 @@ impl Client {
         let mut client = Client {
             path,
             server_id: String::new(),
+            timeout: Mutex::new(options.timeout),
             options,
             connection: Mutex::new(Connection {
                 stream,
@@ -104,6 +108,17 @@ impl Client {
             other => return Err(unexpected(&other)),
         }
         Ok(client)
+    }
+
+    /// How long one request waits for its answer (sending included).
+    pub fn timeout(&self) -> Duration {
+        *lock(&self.timeout)
+    }
+
+    /// Sets how long each later request waits for its answer; a request already
+    /// waiting keeps the timeout it started with.
+    pub fn set_timeout(&self, timeout: Duration) {
+        *lock(&self.timeout) = timeout;
     }
 
     /// The id of the server this client talks to.
@@ -136,13 +151,13 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<(Response, Vec<OwnedFd>)> {
         let body = schema::encode(request)?;
-        let timeout = timeout.unwrap_or(self.options.timeout);
+        let timeout = timeout.unwrap_or_else(|| self.timeout());
         let mut conn = lock(&self.connection);
         if !conn.orphans.is_empty() && conn.broken.is_none() {
             let object_ids = std::mem::take(&mut conn.orphans);
             let release = schema::encode(&Request::Release { object_ids })?;
             // Best effort: a failure here shows again on the request itself.
-            let _ = self.exchange(&mut conn, &release, &[], self.options.timeout);
+            let _ = self.exchange(&mut conn, &release, &[], self.timeout());
         }
         self.exchange(&mut conn, &body, &fds_of(value), timeout)
     }
@@ -385,7 +400,7 @@ impl Client {
         };
         // Our own wait covers the server's, plus room for the answer.
         let ours = timeout
-            .map(|t| t + self.options.timeout)
+            .map(|t| t + self.timeout())
             .unwrap_or(Duration::from_secs(365 * 24 * 3600));
         match self.request(&request, None, Some(ours))?.0 {
             Response::Task(info) => Ok(info),

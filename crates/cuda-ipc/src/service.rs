@@ -918,12 +918,27 @@ mod tests {
     #[test]
     fn singleflight_builds_once_under_concurrency() {
         let s = service();
-        let runs = counting(
-            &s,
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (r, weak) = (runs.clone(), Arc::downgrade(&s));
+        // The build lasts until the other seven callers wait on it (not a fixed time a
+        // stalled thread could miss); past a long deadline the counts below fail.
+        s.register(Endpoint::new(
             "slow",
             EndpointOptions::default(),
-            Duration::from_millis(200),
-        );
+            Arc::new(move |args: Incoming| {
+                r.fetch_add(1, Ordering::SeqCst);
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while weak
+                    .upgrade()
+                    .is_some_and(|s| s.counters.singleflight_waits.load(Ordering::SeqCst) < 7)
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(Outgoing::plain(args.payload.value.clone()))
+            }),
+            None,
+        ));
         let threads: Vec<_> = (0..8)
             .map(|i| {
                 let s = s.clone();
@@ -934,7 +949,7 @@ mod tests {
             assert!(matches!(t.join().unwrap(), Response::Value(_)));
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1);
-        assert!(s.counters.singleflight_waits.load(Ordering::SeqCst) >= 1);
+        assert_eq!(s.counters.singleflight_waits.load(Ordering::SeqCst), 7);
     }
 
     #[test]

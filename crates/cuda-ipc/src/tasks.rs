@@ -457,18 +457,30 @@ mod tests {
             "t",
         )
         .unwrap();
-        let slow = || {
-            std::thread::sleep(Duration::from_millis(150));
-            Ok(1)
-        };
-        let gated: Vec<String> = (0..3)
-            .map(|_| {
-                pool.submit_gated("load", Some("load".into()), slow)
-                    .unwrap()
+        // The first gated task holds the gate until the test lets it go (not for a
+        // fixed time a stalled thread could outlast).
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let mut gated = vec![pool
+            .submit_gated("load", Some("load".into()), move || {
+                let _ = released.recv();
+                Ok(1)
             })
-            .collect();
+            .unwrap()];
+        for _ in 0..2 {
+            gated.push(
+                pool.submit_gated("load", Some("load".into()), || Ok(1))
+                    .unwrap(),
+            );
+        }
         let quick = pool.submit("quick", || Ok(2)).unwrap();
-        pool.wait(&quick, Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            pool.wait(&quick, Duration::from_secs(10)).unwrap().state,
+            TaskState::Completed
+        );
+        for id in &gated[1..] {
+            assert_eq!(pool.info(id).unwrap().state, TaskState::Pending);
+        }
+        release.send(()).unwrap();
         for id in &gated {
             assert_eq!(
                 pool.wait(id, Duration::from_secs(5)).unwrap().state,

@@ -25,6 +25,28 @@ use support::expect_line;
 const ROLE: &str = "TW_IPC_CHILD";
 const SOCKET: &str = "TW_IPC_SOCKET";
 
+/// Where an endpoint waits until the test lets it go (instead of sleeping for a time
+/// a stalled thread could outlast).
+#[derive(Default)]
+struct Gate {
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
 fn socket_path(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("ipc.sock")
 }
@@ -458,10 +480,28 @@ fn task_lifecycle_over_the_socket() {
     config.service.tasks.workers = 1;
     let server = Server::new(config).unwrap();
     register_endpoints(&server);
+    // `held(n)`: a task endpoint that answers n once the test opens its gate, so the
+    // one worker stays busy for exactly as long as the test needs.
+    let gate = Arc::new(Gate::default());
+    let held = gate.clone();
+    server.service().register(Endpoint::new(
+        "held",
+        EndpointOptions {
+            execution: Execution::Task,
+            cache: false,
+            singleflight: false,
+            ..EndpointOptions::default()
+        },
+        Arc::new(move |args| {
+            held.wait();
+            Ok(Outgoing::plain(Node::Int(first_int(&args))))
+        }),
+        None,
+    ));
     server.start().unwrap();
     let client = Client::connect(&path, ClientOptions::default()).unwrap();
 
-    let long = client.submit("build", &int_arg(300)).unwrap();
+    let long = client.submit("held", &int_arg(300)).unwrap();
     let queued = client.submit("build", &int_arg(1)).unwrap();
     let failing = client.submit("build", &int_arg(13)).unwrap();
     assert!(
@@ -472,6 +512,12 @@ fn task_lifecycle_over_the_socket() {
         client.task_status(&queued).unwrap().state,
         TaskState::Cancelled
     );
+    // A short wait on a task not finished returns its state without waiting for it.
+    let info = client
+        .wait_task(&long, Some(Duration::from_millis(20)))
+        .unwrap();
+    assert!(!info.state.is_finished());
+    gate.open();
     let info = client
         .wait_task(&long, Some(Duration::from_secs(10)))
         .unwrap();
@@ -506,19 +552,13 @@ fn task_lifecycle_over_the_socket() {
             ..
         })
     ));
-    // A short wait on a running task returns its state without waiting for it.
-    let slow = client.submit("build", &int_arg(400)).unwrap();
-    let info = client
-        .wait_task(&slow, Some(Duration::from_millis(20)))
-        .unwrap();
-    assert!(!info.state.is_finished());
     let endpoints = client.list_endpoints().unwrap();
     assert_eq!(
         endpoints
             .iter()
             .map(|e| e.name.as_str())
             .collect::<Vec<_>>(),
-        ["build", "echo", "make", "slow"]
+        ["build", "echo", "held", "make", "slow"]
     );
 }
 
@@ -570,11 +610,15 @@ fn an_answer_cut_off_mid_frame_makes_the_connection_unusable() {
     let dir = tempfile::tempdir().unwrap();
     let path = socket_path(&dir);
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    // A fake server: greets properly, then answers the next request with half a frame.
+    // A fake server: greets properly, then at once writes half the answer to the next
+    // request (the client numbers its requests one after another), and keeps the
+    // connection open until the test is done. The half frame waits in the socket before
+    // the request is sent, so no stalled thread can make the client's wait end early.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
     let fake = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
         let limits = Default::default();
-        let Received::Frame(hello) = recv_frame(&stream, &limits, Duration::from_secs(5)).unwrap()
+        let Received::Frame(hello) = recv_frame(&stream, &limits, Duration::from_secs(30)).unwrap()
         else {
             panic!()
         };
@@ -591,28 +635,25 @@ fn an_answer_cut_off_mid_frame_makes_the_connection_unusable() {
             &[],
         )
         .unwrap();
-        let Received::Frame(ping) = recv_frame(&stream, &limits, Duration::from_secs(5)).unwrap()
-        else {
-            panic!()
-        };
         let header = Header {
             kind: FrameKind::Response,
             fd_count: 0,
-            request_id: ping.header.request_id,
+            request_id: hello.header.request_id + 1,
             body_len: 100,
         };
         (&stream).write_all(&header.encode()).unwrap();
         (&stream).write_all(&[0u8; 10]).unwrap();
-        std::thread::sleep(Duration::from_millis(600));
+        let _ = finished.recv();
     });
-    let options = ClientOptions {
-        timeout: Duration::from_millis(200),
-        ..ClientOptions::default()
-    };
-    let client = Client::connect(&path, options).unwrap();
-    assert!(matches!(client.ping(), Err(IpcError::Timeout { .. })));
+    let client = Client::connect(&path, ClientOptions::default()).unwrap();
+    let short = Some(Duration::from_millis(200));
+    assert!(matches!(
+        client.request(&Request::Ping, None, short),
+        Err(IpcError::Timeout { .. })
+    ));
     let err = client.ping().unwrap_err();
     assert!(err.to_string().contains("unusable"), "{err}");
+    done.send(()).unwrap();
     fake.join().unwrap();
 }
 
@@ -621,6 +662,8 @@ fn a_late_answer_gives_its_lease_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = socket_path(&dir);
     let server = start_server(&path);
+    let gate = Arc::new(Gate::default());
+    let held = gate.clone();
     server.service().register(Endpoint::new(
         "slow_managed",
         EndpointOptions {
@@ -629,21 +672,22 @@ fn a_late_answer_gives_its_lease_back() {
             singleflight: false,
             ..EndpointOptions::default()
         },
-        Arc::new(|_| {
-            std::thread::sleep(Duration::from_millis(400));
+        Arc::new(move |_| {
+            held.wait();
             Ok(one_tensor(&ramp(0.0, 4)))
         }),
         None,
     ));
-    let options = ClientOptions {
-        timeout: Duration::from_millis(100),
-        ..ClientOptions::default()
-    };
-    let client = Client::connect(&path, options).unwrap();
+    // Only the slow call has a short timeout; the endpoint answers once it has passed.
+    let client = Client::connect(&path, ClientOptions::default()).unwrap();
+    client.set_timeout(Duration::from_millis(100));
     assert!(matches!(
         client.call("slow_managed", &Outgoing::plain(Node::Null)),
         Err(IpcError::Timeout { .. })
     ));
+    client.set_timeout(ClientOptions::default().timeout);
+    assert_eq!(client.timeout(), Duration::from_secs(60));
+    gate.open();
     let deadline = Instant::now() + Duration::from_secs(10);
     while server.service().live() != (1, 1) {
         assert!(

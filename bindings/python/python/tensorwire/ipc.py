@@ -334,8 +334,8 @@ class Client:
                  allowed_modules=(), device: Optional[int] = None):
         self.socket_path = socket_path or default_socket_path(device)
         self.allowed_modules = tuple(allowed_modules)
-        self.timeout = timeout
         self._native = _native.IpcClient(self.socket_path, timeout)
+        self._timeout = timeout
         self._pending_releases = collections.deque()
         self._closed = False
         self._reconnecting = threading.Lock()
@@ -364,6 +364,18 @@ class Client:
                     self._pending_releases.clear()   # the old server's objects are gone
                 current = self._native
             return getattr(current, method)(*args)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each request waits for its answer (sending included). Setting it
+        applies to the requests that follow, on this connection and on any it
+        reconnects with."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float):
+        self._native.timeout = seconds   # checked there: positive seconds
+        self._timeout = seconds
 
     @property
     def server_id(self) -> str:
