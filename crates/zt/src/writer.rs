@@ -1,6 +1,6 @@
 //! Writing `.zt` 1.2 and version 2 files.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -133,6 +133,10 @@ pub struct ZtWriter<W: Write> {
     /// is, and (for streams, which cannot be read back) its SHA-256, which confirms a
     /// match before a blob is shared.
     shared: HashMap<BlobKey, SharedBlob>,
+    /// The names in `manifest.objects`, which holds the objects in the order they were
+    /// added (sorted by name only when the manifest is written): a lookup per add, not
+    /// a scan, and no insertion into the middle of a long list.
+    names: HashSet<std::sync::Arc<str>>,
 }
 
 /// A raw blob's xxh3-128 and length.
@@ -199,13 +203,13 @@ impl ZtWriter<BufWriter<File>> {
             )
             .with_path(&path));
         }
-        let mut manifest = Manifest {
+        let manifest = Manifest {
             version: WRITE_VERSION.to_owned(),
             attributes: tensorwire_core::TensorSource::attributes(&reader).clone(),
             objects: reader.objects().to_vec(),
             keys_made_text: false,
         };
-        manifest.objects.sort_by(|a, b| a.name.cmp(&b.name));
+        let names = manifest.objects.iter().map(|o| o.name.clone()).collect();
         drop(reader);
         let mut file = OpenOptions::new()
             .read(true)
@@ -228,6 +232,7 @@ impl ZtWriter<BufWriter<File>> {
             version: ZtVersion::V1,
             align: ALIGNMENT,
             shared: HashMap::new(),
+            names,
         })
     }
 }
@@ -268,6 +273,7 @@ impl<W: Write> ZtWriter<W> {
             version,
             align,
             shared: HashMap::new(),
+            names: HashSet::new(),
         })
     }
 
@@ -322,7 +328,7 @@ impl<W: Write> ZtWriter<W> {
 
     /// True when a tensor of that name has been written (or existed, when appending).
     pub fn contains(&self, name: &str) -> bool {
-        self.manifest.objects.iter().any(|o| &*o.name == name)
+        self.names.contains(name)
     }
 
     /// Adds a dense tensor of `dtype` and `shape` from its little-endian bytes. Logical
@@ -568,12 +574,7 @@ impl<W: Write> ZtWriter<W> {
             components: written,
             ..planned
         };
-        let at = self
-            .manifest
-            .objects
-            .binary_search_by(|o| (*o.name).cmp(name))
-            .unwrap_or_else(|i| i);
-        self.manifest.objects.insert(at, object);
+        self.push_object(object);
         Ok(())
     }
 
@@ -745,12 +746,7 @@ impl<W: Write> ZtWriter<W> {
             components: written,
             ..planned
         };
-        let at = self
-            .manifest
-            .objects
-            .binary_search_by(|o| (*o.name).cmp(name))
-            .unwrap_or_else(|i| i);
-        self.manifest.objects.insert(at, object);
+        self.push_object(object);
         Ok(())
     }
 
@@ -812,7 +808,17 @@ impl<W: Write> ZtWriter<W> {
         Ok(start)
     }
 
+    /// Records a written object (its name is new: the add checked).
+    fn push_object(&mut self, object: Object) {
+        self.names.insert(object.name.clone());
+        self.manifest.objects.push(object);
+    }
+
     fn write_tail(&mut self) -> Result<u64> {
+        // Both versions list objects by name (ztensor's order); names are unique.
+        self.manifest
+            .objects
+            .sort_unstable_by(|a, b| a.name.cmp(&b.name));
         if self.version == ZtVersion::V2 {
             return self.write_tail_v2();
         }

@@ -211,6 +211,56 @@ fn integer_attributes_are_exact_in_cbor_range_and_refused_beyond_it() {
     }
 }
 
+/// Names come in any order (the writer sorts them when it writes the manifest), each
+/// once: a name given again, early or late among many, is refused, and the file lists
+/// every name in order with its own bytes, in both versions.
+#[test]
+fn names_in_any_order_are_listed_sorted_and_given_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = Shape::new(vec![1]).unwrap();
+    // "layer.{i}" for i = 0..3000 is not in byte order ("layer.10" < "layer.2").
+    let names: Vec<String> = (0..3000).map(|i| format!("layer.{i}")).collect();
+    for version in [ZtVersion::V1, ZtVersion::V2] {
+        let path = dir.path().join(format!("{version:?}.zt"));
+        let mut w = ZtWriter::create_with_version(&path, version).unwrap();
+        for (i, name) in names.iter().enumerate() {
+            let byte = [(i % 251) as u8];
+            w.add_dense(name, DType::U8, &shape, &byte, WriteOptions::default())
+                .unwrap();
+        }
+        for again in ["layer.0", "layer.1999", "layer.2999"] {
+            let err = w
+                .add_dense(again, DType::U8, &shape, &[0], WriteOptions::default())
+                .unwrap_err();
+            assert!(
+                matches!(err, tensorwire_core::Error::Duplicate { .. }),
+                "{err}"
+            );
+        }
+        w.finish().unwrap();
+        let r = ZtReader::open(&path).unwrap();
+        let mut sorted = names.clone();
+        sorted.sort();
+        let listed: Vec<&str> = r.objects().iter().map(|o| &*o.name).collect();
+        assert_eq!(listed, sorted);
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(&r.view(name).unwrap().bytes[..], &[(i % 251) as u8]);
+        }
+    }
+    // Appending checks against the names already in the file.
+    let path = dir.path().join("V1.zt");
+    let mut w = ZtWriter::append(&path).unwrap();
+    assert!(w
+        .add_dense("layer.42", DType::U8, &shape, &[0], WriteOptions::default())
+        .is_err());
+    w.add_dense("layer.-1", DType::U8, &shape, &[7], WriteOptions::default())
+        .unwrap();
+    w.finish().unwrap();
+    let r = ZtReader::open(&path).unwrap();
+    assert_eq!(&*r.objects()[0].name, "layer.-1");
+    assert_eq!(r.objects().len(), 3001);
+}
+
 #[test]
 fn append_keeps_old_tensors_and_adds_new_ones() {
     let dir = tempfile::tempdir().unwrap();
