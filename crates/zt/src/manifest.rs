@@ -112,6 +112,20 @@ impl Component {
             })
             .unwrap_or(self.dtype)
     }
+
+    /// The dtype a 1.x file's reader gives this component: its `type` where that names
+    /// a dtype stored exactly as this component is (`f8_e4m3fn` over `u8`,
+    /// `complex64` over `f32`), else the storage dtype, with the `type` kept as a
+    /// label (ztensor 1.2.3 writes any `type` over any data and reads it that way:
+    /// `bf16` over `u16` reads as `u16`; so does `bool` over `u8`, which is version
+    /// 2's spelling).
+    pub fn logical_dtype_v1(&self) -> DType {
+        self.logical_type
+            .as_deref()
+            .and_then(|t| t.parse::<DType>().ok())
+            .filter(|d| d.storage().0 == self.dtype)
+            .unwrap_or(self.dtype)
+    }
 }
 
 /// One named object (tensor) of a file.
@@ -150,7 +164,8 @@ impl Object {
 
     /// The element type: the primary component's logical dtype.
     pub fn dtype(&self) -> DType {
-        self.primary().map_or(DType::U8, Component::logical_dtype)
+        self.primary()
+            .map_or(DType::U8, Component::logical_dtype_v1)
     }
 }
 
@@ -436,14 +451,6 @@ fn read_component(
         v.ok_or_else(|| ctx.err(d, format!("{} has no `{key}`", here())))
     };
     let dtype = dtype.ok_or_else(|| ctx.err(d, format!("{} has no `dtype`", here())))?;
-    if let Some(Ok(logical)) = logical_type.as_deref().map(str::parse::<DType>) {
-        if logical.storage().0 != dtype {
-            return Err(ctx.err(
-                d,
-                format!("{}: type `{logical}` cannot be stored as `{dtype}`", here()),
-            ));
-        }
-    }
     if encoding == Encoding::Zstd && uncompressed_length.is_none() {
         return Err(ctx.err(d, format!("{}: zstd without uncompressed_length", here())));
     }

@@ -327,7 +327,7 @@ impl ZtReader {
             _ => data
                 .logical_type
                 .as_deref()
-                .is_some_and(|t| t.parse::<DType>().ok() != Some(data.logical_dtype())),
+                .is_some_and(|t| t.parse::<DType>().ok() != Some(data.logical_dtype_v1())),
         };
         Ok(opaque.then(|| data.logical_type.as_deref().unwrap_or_default()))
     }
@@ -747,28 +747,16 @@ fn validate_layout(
 }
 
 /// Per-object rules shared by the reader (on open) and the writer (before writing):
-/// distinct roles, logical types that fit their storage dtype, and for dense objects a
-/// `data` component of exactly shape × dtype bytes. `at` is the offset reported in a
-/// `Malformed` error.
+/// distinct roles, and for dense objects a `data` component of exactly shape × dtype
+/// bytes (the `type` counted only where its storage is the stored dtype: any other
+/// `type` is a label, as ztensor 1.2.3 writes and reads it). `at` is the offset
+/// reported in a `Malformed` error.
 pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
     if let Some(w) = obj.components.windows(2).find(|w| w[0].role == w[1].role) {
         return Err(Error::malformed(
             at,
             format!("object `{}` repeats component `{}`", obj.name, w[0].role),
         ));
-    }
-    for c in &obj.components {
-        if let Some(Ok(logical)) = c.logical_type.as_deref().map(str::parse::<DType>) {
-            if logical.storage().0 != c.dtype {
-                return Err(Error::malformed(
-                    at,
-                    format!(
-                        "object `{}` component `{}`: type `{logical}` cannot be stored as `{}`",
-                        obj.name, c.role, c.dtype
-                    ),
-                ));
-            }
-        }
     }
     if obj.layout == Layout::Dense {
         let data = obj.component("data").ok_or_else(|| {
@@ -777,7 +765,7 @@ pub(crate) fn check_object(obj: &Object, at: u64) -> Result<()> {
                 format!("dense object `{}` has no `data` component", obj.name),
             )
         })?;
-        let expected = obj.shape.byte_len(data.logical_dtype())?;
+        let expected = obj.shape.byte_len(data.logical_dtype_v1())?;
         if data.decoded_length() != expected {
             return Err(Error::SizeMismatch {
                 tensor: obj.name.to_string(),

@@ -236,3 +236,28 @@ fn dense_dtypes_map_to_the_logical_types() {
         assert!(dtypes.contains(&d), "{d} missing from {dtypes:?}");
     }
 }
+
+/// ztensor 1.2.3 writes any `type` over any data and reads the data as stored: such
+/// a file opens, each of those tensors reads as its storage dtype with the name kept
+/// as its type, and the others are untouched.
+#[test]
+fn known_type_names_over_other_storage_are_labels() {
+    let reader = ZtReader::open(fixture_dir().join("labels.zt")).unwrap();
+    for (name, dtype, label) in [
+        ("bf16_over_u16", DType::U16, "bf16"),
+        ("bool_over_u8", DType::U8, "bool"),
+        ("f8_over_f32", DType::F32, "f8_e4m3fn"),
+        ("complex64_over_f64", DType::F64, "complex64"),
+    ] {
+        let info = reader.tensors().iter().find(|t| &*t.name == name).unwrap();
+        assert_eq!(info.dtype, dtype, "{name}");
+        assert_eq!(reader.opaque_type(name).unwrap(), Some(label), "{name}");
+    }
+    assert_eq!(
+        &reader.view("bool_over_u8").unwrap().bytes[..],
+        &[0, 1, 2],
+        "a label changes no byte"
+    );
+    assert_eq!(reader.opaque_type("plain_f32").unwrap(), None);
+    assert_eq!(reader.verify().unwrap(), 0);
+}
