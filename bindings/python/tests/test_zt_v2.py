@@ -93,6 +93,39 @@ def test_tensors_of_two_dtypes_stored_once_share_their_digest_check(tmp_path):
     np.testing.assert_array_equal(tensorwire.Reader(path)["f8_e4m3fnuz"].view(np.uint8), want)
 
 
+@pytest.mark.parametrize("first,second", [("xxh3", "sha256"), ("none", "xxh3"),
+                                          ("sha256", "none")])
+def test_bytes_stored_once_under_different_digests_are_checked_before_any_view(
+        tmp_path, first, second):
+    """A version 2 writer stores identical data once even when the two tensors ask for
+    different digests (or one for none): handing out either view first checks every
+    digest over those bytes, so a private write through it is no ChecksumError for
+    the other tensor (it was), and a real change on disk still is."""
+    path = str(tmp_path / "mixed.zt")
+    a = np.arange(10, dtype=np.float32)
+    with tensorwire.Writer(path, version=2) as w:
+        w.write_numpy("emb", a, checksum=first)
+        w.write_numpy("head", a.copy(), checksum=second)
+    r = tensorwire.Reader(path)
+    emb = r["emb"]
+    assert np.shares_memory(emb, r["head"])  # stored once
+    r = tensorwire.Reader(path)
+    r["emb"][:] *= 2
+    np.testing.assert_array_equal(r["head"], a * 2)  # the same private bytes
+    np.testing.assert_array_equal(r.read_numpy("head", copy=True), a * 2)
+    assert r.verify() == (first != "none") + (second != "none")
+    assert tensorwire.Reader(path).verify() == r.verify()
+    # A change in the file itself is still found, through either tensor.
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = data.index(a.tobytes())
+        f.seek(at)
+        f.write(np.float32(7).tobytes())
+    for name in ("emb", "head"):
+        with pytest.raises(tensorwire.ChecksumError):
+            tensorwire.Reader(path)[name]
+
+
 def test_version_2_refuses_what_it_cannot_record(tmp_path):
     path = str(tmp_path / "v2.zt")
     with pytest.raises(tensorwire.TensorwireError, match="crc32c"):

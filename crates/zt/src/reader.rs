@@ -63,6 +63,12 @@ pub struct ZtReader {
     check_slot: Vec<usize>,
     /// The content-rule slot of each component: as `check_slot`, and one logical type.
     content_slot: Vec<usize>,
+    /// Components that share their stored bytes with others under another digest,
+    /// another type or none: the group of each component (flattened in object order;
+    /// `None` for bytes of its own) and each group's members (object and component
+    /// index). Handing out any member's bytes first runs every member's checks, so a
+    /// private write through one view cannot fail another member's check later.
+    shared_bytes: Option<(Vec<Option<usize>>, Vec<Vec<(usize, usize)>>)>,
     /// The object found by the last name lookup (a one-entry cache).
     last_position: AtomicUsize,
     limits: Limits,
@@ -126,6 +132,7 @@ impl ZtReader {
             n += o.components.len();
         }
         let (check_slot, digests) = check_slots(&manifest, false);
+        let shared_bytes = shared_byte_groups(&manifest);
         // A slot per component already: the typed keys cannot share any either.
         let (content_slot, contents) = if digests == check_slot.len() {
             (check_slot.clone(), digests)
@@ -142,6 +149,7 @@ impl ZtReader {
             first_component,
             check_slot,
             content_slot,
+            shared_bytes,
             last_position: AtomicUsize::new(0),
             limits: *limits,
         })
@@ -217,14 +225,36 @@ impl ZtReader {
     /// when the digest covers them.
     fn stored_at(&self, oi: usize, ci: usize, comp: &Component) -> Result<Bytes> {
         let stored = self.bytes.slice_at(comp.offset, comp.length)?;
+        let group = self.shared_bytes.as_ref().and_then(|(group_of, groups)| {
+            group_of[self.first_component[oi] + ci].map(|g| &groups[g])
+        });
+        match group {
+            // Bytes others share: every member's checks before any view of them.
+            Some(members) => {
+                for &(o, c) in members {
+                    let member = &self.manifest.objects[o].components[c];
+                    self.check_stored(o, c, member, &stored)?;
+                    if member.encoding == Encoding::Raw {
+                        self.check_content(o, c, member, &stored)?;
+                    }
+                }
+            }
+            None => self.check_stored(oi, ci, comp, &stored)?,
+        }
+        Ok(stored)
+    }
+
+    /// Checks a located component's digest over its stored bytes (once per reader),
+    /// when the digest covers them.
+    fn check_stored(&self, oi: usize, ci: usize, comp: &Component, stored: &[u8]) -> Result<()> {
         if let Some(digest) = &comp.digest {
             let cell = self.cell(oi, ci);
             if cell.get().is_none() && self.digest_covers_stored(comp) {
-                digest.verify(&stored, &self.label(oi, comp))?;
+                digest.verify(stored, &self.label(oi, comp))?;
                 let _ = cell.set(());
             }
         }
-        Ok(stored)
+        Ok(())
     }
 
     /// Checks a version 2 digest over freshly decoded bytes (once per reader).
@@ -1057,6 +1087,52 @@ impl ZtReader {
         let rules_done = !has_rules || self.content_cell(oi, ci).get().is_some();
         digest_done && rules_done
     }
+}
+
+/// See `ZtReader::shared_bytes`: `None` when no two components name the same stored
+/// bytes (offset, length and encoding), as in most files.
+#[allow(clippy::type_complexity)]
+fn shared_byte_groups(
+    manifest: &Manifest,
+) -> Option<(Vec<Option<usize>>, Vec<Vec<(usize, usize)>>)> {
+    let components = || {
+        manifest.objects.iter().enumerate().flat_map(|(o, obj)| {
+            obj.components
+                .iter()
+                .enumerate()
+                .map(move |(c, comp)| (o, c, comp))
+        })
+    };
+    let mut offsets: Vec<u64> = components().map(|(_, _, c)| c.offset).collect();
+    offsets.sort_unstable();
+    if offsets.windows(2).all(|w| w[0] != w[1]) {
+        return None;
+    }
+    let mut members: NameMap<(u64, u64, Encoding), Vec<(usize, usize)>> = NameMap::default();
+    for (o, c, comp) in components() {
+        members
+            .entry((comp.offset, comp.length, comp.encoding))
+            .or_default()
+            .push((o, c));
+    }
+    let mut group_of = vec![None; offsets.len()];
+    let mut groups = Vec::new();
+    let first: Vec<usize> = manifest
+        .objects
+        .iter()
+        .scan(0, |n, obj| {
+            let at = *n;
+            *n += obj.components.len();
+            Some(at)
+        })
+        .collect();
+    for list in members.into_values().filter(|list| list.len() > 1) {
+        for &(o, c) in &list {
+            group_of[first[o] + c] = Some(groups.len());
+        }
+        groups.push(list);
+    }
+    Some((group_of, groups))
 }
 
 /// The check slot of every component of `manifest` (flattened in object order) and
