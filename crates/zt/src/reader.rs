@@ -68,7 +68,7 @@ pub struct ZtReader {
     /// `None` for bytes of its own) and each group's members (object and component
     /// index). Handing out any member's bytes first runs every member's checks, so a
     /// private write through one view cannot fail another member's check later.
-    shared_bytes: Option<(Vec<Option<usize>>, Vec<Vec<(usize, usize)>>)>,
+    shared_bytes: Option<SharedBytes>,
     /// The object found by the last name lookup (a one-entry cache).
     last_position: AtomicUsize,
     limits: Limits,
@@ -1088,6 +1088,10 @@ impl ZtReader {
         digest_done && rules_done
     }
 }
+
+/// The group of each component (flattened in object order; `None` for bytes of its
+/// own) and each group's members (object and component index).
+type SharedBytes = (Vec<Option<usize>>, Vec<Vec<(usize, usize)>>);
 
 /// See `ZtReader::shared_bytes`: `None` when no two components name the same stored
 /// bytes (offset, length and encoding), as in most files.
