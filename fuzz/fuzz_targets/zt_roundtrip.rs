@@ -204,7 +204,8 @@ fn fill(n: u64, pattern: &[u8]) -> Vec<u8> {
 }
 
 /// The element type a component's bytes hold: its logical type when that names a
-/// dtype stored as `dtype`, else `dtype`.
+/// dtype stored as `dtype`, else `dtype` (any other type is a label, as ztensor 1.2.3
+/// writes and reads it).
 fn logical_dtype(dtype: DType, logical: Option<&str>) -> DType {
     logical
         .and_then(|t| t.parse::<DType>().ok())
@@ -229,11 +230,6 @@ fn object_refusal(
         }
         if comps[..i].iter().any(|c| c.0 == *role) {
             return Some("repeated role");
-        }
-        if let Some(Ok(t)) = logical.as_deref().map(str::parse::<DType>) {
-            if t.storage().0 != *dtype {
-                return Some("logical type does not fit its storage dtype");
-            }
         }
     }
     if *layout == Layout::Dense {

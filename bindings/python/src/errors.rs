@@ -1,7 +1,7 @@
 //! The Python exception hierarchy and the one conversion from [`tensorwire::Error`].
 //!
 //! ```text
-//! TensorwireError(Exception)
+//! TensorwireError(RuntimeError)    ztensor raises RuntimeError for these faults
 //! ├── TensorNotFoundError(TensorwireError, KeyError)
 //! ├── InvalidArgumentError(TensorwireError, ValueError)
 //! │   └── ClosedError(InvalidArgumentError, RuntimeError)   a closed reader, cache or
@@ -25,7 +25,7 @@
 //! hold a `MemoryError`.
 
 use pyo3::exceptions::{
-    PyException, PyInterruptedError, PyKeyError, PyMemoryError, PyOSError, PyTimeoutError,
+    PyInterruptedError, PyKeyError, PyMemoryError, PyOSError, PyRuntimeError, PyTimeoutError,
     PyValueError,
 };
 use pyo3::prelude::*;
@@ -37,8 +37,8 @@ use tensorwire::Error;
 create_exception!(
     tensorwire,
     TensorwireError,
-    PyException,
-    "Base class of the errors tensorwire raises (I/O errors are OSError)."
+    PyRuntimeError,
+    "Base class of the errors tensorwire raises (I/O errors are OSError); a RuntimeError, as ztensor raises for the same faults."
 );
 /// The exception classes made at run time with `type()`: those with two bases
 /// (`create_exception!` takes one) and the `FormatError` family below one of them.

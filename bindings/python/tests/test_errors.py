@@ -24,6 +24,28 @@ def test_hierarchy():
     assert issubclass(tw.DuplicateNameError, tw.InvalidArgumentError)
 
 
+def test_errors_are_runtime_errors_as_ztensor_raises_them(tmp_path):
+    """ztensor 1.2.3 raises RuntimeError for a digest mismatch, a bad file, a
+    duplicate name and a write after finish: code catching that catches ours."""
+    assert issubclass(tw.TensorwireError, RuntimeError)
+    path = str(tmp_path / "x.zt")
+    w = tw.Writer(path)
+    w.write_numpy("a", np.arange(64, dtype=np.float32), checksum="sha256")
+    with pytest.raises(RuntimeError):
+        w.write_numpy("a", np.zeros(1))
+    w.finish()
+    with pytest.raises(RuntimeError):
+        w.write_numpy("b", np.zeros(1))
+    data = bytearray(open(path, "rb").read())
+    data[64 + 5] ^= 0xFF  # the first tensor's bytes start at 64 (the 64-byte alignment)
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(RuntimeError):
+        tw.Reader(path)["a"]
+    open(path, "wb").write(b"not a tensor file at all")
+    with pytest.raises(RuntimeError):
+        tw.Reader(path)
+
+
 def test_an_unsupported_dtype_is_a_value_error_as_in_ztensor(tmp_path):
     with tw.Writer(str(tmp_path / "x.zt")) as w:
         with pytest.raises(ValueError) as info:
