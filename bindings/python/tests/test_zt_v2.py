@@ -559,3 +559,35 @@ def test_gguf_block_objects_are_described_as_they_read():
             assert {k: meta.attributes[k] for k in ("gguf.type", "gguf.shape")} == want, name
             assert meta.attributes["tensorwire.layout"] == "gguf:" + want["gguf.type"]
             assert meta.components["data"]["length"] == array.nbytes
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_signed_csr_indices_are_written_unsigned_in_version_2(tmp_path, index_dtype):
+    """scipy and ztensor 1.x give CSR indices as int32/int64; zt.sparse_csr/1 stores
+    them unsigned. Non-negative ones have the same bytes, so a version 2 file takes
+    them (listed u32/u64), from Python and through convert; a negative one is refused."""
+    values = np.array([1.0, 2.0, 3.0], np.float32)
+    indices = np.array([0, 2, 1], index_dtype)
+    indptr = np.array([0, 2, 2, 3], index_dtype)
+    unsigned = np.uint32 if index_dtype == np.int32 else np.uint64
+
+    def csr(ix):
+        return tensorwire.Tensor({"values": values, "indices": ix, "indptr": indptr},
+                                 shape=[3, 3], format="sparse_csr")
+
+    v1, v2 = str(tmp_path / "v1.zt"), str(tmp_path / "v2.zt")
+    with tensorwire.Writer(v2, version=2) as w:
+        w.write("csr", csr(indices), checksum="xxh3")
+    with tensorwire.Writer(v1) as w:
+        w.write("csr", csr(indices))
+    converted = str(tmp_path / "converted.zt")
+    tensorwire.convert(v1, converted, zt_version=2)
+    for path in (v2, converted):
+        got = tensorwire.Reader(path).read("csr")
+        assert got.components["indices"].dtype == unsigned
+        np.testing.assert_array_equal(got.components["indices"], indices)
+        np.testing.assert_array_equal(got.components["indptr"], indptr)
+        np.testing.assert_array_equal(got.components["values"], values)
+    with pytest.raises(tensorwire.TensorwireError, match="u32 or u64"):
+        with tensorwire.Writer(str(tmp_path / "neg.zt"), version=2) as w:
+            w.write("csr", csr(np.array([0, -2, 1], index_dtype)))

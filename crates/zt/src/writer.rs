@@ -712,6 +712,9 @@ impl<W: Write> ZtWriter<W> {
             ));
         }
         parts.sort_by(|a, b| a.0.role.as_bytes().cmp(b.0.role.as_bytes()));
+        if layout == Layout::SparseCsr {
+            unsigned_csr_indices(&mut parts);
+        }
         let planned = Object {
             name: std::sync::Arc::from(name),
             shape: shape.clone(),
@@ -996,6 +999,28 @@ fn check_writable_name(name: &str, what: &str) -> Result<()> {
 /// manifest nests at most [`manifest_v2::MAX_DEPTH`] levels, and such a value sits at
 /// level 2 (manifest, `attributes`).
 const FILE_ATTRIBUTE_NESTING: usize = manifest_v2::MAX_DEPTH - 2;
+/// `zt.sparse_csr/1` keeps `indices` and `indptr` unsigned (`u32` or `u64`), where
+/// scipy and ztensor 1.x give `int32` or `int64`: such parts whose values are all
+/// non-negative have the bytes of their unsigned type, and are listed as it. (Any
+/// other part, or one with a negative value, is left for the layout check to refuse.)
+fn unsigned_csr_indices(parts: &mut [(Component, &[u8])]) {
+    for (c, data) in parts.iter_mut() {
+        if !matches!(&*c.role, "indices" | "indptr") || c.logical_type.is_some() {
+            continue;
+        }
+        let unsigned = match c.dtype {
+            DType::I32 => DType::U32,
+            DType::I64 => DType::U64,
+            _ => continue,
+        };
+        let width = c.dtype.size().unwrap_or(1);
+        // Little-endian: the sign is the top bit of each element's last byte.
+        if data.len() % width == 0 && data.chunks_exact(width).all(|e| e[width - 1] < 0x80) {
+            c.dtype = unsigned;
+        }
+    }
+}
+
 /// The same for an object's attribute, at level 4 (manifest, `objects`, the object,
 /// its `attributes`).
 const OBJECT_ATTRIBUTE_NESTING: usize = manifest_v2::MAX_DEPTH - 4;
