@@ -1397,7 +1397,8 @@ fn writer_refuses_what_the_reader_refuses() {
         logical_type: logical,
         data,
     };
-    // bool type on a u16, a repeated part, dense with two parts, a bad CSR.
+    // bool type on a u16, a repeated part, dense with two parts, a bad CSR (signed
+    // indices with a negative one: non-negative ones are written as unsigned).
     assert!(w
         .add_object(
             "x",
@@ -1439,7 +1440,7 @@ fn writer_refuses_what_the_reader_refuses() {
             None,
             &[
                 c("values", DType::F32, None, &[0; 4]),
-                c("indices", DType::I32, None, &[0; 4]),
+                c("indices", DType::I32, None, &[0xFF; 4]),
                 c("indptr", DType::I32, None, &[0; 12])
             ],
             opts
